@@ -1,0 +1,6 @@
+"""``python -m fsdpctl``."""
+
+from fsdpctl.cli.app import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The ``fsdpctl`` application: registers the commands and maps errors to one line and an exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from .. import __version__
+from ..errors import FsdpctlError
+from . import launch, profiles, render, submit
+
+app = typer.Typer(
+    name="fsdpctl",
+    help="Launch FSDP/FSDP2 training on many nodes over SSH or Slurm, checked before it starts.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"fsdpctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(  # noqa: B008 - Typer's declaration style
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Launch FSDP/FSDP2 training on many nodes over SSH or Slurm, checked before it starts."""
+
+
+app.command(name="launch")(launch.launch)
+app.command(name="submit")(submit.submit)
+app.command(name="render")(render.render)
+app.command(name="profiles")(profiles.profiles)
+
+
+def report_error(exc: FsdpctlError) -> None:
+    """Print an error as one line (plus its hint) on stderr."""
+    err = typer.style("error:", fg=typer.colors.RED, bold=True)
+    typer.echo(f"{err} {exc.message}", err=True)
+    if exc.hint:
+        typer.echo(f"  hint: {exc.hint}", err=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the app; an FsdpctlError is one line, never a traceback."""
+    try:
+        app(args=argv, prog_name="fsdpctl")
+    except FsdpctlError as exc:
+        if os.environ.get("FSDPCTL_DEBUG") == "1":
+            raise
+        report_error(exc)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)

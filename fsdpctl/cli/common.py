@@ -1,0 +1,87 @@
+"""Options and steps shared by commands that build a plan (launch, submit, render)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..errors import UsageError
+from ..plan import LaunchPlan, Overrides, make_plan
+from ..profiles import LoadedProfile, load_profile
+from ..runs import new_run_id, runs_root
+from ..workload import config as train_config
+
+PROFILE_HELP = "Profile name (./cluster_profiles, ~/.config/fsdpctl/profiles, shipped) or a .yaml path."
+
+# The workload flags worth a flag of their own; every other setting goes through --set or the profile.
+ProfileOpt = typer.Option(..., "--profile", "-p", help=PROFILE_HELP)
+FsdpOpt = typer.Option(None, "--fsdp", help="FSDP version: 1 or 2.")
+PresetOpt = typer.Option(None, "--preset", help="Model preset: tiny, small, gpt2-124m.")
+StepsOpt = typer.Option(None, "--steps", help="Optimizer steps to train.")
+EpochsOpt = typer.Option(None, "--epochs", help="Epochs to train (instead of --steps).")
+BatchOpt = typer.Option(None, "--batch-size", help="Sequences per rank per micro-step.")
+ShardingOpt = typer.Option(None, "--sharding", help="full, grad-op, no-shard or hybrid.")
+PrecisionOpt = typer.Option(None, "--mixed-precision", help="auto, bf16, fp16 or fp32.")
+SetOpt = typer.Option(None, "--set", help="Any workload setting as NAME=VALUE (repeatable), e.g. --set lr=1e-3.")
+NprocOpt = typer.Option(None, "--nproc-per-node", help="Processes per node (overrides the profile).")
+PortOpt = typer.Option(None, "--master-port", help="Rendezvous port on the master (overrides the profile).")
+DebugOpt = typer.Option(
+    False, "--debug", help="Add NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=ALL, TORCH_DISTRIBUTED_DEBUG=DETAIL."
+)
+DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan and every rendered script; touch nothing.")
+JsonOpt = typer.Option(False, "--json", help="With --dry-run: print the plan and scripts as JSON.")
+
+
+def train_overrides(*, fsdp: Optional[int], preset: Optional[str], steps: Optional[int],
+                    epochs: Optional[int], batch_size: Optional[int], sharding: Optional[str],
+                    mixed_precision: Optional[str], settings: Optional[list[str]]) -> dict[str, Any]:
+    """Workload settings from flags, checked like the profile's ``train`` section."""
+    values: dict[str, Any] = {}
+    for item in settings or []:
+        name, sep, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not name:
+            raise UsageError(f"--set {item!r}: expected NAME=VALUE", "write e.g. --set lr=0.001")
+        values[name] = _parse_setting(name, text)
+    flags = {"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
+             "sharding": sharding, "mixed_precision": mixed_precision}
+    values.update({name: value for name, value in flags.items() if value is not None})
+    for name, value in list(values.items()):
+        try:
+            values[name] = train_config.coerce_value(name, value)
+        except train_config.ConfigError as exc:
+            raise UsageError(f"{train_config.flag_name(name)}: {exc.problem}", exc.fix) from None
+    if values.get("steps") is not None and epochs is None:
+        values.setdefault("epochs", None)  # a --steps flag replaces the profile's epochs
+    if values.get("epochs") is not None and steps is None:
+        values.setdefault("steps", None)
+    return values
+
+
+def _parse_setting(name: str, text: str) -> Any:
+    """``--set`` values are written like YAML scalars: numbers, true/false, null, or text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        lowered = text.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        if lowered in ("none", "null"):
+            return None
+        return text
+
+
+def build_plan(profile_name: str, overrides: Overrides, *, for_slurm: bool) -> tuple[LoadedProfile, LaunchPlan]:
+    """Load the profile and compute the plan with a fresh run id."""
+    loaded = load_profile(profile_name)
+    run_id = new_run_id(loaded.profile.name)
+    plan = make_plan(
+        loaded.profile, run_id=run_id, local_run_dir=str(runs_root() / run_id),
+        profile_source=str(loaded.path), overrides=overrides, local_python=sys.executable,
+        home=str(Path.home()), for_slurm=for_slurm,
+    )
+    return loaded, plan

@@ -1,0 +1,23 @@
+"""``fsdpctl profiles``: the cluster profiles found, and where from."""
+
+from __future__ import annotations
+
+import typer
+
+from ..errors import FsdpctlError
+from ..profiles import list_profiles, load_profile_file, profile_search_path
+
+
+def profiles() -> None:
+    """List the cluster profiles in the search path, in the order --profile looks."""
+    entries = list_profiles()
+    for origin, folder in profile_search_path():
+        typer.echo(f"# {origin}: {folder}{'' if folder.is_dir() else ' (missing)'}", err=True)
+    for entry in entries:
+        try:
+            profile = load_profile_file(entry.path).profile
+            what = f"{profile.backend}, {len(profile.hosts) or (profile.slurm.nodes if profile.slurm else 1)} node(s)"
+        except FsdpctlError as exc:
+            what = f"INVALID: {exc.message}"
+        note = " (shadowed)" if entry.shadowed else ""
+        typer.echo(f"{entry.name}\t{entry.origin}\t{entry.path}\t{what}{note}")

@@ -1,0 +1,62 @@
+"""``fsdpctl submit --slurm``: the same job as a Slurm batch script."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ..errors import UsageError
+from ..plan import Overrides
+from ..render import render_all
+from . import common
+from .show import print_dry_run
+
+
+def submit(
+    profile: str = common.ProfileOpt,
+    slurm: bool = typer.Option(False, "--slurm", help="Submit through Slurm (the only scheduler so far)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes to allocate (overrides slurm.nodes)."),
+    time: Optional[str] = typer.Option(None, "--time", help="Time limit, e.g. 02:00:00 (overrides slurm.time)."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="Partition (overrides slurm.partition)."),
+    fsdp: Optional[int] = common.FsdpOpt,
+    preset: Optional[str] = common.PresetOpt,
+    steps: Optional[int] = common.StepsOpt,
+    epochs: Optional[int] = common.EpochsOpt,
+    batch_size: Optional[int] = common.BatchOpt,
+    sharding: Optional[str] = common.ShardingOpt,
+    mixed_precision: Optional[str] = common.PrecisionOpt,
+    settings: Optional[list[str]] = common.SetOpt,
+    nproc_per_node: Optional[int] = common.NprocOpt,
+    master_port: Optional[int] = common.PortOpt,
+    debug: bool = common.DebugOpt,
+    dry_run: bool = common.DryRunOpt,
+    as_json: bool = common.JsonOpt,
+) -> None:
+    """Submit the bundled FSDP/FSDP2 GPT training as a Slurm job."""
+    if not slurm:
+        raise UsageError("submit needs a scheduler", "add --slurm")
+    _check_slurm_values(nodes, time, partition)
+    train = common.train_overrides(fsdp=fsdp, preset=preset, steps=steps, epochs=epochs,
+                                   batch_size=batch_size, sharding=sharding,
+                                   mixed_precision=mixed_precision, settings=settings)
+    overrides = Overrides(train=train, nproc_per_node=nproc_per_node, master_port=master_port, debug=debug,
+                          slurm_nodes=nodes, slurm_time=time, slurm_partition=partition)
+    _, plan = common.build_plan(profile, overrides, for_slurm=True)
+    scripts = render_all(plan)
+    if dry_run:
+        print_dry_run(plan, scripts, as_json)
+        return
+    raise UsageError("submitting to Slurm is not available in this version",
+                     "use --dry-run and submit the printed script with sbatch")
+
+
+def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str]) -> None:
+    from ..profile_schema import SLURM_TIME_PATTERN, SLURM_WORD_PATTERN
+
+    if nodes is not None and nodes < 1:
+        raise UsageError(f"--nodes {nodes}: not positive", "give 1 or more")
+    if time is not None and not SLURM_TIME_PATTERN.match(time):
+        raise UsageError(f"--time {time!r}: not a Slurm time limit", "write e.g. 90, 02:00:00 or 1-00:00")
+    if partition is not None and not SLURM_WORD_PATTERN.match(partition):
+        raise UsageError(f"--partition {partition!r}: not a partition name", "use letters, digits, _ - .")

@@ -1,0 +1,41 @@
+"""The error hierarchy: every failure a user can cause is an FsdpctlError with a hint.
+
+The CLI turns these into one line on stderr (plus the hint) and an exit code; only
+``FSDPCTL_DEBUG=1`` shows a traceback.
+"""
+
+from __future__ import annotations
+
+
+class FsdpctlError(Exception):
+    """A failure the user can act on. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(FsdpctlError):
+    """Wrong flags or arguments on the command line."""
+
+    exit_code = 2
+
+
+class ProfileError(UsageError):
+    """A cluster profile that cannot be used: ``file:line: field: problem; fix``."""
+
+    def __init__(self, source: str, line: int | None, field: str, problem: str, fix: str):
+        where = f"{source}:{line}" if line else source
+        super().__init__(f"{where}: {field}: {problem}; {fix}")
+        self.source = source
+        self.line = line
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+
+
+class ProfileNotFound(UsageError):
+    """``--profile NAME`` matched no file in the search path."""

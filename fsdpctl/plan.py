@@ -1,0 +1,303 @@
+"""From a profile and the command line to a launch plan: every value the scripts need.
+
+``make_plan`` is pure: no network, no clock, no subprocess, no file access. The run id, the
+local run directory and the local interpreter are passed in, so the same inputs always give the
+same plan (and the same rendered scripts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import __version__
+from .errors import UsageError
+from .profile_schema import ClusterProfile
+from .workload import config as train_config
+
+WORKLOAD_MODULE = "fsdpctl.workload.train"
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ALL", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+# Settings of the workload that fsdpctl owns: each node writes into its own run directory.
+_PLAN_OWNED_SETTINGS = ("run_dir",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overrides:
+    """Command-line values; each one beats the profile (CLI flag > profile > default)."""
+
+    train: Mapping[str, Any] = field(default_factory=dict)
+    """Workload settings given as flags (``--steps 20`` -> ``{"steps": 20}``)."""
+    nproc_per_node: Optional[int] = None
+    master_port: Optional[int] = None
+    debug: bool = False
+    """Add NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=ALL, TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    slurm_nodes: Optional[int] = None
+    slurm_time: Optional[str] = None
+    slurm_partition: Optional[str] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    """One node of the run and the exact torchrun command it runs."""
+
+    node_rank: int
+    host: str
+    """How fsdpctl reaches the node (SSH target; ``localhost`` for local)."""
+    address: str
+    """How the other nodes reach it."""
+    nproc: str
+    """Processes on this node: a number, or ``gpu`` (torchrun counts the GPUs)."""
+    script_path: str
+    """The rendered node script, inside the run directory on the node."""
+    torchrun_args: tuple[str, ...]
+    """Arguments after ``python``: ``-m torch.distributed.run ... -m fsdpctl.workload.train ...``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmPlan:
+    """What ``sbatch.sh`` says: its directives and the per-node step command."""
+
+    directives: tuple[tuple[str, str], ...]
+    """``#SBATCH --name=value`` pairs, in order (extra profile directives as name/"" pairs)."""
+    step_command: str
+    """Shell text run by ``srun`` on every node; ``$SLURM_NODEID`` and the head address expand there."""
+    nodes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """Everything needed to start the run, computed before anything touches a host."""
+
+    run_id: str
+    profile_name: str
+    profile_source: str
+    backend: str
+    fsdpctl_version: str
+    num_nodes: int
+    nproc_per_node: str
+    world_size: Optional[int]
+    """Known when every node's process count is; ``None`` when torchrun counts GPUs at start."""
+    rdzv_backend: str
+    master_host: str
+    master_addr: str
+    master_port: int
+    master_addr_is_ip: bool
+    env: dict[str, str]
+    python: str
+    setup: tuple[str, ...]
+    workdir: str
+    run_dir: str
+    """The run's directory on the nodes (``<workdir>/runs/<run_id>``)."""
+    local_run_dir: str
+    """The run's directory here: plan, scripts, run.json and collected logs."""
+    train: dict[str, Any]
+    """Resolved workload settings (profile ``train`` overlaid with flags)."""
+    nodes: tuple[NodeSpec, ...]
+    slurm: Optional[SlurmPlan]
+    debug: bool
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
+        return dataclasses.asdict(self)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def join_path(base: str, *parts: str) -> str:
+    """Join node-side paths without touching the local filesystem (``~`` stays for the node)."""
+    text = base.rstrip("/") or "/"
+    for part in parts:
+        text = part if text == "." else f"{text}/{part}"
+    return text
+
+
+def _resolve_train(profile: ClusterProfile, overrides: Overrides) -> dict[str, Any]:
+    for name in _PLAN_OWNED_SETTINGS:
+        if name in profile.train or name in overrides.train:
+            raise UsageError(f"train.{name}: set by fsdpctl for every run",
+                             "remove it; each run writes into <workdir>/runs/<run_id>/")
+    settings: dict[str, Any] = {"device": profile.device, "cache_dir": "../../cache"}
+    settings.update(profile.train)
+    settings.update(overrides.train)
+    try:
+        train_config.make_config(settings)
+    except train_config.ConfigError as exc:
+        raise UsageError(f"{exc.name}: {exc.problem}", exc.fix) from None
+    settings["run_dir"] = "."
+    return settings
+
+
+def _env(profile: ClusterProfile, debug: bool, run_id: str) -> dict[str, str]:
+    env: dict[str, str] = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    net = profile.network
+    if net.interface:
+        env["NCCL_SOCKET_IFNAME"] = net.interface
+        env["GLOO_SOCKET_IFNAME"] = net.interface
+    if net.ib:
+        if net.ib_hca:
+            env["NCCL_IB_HCA"] = net.ib_hca
+    else:
+        env["NCCL_IB_DISABLE"] = "1"
+    if debug:
+        env.update(DEBUG_ENV)
+    env.update(profile.env)  # the profile may override OMP_NUM_THREADS or the debug preset
+    env["FSDPCTL_RUN_ID"] = run_id
+    return env
+
+
+def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[int]) -> str:
+    if overrides.nproc_per_node is not None:
+        return str(overrides.nproc_per_node)
+    if isinstance(profile.nproc_per_node, int):
+        return str(profile.nproc_per_node)
+    if gpus is not None:
+        return str(gpus)
+    return "gpu"
+
+
+class NodeExpr(str):
+    """A word of shell text that must expand on the node (``"$SLURM_NODEID"``); never quoted."""
+
+
+def shell_join(words: tuple[str, ...] | list[str]) -> str:
+    """Quote every word for a POSIX shell, except NodeExpr words, which are written as they are."""
+    return " ".join(w if isinstance(w, NodeExpr) else shlex.quote(w) for w in words)
+
+
+def _torchrun_args(*, num_nodes: int, run_id: str, rdzv_backend: str, master_addr: str, master_port: int,
+                   node_rank: str, local_addr: Optional[str], nproc: str,
+                   train: dict[str, Any]) -> tuple[str, ...]:
+    args = ["-m", "torch.distributed.run", "--nnodes", str(num_nodes),
+            "--nproc-per-node", nproc, "--rdzv-id", run_id]
+    if rdzv_backend == "standalone":
+        # One node: torchrun picks a free port itself, so concurrent local runs never collide.
+        args += ["--standalone"]
+    elif rdzv_backend == "static":
+        args += ["--rdzv-backend", "static", "--master-addr", master_addr,
+                 "--master-port", str(master_port), "--node-rank", node_rank]
+    else:
+        endpoint = (NodeExpr(f"{master_addr}:{master_port}") if isinstance(master_addr, NodeExpr)
+                    else f"{master_addr}:{master_port}")
+        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    if local_addr:
+        args += ["--local-addr", local_addr]
+    log_dir = NodeExpr(f"logs/node{node_rank}") if isinstance(node_rank, NodeExpr) else f"logs/node{node_rank}"
+    args += ["--max-restarts", "0", "--log-dir", log_dir, "--tee", "3",
+             "-m", WORKLOAD_MODULE, *train_config.to_argv(train)]
+    return tuple(args)
+
+
+def make_plan(
+    profile: ClusterProfile,
+    *,
+    run_id: str,
+    local_run_dir: str,
+    profile_source: str = "",
+    overrides: Overrides | None = None,
+    local_python: str = "python3",
+    home: str = "~",
+    for_slurm: bool = False,
+) -> LaunchPlan:
+    """Compute the launch plan. ``local_python`` is the interpreter for ``backend: local``;
+    ``home`` expands ``~`` where Slurm reads a path itself (it does not expand ``~``)."""
+    overrides = overrides or Overrides()
+    if for_slurm and profile.slurm is None:
+        raise UsageError(f"profile {profile.name}: has no slurm section",
+                         "add slurm: {nodes: N, ...} to the profile, or use `fsdpctl launch`")
+    if not for_slurm and profile.backend == "slurm":
+        raise UsageError(f"profile {profile.name}: is a Slurm profile",
+                         f"use `fsdpctl submit --slurm --profile {profile.name}`")
+    train = _resolve_train(profile, overrides)
+    env = _env(profile, overrides.debug, run_id)
+    python = profile.python or (local_python if profile.backend == "local" else "python3")
+    workdir = profile.workdir
+    if for_slurm and workdir.startswith("~"):
+        workdir = join_path(home, workdir[2:]) if workdir != "~" else home
+    run_dir = join_path(workdir, "runs", run_id)
+    port = overrides.master_port or profile.rendezvous.port
+    warnings: list[str] = []
+
+    if for_slurm:
+        assert profile.slurm is not None
+        num_nodes = overrides.slurm_nodes or profile.slurm.nodes
+        gpus = profile.slurm.gpus_per_node
+        nproc = _node_nproc(profile, overrides, gpus)
+        hosts: list[tuple[str, str, Optional[str]]] = []
+        master_host = master_addr = "$FSDPCTL_HEAD_ADDR"  # found by the batch script at run time
+    else:
+        specs = profile.hosts or ()
+        if profile.backend == "local":
+            hosts = [("localhost", "127.0.0.1", None)]
+        else:
+            hosts = [(h.host, h.address or h.host, h.address) for h in specs]
+        num_nodes = len(hosts)
+        master_host = profile.rendezvous.host or hosts[0][0]
+        master_addr = next(addr for host, addr, _ in hosts if host == master_host)
+        if not _is_ip(master_addr):
+            warnings.append(f"rendezvous address {master_addr!r} is a host name: every node must resolve it "
+                            f"the same way; give hosts[].address an IP to be sure")
+        nproc = _node_nproc(profile, overrides, None)
+
+    rdzv_backend = "standalone" if profile.backend == "local" else profile.rendezvous.backend
+    rdzv = {"num_nodes": num_nodes, "run_id": run_id, "rdzv_backend": rdzv_backend, "master_port": port}
+    nodes = []
+    for rank, (host, address, explicit_addr) in enumerate(hosts):
+        gpus = profile.hosts[rank].gpus if profile.backend == "ssh" else None
+        node_nproc = _node_nproc(profile, overrides, gpus)
+        nodes.append(NodeSpec(
+            node_rank=rank, host=host, address=address, nproc=node_nproc,
+            script_path=join_path(run_dir, f"node{rank}.sh"),
+            torchrun_args=_torchrun_args(**rdzv, master_addr=master_addr, node_rank=str(rank),
+                                         local_addr=explicit_addr, nproc=node_nproc, train=train),
+        ))
+    counts = [n.nproc for n in nodes] if nodes else [nproc] * num_nodes
+    world_size = sum(int(c) for c in counts) if all(c.isdigit() for c in counts) else None
+
+    slurm_plan = None
+    if for_slurm:
+        step_args = _torchrun_args(**rdzv, master_addr=NodeExpr('"$FSDPCTL_HEAD_ADDR"'),
+                                   node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc,
+                                   train=train)
+        slurm_plan = _slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args)
+    return LaunchPlan(
+        run_id=run_id, profile_name=profile.name, profile_source=profile_source,
+        backend="slurm" if for_slurm else profile.backend, fsdpctl_version=__version__,
+        num_nodes=num_nodes, nproc_per_node=nproc, world_size=world_size,
+        rdzv_backend=rdzv_backend, master_host=master_host, master_addr=master_addr,
+        master_port=port, master_addr_is_ip=_is_ip(master_addr), env=env, python=python,
+        setup=profile.setup, workdir=workdir, run_dir=run_dir, local_run_dir=local_run_dir,
+        train=train, nodes=tuple(nodes), slurm=slurm_plan, debug=overrides.debug,
+        warnings=tuple(warnings),
+    )
+
+
+def _slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
+                num_nodes: int, step_args: tuple[str, ...]) -> SlurmPlan:
+    slurm = profile.slurm
+    assert slurm is not None
+    directives: list[tuple[str, str]] = [
+        ("job-name", f"fsdpctl-{run_id}"), ("nodes", str(num_nodes)), ("ntasks-per-node", "1"),
+    ]
+    optional = {
+        "gpus-per-node": slurm.gpus_per_node, "cpus-per-task": slurm.cpus_per_task,
+        "partition": overrides.slurm_partition or slurm.partition, "account": slurm.account,
+        "qos": slurm.qos, "time": overrides.slurm_time or slurm.time, "constraint": slurm.constraint,
+    }
+    directives += [(name, str(value)) for name, value in optional.items() if value is not None]
+    directives.append(("output", join_path(run_dir, "slurm-%j.out")))
+    directives += [tuple(d[2:].split("=", 1)) if "=" in d else (d[2:], "") for d in slurm.directives]
+    # srun runs this in every node's own shell, where $SLURM_NODEID and the head address expand.
+    command = ('cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && '
+               f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}')
+    return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes)

@@ -1,0 +1,152 @@
+"""What a cluster profile may say: frozen dataclasses whose field docstrings are the reference.
+
+The loader (``profiles.py``) reads YAML into these types strictly; ``docs/profiles.md`` is
+generated from the docstrings here, so the reference never drifts from the code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+Backend = Literal["local", "ssh", "slurm"]
+Device = Literal["auto", "cuda", "cpu"]
+RendezvousBackend = Literal["c10d", "static"]
+HostKeyPolicy = Literal["reject", "accept-new"]
+
+# What may reach a shell unquoted-looking is checked here once, so every later layer can trust it.
+# (Values are shell-quoted in the templates as well; these patterns keep names sane and readable.)
+HOST_PATTERN = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[?[0-9A-Fa-f:.]+\]?)$")
+USER_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IFNAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+WORKDIR_PATTERN = re.compile(r"^(?:~|~/|/|\.)?[A-Za-z0-9_./+@%,:=-]*$")
+SLURM_WORD_PATTERN = re.compile(r"^[A-Za-z0-9_.,:+=/@%-]+$")
+SLURM_TIME_PATTERN = re.compile(
+    r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED)$"
+)
+SLURM_DIRECTIVE_PATTERN = re.compile(r"^--[a-z][a-z0-9-]*(?:=[^\s'\"`$\\;|&<>]+)?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSpec:
+    """One node. In YAML either a plain string (the host) or a mapping with ``host`` and options."""
+
+    host: str
+    """Address or ``~/.ssh/config`` alias to reach the node over SSH."""
+    address: Optional[str] = None
+    """IP address the other nodes use to reach this one (rendezvous); default: ``host``."""
+    port: Optional[int] = None
+    """SSH port for this host; overrides ``ssh.port``."""
+    user: Optional[str] = None
+    """SSH user for this host; overrides ``ssh.user``."""
+    gpus: Optional[int] = None
+    """GPUs on this host, when ``nproc_per_node: auto`` should not count them at run time."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSpec:
+    """How the nodes reach each other."""
+
+    interface: Optional[str] = None
+    """Network interface that connects the nodes (becomes NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME)."""
+    ib: bool = False
+    """Use InfiniBand; false sets NCCL_IB_DISABLE=1 so NCCL never tries it."""
+    ib_hca: Optional[str] = None
+    """InfiniBand adapters NCCL may use (NCCL_IB_HCA, e.g. ``mlx5_0,mlx5_1``); needs ``ib: true``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RendezvousSpec:
+    """Where and how the torchrun agents on the nodes find each other."""
+
+    backend: RendezvousBackend = "c10d"
+    """c10d (torchrun's store on the master; node ranks assigned at start) or static (fixed ranks)."""
+    port: int = 29500
+    """TCP port on the master node for the rendezvous store."""
+    host: Optional[str] = None
+    """Which of ``hosts`` is the master (by its ``host`` value); default: the first."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SSHSpec:
+    """How fsdpctl connects to the nodes (``backend: ssh``)."""
+
+    user: Optional[str] = None
+    """Login user; default: ``~/.ssh/config`` or the local user."""
+    port: Optional[int] = None
+    """SSH port; default: ``~/.ssh/config`` or 22."""
+    identity_file: Optional[str] = None
+    """Private key file; default: ``~/.ssh/config``, the agent and the usual key files."""
+    known_hosts: Optional[str] = None
+    """known_hosts file to check host keys against; default: ``~/.ssh/known_hosts``."""
+    host_key_policy: HostKeyPolicy = "reject"
+    """reject: unknown or changed host keys refuse the connection; accept-new: record new keys (as
+    OpenSSH's StrictHostKeyChecking=accept-new), still refuse changed ones."""
+    proxy_jump: Optional[str] = None
+    """Jump host (``user@bastion:port``), as OpenSSH's ProxyJump."""
+    connect_timeout: float = 10.0
+    """Seconds to wait for a host to answer and authenticate."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmSpec:
+    """Batch settings for ``fsdpctl submit --slurm``."""
+
+    partition: Optional[str] = None
+    """Partition (``#SBATCH --partition``); default: the cluster's default partition."""
+    account: Optional[str] = None
+    """Account to charge (``--account``)."""
+    qos: Optional[str] = None
+    """Quality of service (``--qos``)."""
+    time: Optional[str] = None
+    """Time limit in Slurm's format (``MM``, ``HH:MM:SS``, ``D-HH:MM``...); quote it in YAML."""
+    nodes: int = 1
+    """Number of nodes to allocate."""
+    gpus_per_node: Optional[int] = None
+    """GPUs per node (``--gpus-per-node``); also the process count when ``nproc_per_node: auto``."""
+    cpus_per_task: Optional[int] = None
+    """CPUs for each node's torchrun (``--cpus-per-task``)."""
+    constraint: Optional[str] = None
+    """Node features (``--constraint``)."""
+    directives: tuple[str, ...] = ()
+    """Extra ``#SBATCH`` options, each written as ``--name=value`` (e.g. ``--mem=0``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterProfile:
+    """A cluster: its nodes, how to reach them, and how to run the bundled workload on them."""
+
+    name: str
+    """Profile name; appears in run ids (letters, digits, ``.``, ``_``, ``-``)."""
+    backend: Backend = "ssh"
+    """local (this machine, no SSH), ssh (hosts over SSH) or slurm (nodes allocated by Slurm)."""
+    hosts: tuple[HostSpec, ...] = ()
+    """Nodes, in node-rank order (ssh: required; local: this machine; slurm: unused)."""
+    nproc_per_node: Union[int, Literal["auto"]] = "auto"
+    """Processes per node: ``auto`` is the node's GPU count; a number is used as given (on CPU too)."""
+    device: Device = "auto"
+    """Device the workload trains on: auto (CUDA when present), cuda, or cpu (gloo backend)."""
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    """Interface and InfiniBand settings."""
+    rendezvous: RendezvousSpec = field(default_factory=RendezvousSpec)
+    """torchrun rendezvous settings."""
+    python: Optional[str] = None
+    """Python on the nodes that has torch; default: ``python3`` (local: the Python running fsdpctl)."""
+    setup: tuple[str, ...] = ()
+    """Shell lines run on each node before torchrun (e.g. ``source ~/venv/bin/activate``). These
+    are the one place where a profile writes shell: they are copied into the script verbatim."""
+    workdir: str = "~/fsdpctl"
+    """Working directory on the nodes; runs go to ``<workdir>/runs/<run_id>/``. local: relative to
+    the current directory."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for every rank."""
+    ssh: SSHSpec = field(default_factory=SSHSpec)
+    """SSH connection settings."""
+    slurm: Optional[SlurmSpec] = None
+    """Slurm settings; required for ``backend: slurm``."""
+    train: dict[str, Any] = field(default_factory=dict)
+    """Defaults for the bundled workload (any of its settings, e.g. ``preset``, ``steps``,
+    ``batch_size``, ``fsdp``); command-line flags override them."""

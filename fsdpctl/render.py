@@ -1,0 +1,69 @@
+"""Render the node script and the Slurm batch script from a plan. The only jinja2 importer.
+
+Templates only substitute: every value is computed by the plan and every value is quoted here
+(``q``, ``qpath``, ``qjoin``), so a profile value can never become shell code.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .plan import LaunchPlan, NodeSpec, shell_join
+from .resources import shipped_dir
+
+NODE_TEMPLATE = "torchrun.sh.j2"
+SBATCH_TEMPLATE = "sbatch.sh.j2"
+
+
+def quote_path(path: str) -> str:
+    """Shell-quote a node-side path, letting a leading ``~/`` expand to the node's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _environment(template_dir: Path) -> jinja2.Environment:
+    # Shell scripts, not HTML: autoescape would be wrong; the q/qpath/qjoin filters quote instead.
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,  # noqa: S701
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    env.filters["qpath"] = quote_path
+    env.filters["qjoin"] = shell_join
+    return env
+
+
+def _context(plan: LaunchPlan) -> dict[str, Any]:
+    return {"plan": plan, "env": plan.env, "setup": plan.setup}
+
+
+def render_node_script(plan: LaunchPlan, node: NodeSpec, template_dir: Path | None = None) -> str:
+    """The bash script one node runs: environment, then ``exec`` torchrun for the workload."""
+    env = _environment(template_dir or shipped_dir("templates"))
+    return env.get_template(NODE_TEMPLATE).render(**_context(plan), node=node)
+
+
+def render_sbatch_script(plan: LaunchPlan, template_dir: Path | None = None) -> str:
+    """The batch script for ``sbatch``: directives, then one torchrun per node through ``srun``."""
+    if plan.slurm is None:
+        raise ValueError("render_sbatch_script needs a plan made with for_slurm=True")
+    env = _environment(template_dir or shipped_dir("templates"))
+    return env.get_template(SBATCH_TEMPLATE).render(**_context(plan), slurm=plan.slurm)
+
+
+def render_all(plan: LaunchPlan, template_dir: Path | None = None) -> dict[str, str]:
+    """Every script of the plan by file name: ``node<R>.sh`` per node, or ``sbatch.sh``."""
+    if plan.slurm is not None:
+        return {"sbatch.sh": render_sbatch_script(plan, template_dir)}
+    return {f"node{n.node_rank}.sh": render_node_script(plan, n, template_dir) for n in plan.nodes}

@@ -1,0 +1,73 @@
+"""Run ids and the layout of a run's local directory, in one place.
+
+A run directory is self-describing: ``plan.json``, the rendered scripts, ``run.json`` and the
+collected logs are all that ``logs``/``status`` need.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUN_ID_PATTERN = re.compile(r"^(?P<profile>[A-Za-z0-9][A-Za-z0-9_.-]*)-(?P<stamp>\d{8}-\d{6})-(?P<token>[0-9a-f]{4})$")
+RUNS_DIR_ENV = "FSDPCTL_RUNS_DIR"
+
+
+def make_run_id(profile_name: str, now: _dt.datetime, token: str) -> str:
+    """``<profile>-<yyyymmdd-hhmmss>-<4 hex>``; pure (the caller supplies time and token)."""
+    if not re.fullmatch(r"[0-9a-f]{4}", token):
+        raise ValueError(f"run id token must be 4 hex digits, got {token!r}")
+    return f"{profile_name}-{now.strftime('%Y%m%d-%H%M%S')}-{token}"
+
+
+def new_run_id(profile_name: str) -> str:
+    """A fresh run id from the clock and 16 random bits."""
+    return make_run_id(profile_name, _dt.datetime.now(), secrets.token_hex(2))
+
+
+def runs_root(env: dict[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """Where local run directories live: ``$FSDPCTL_RUNS_DIR``, else ``./runs``."""
+    env = os.environ if env is None else env
+    if env.get(RUNS_DIR_ENV):
+        return Path(env[RUNS_DIR_ENV]).expanduser()
+    return (cwd or Path.cwd()) / "runs"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run's local directory."""
+
+    root: Path
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def run_record(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def scripts(self) -> Path:
+        return self.root / "scripts"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def script(self, name: str) -> Path:
+        return self.scripts / name
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that a reader never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
