@@ -24,10 +24,16 @@ class UsageError(FsdpctlError):
     exit_code = 2
 
 
+def one_line(text: str) -> str:
+    """Escape control characters so text quoted from a user's file cannot break the line."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 class ProfileError(UsageError):
     """A cluster profile that cannot be used: ``file:line: field: problem; fix``."""
 
     def __init__(self, source: str, line: int | None, field: str, problem: str, fix: str):
+        source, field, problem, fix = (one_line(x) for x in (source, field, problem, fix))
         where = f"{source}:{line}" if line else source
         super().__init__(f"{where}: {field}: {problem}; {fix}")
         self.source = source

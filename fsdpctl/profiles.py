@@ -224,11 +224,12 @@ class _Reader:
         return value
 
     def locate(self, node: yaml.Node, key: str) -> yaml.Node:
-        """The value node of ``key`` inside a mapping node, for precise line numbers."""
+        """The value node of a dotted ``key`` inside a mapping node, for precise line numbers."""
+        head, _, rest = key.partition(".")
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
-                if isinstance(key_node, yaml.ScalarNode) and key_node.value == key.split("[")[0]:
-                    return value_node
+                if isinstance(key_node, yaml.ScalarNode) and key_node.value == head.split("[")[0]:
+                    return self.locate(value_node, rest) if rest else value_node
         return node
 
 
@@ -327,7 +328,7 @@ def _profile_rules(p: ClusterProfile):
         dup = next(n for n in names if names.count(n) > 1)
         return "hosts", f"{dup!r} is listed twice", "list every node once"
     if p.rendezvous.host is not None and p.hosts and p.rendezvous.host not in names:
-        return "rendezvous", f"host {p.rendezvous.host!r} is not one of hosts", "name one of: " + ", ".join(names)
+        return "rendezvous.host", f"{p.rendezvous.host!r} is not one of hosts", "name one of: " + ", ".join(names)
     if isinstance(p.nproc_per_node, int) and p.nproc_per_node < 1:
         return "nproc_per_node", f"{p.nproc_per_node} is not positive", "give 1 or more, or auto"
     if p.nproc_per_node == "auto" and p.device == "cpu":

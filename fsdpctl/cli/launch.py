@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
+import typer
+
 from ..errors import UsageError
+from ..nodes import prepare_run_dir, start_nodes, supervise
 from ..plan import Overrides
 from ..render import render_all
+from ..runs import RunPaths
+from ..transport import LocalTransport
 from . import common
 from .show import print_dry_run
 
@@ -39,5 +45,38 @@ def launch(
         return
     if as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
-    raise UsageError(f"launching a {plan.backend} profile is not available in this version",
-                     "use --dry-run and run each printed node script on its node")
+    if plan.backend != "local":
+        raise UsageError(f"launching a {plan.backend} profile is not available in this version",
+                         "use --dry-run and run each printed node script on its node")
+    raise typer.Exit(run_local(plan, scripts))
+
+
+def run_local(plan, scripts: dict[str, str]) -> int:
+    """Run the plan on this machine, streaming prefixed output; returns the job's exit code."""
+    paths = RunPaths(Path(plan.local_run_dir))
+    transports = [LocalTransport() for _ in plan.nodes]
+    prepare_run_dir(plan, scripts, paths)
+    typer.echo(f"fsdpctl: run {plan.run_id}: {plan.num_nodes} node(s), world size {plan.world_size}; "
+               f"logs in {paths.root}", err=True)
+    states = start_nodes(plan, scripts, transports)
+    result = supervise(plan, states, transports, paths, _print_line)
+    if result.interrupted:
+        typer.echo(f"fsdpctl: run {plan.run_id} interrupted; every node stopped", err=True)
+    elif result.first_failure:
+        failure = result.first_failure
+        typer.secho(f"fsdpctl: run {plan.run_id} FAILED: node {failure['node_rank']} ({failure['host']}) "
+                    f"exited {failure['exit_code']}; other nodes stopped. Last lines:", err=True, fg="red")
+        for line in failure["last_lines"]:
+            typer.echo(f"  {line}", err=True)
+    else:
+        typer.echo(f"fsdpctl: run {plan.run_id} succeeded; run directory {paths.root}", err=True)
+    return result.exit_code
+
+
+_COLOURS = ["cyan", "magenta", "yellow", "green", "blue", "bright_cyan", "bright_magenta", "bright_yellow"]
+
+
+def _print_line(node_rank: int, host: str, line: str) -> None:
+    prefix = typer.style(f"[{host} r{node_rank}]", fg=_COLOURS[node_rank % len(_COLOURS)])
+    metrics = "step=" in line and "loss=" in line
+    typer.echo(f"{prefix} {typer.style(line, bold=True) if metrics else line}")

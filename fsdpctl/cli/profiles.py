@@ -8,8 +8,15 @@ from ..errors import FsdpctlError
 from ..profiles import list_profiles, load_profile_file, profile_search_path
 
 
-def profiles() -> None:
+def profiles(
+    reference: bool = typer.Option(False, "--reference", help="Print every profile field, documented (Markdown)."),
+) -> None:
     """List the cluster profiles in the search path, in the order --profile looks."""
+    if reference:
+        from ..profile_docs import reference_markdown
+
+        typer.echo(reference_markdown(), nl=False)
+        return
     entries = list_profiles()
     for origin, folder in profile_search_path():
         typer.echo(f"# {origin}: {folder}{'' if folder.is_dir() else ' (missing)'}", err=True)

@@ -95,8 +95,8 @@ class TrainConfig:
     """FSDP1 only: prefetch the next all-gather before (pre) or after (post) the current gradient."""
     auto_wrap: AutoWrap = "transformer"
     """FSDP1 only: wrap each transformer block, or wrap by parameter count."""
-    reshard_after_forward: bool = True
-    """FSDP2 only: free gathered parameters after forward (True) or keep them until backward."""
+    reshard_after_forward: Optional[bool] = None
+    """FSDP2 only: free gathered parameters after forward or keep them; null: follow --sharding."""
     compile: bool = False
     """torch.compile each block (CUDA only)."""
 
@@ -240,6 +240,22 @@ def to_argv(values: dict[str, Any]) -> list[str]:
     return argv
 
 
+class _BoolFlag(argparse.Action):
+    """``--flag`` sets True, ``--no-flag`` sets False. Unlike argparse.BooleanOptionalAction it
+    keys on the exact negative spelling, so a field named ``no_checkpoint`` works:
+    ``--no-checkpoint`` is True and ``--no-no-checkpoint`` is False (what to_argv writes)."""
+
+    def __init__(self, option_strings, dest, default=None, help=None):
+        self.negative = "--no-" + option_strings[0][2:]
+        super().__init__([option_strings[0], self.negative], dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, option_string != self.negative)
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The trainer's argument parser, generated from TrainConfig so flags and fields never drift."""
     parser = argparse.ArgumentParser(
@@ -251,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = (_field_doc(name) or "") + f" [default: {f.default}]"
         annotation, _ = _unwrap_optional(_annotation(name))
         if annotation is bool:
-            parser.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction,
+            parser.add_argument(flag_name(name), dest=name, action=_BoolFlag,
                                 default=argparse.SUPPRESS, help=help_text)
         else:
             parser.add_argument(flag_name(name), dest=name, default=argparse.SUPPRESS,
@@ -299,12 +315,13 @@ def _field_doc(name: str) -> str | None:
     return FIELD_DOCS.get(name)
 
 
-def _read_field_docs() -> dict[str, str]:
-    """Field docstrings (the string literal after each field), read from this module's source."""
+def field_docs(cls: type) -> dict[str, str]:
+    """A dataclass's field docstrings (the string literal after each field), read from its source."""
     import ast
     import inspect
+    import textwrap
 
-    tree = ast.parse(inspect.getsource(TrainConfig))
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     docs: dict[str, str] = {}
     body = tree.body[0].body  # type: ignore[attr-defined]
     for node, following in zip(body, body[1:], strict=False):
@@ -314,4 +331,4 @@ def _read_field_docs() -> dict[str, str]:
     return docs
 
 
-FIELD_DOCS: dict[str, str] = _read_field_docs()
+FIELD_DOCS: dict[str, str] = field_docs(TrainConfig)

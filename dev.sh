@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Developer entry points on a fresh machine: `./dev.sh train` runs the main job, `./dev.sh test` the tests.
+# Both create .venv (Python 3.10+, torch 2.13.0 pinned) when it is missing or older than pyproject.toml.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+TORCH_SPEC=${FSDPCTL_TORCH_SPEC:-torch==2.13.0}  # pinned: an unpinned torch pulls the CUDA build
+
+setup_venv() {
+  if [ -x "$VENV/bin/python" ] && [ "$VENV/.stamp" -nt pyproject.toml ]; then
+    return
+  fi
+  echo "dev.sh: setting up $VENV (first run takes a minute)" >&2
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+  "$VENV/bin/python" -m pip install -q -e ".[workload,test]"
+  touch "$VENV/.stamp"
+}
+
+case "${1:-}" in
+  train)
+    shift
+    setup_venv
+    exec "$VENV/bin/fsdpctl" launch --profile local "$@"
+    ;;
+  test)
+    shift
+    setup_venv
+    # pytest exits 5 when it collected no test: that must fail, not pass silently.
+    set +e
+    "$VENV/bin/python" -m pytest "$@"
+    rc=$?
+    set -e
+    if [ "$rc" -eq 5 ]; then
+      echo "dev.sh: pytest collected no tests" >&2
+      exit 1
+    fi
+    exit "$rc"
+    ;;
+  lint)
+    setup_venv
+    exec "$VENV/bin/ruff" check .
+    ;;
+  *)
+    echo "usage: ./dev.sh train [launch flags] | test [pytest args] | lint" >&2
+    exit 2
+    ;;
+esac

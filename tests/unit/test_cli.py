@@ -1,0 +1,122 @@
+"""The command line as a user runs it: in a subprocess, reading stdout, stderr and the exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import REPO, run_cli
+
+
+def test_help_lists_commands_and_imports_no_heavy_library():
+    code = textwrap.dedent("""\
+        import sys
+        from fsdpctl.cli.app import main
+        try:
+            main(["--help"])
+        except SystemExit as exc:
+            assert exc.code == 0, exc.code
+        heavy = sorted(m for m in ("torch", "paramiko", "submitit", "tokenizers", "numpy") if m in sys.modules)
+        print("HEAVY", heavy)
+        """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
+    for command in ("launch", "submit", "render", "profiles"):
+        assert command in result.stdout
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.startswith("fsdpctl ")
+
+
+def test_launch_dry_run_two_node_prints_both_nodes():
+    result = run_cli("launch", "--profile", "two-node", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "# ---- node0.sh ----" in out and "# ---- node1.sh ----" in out
+    assert "export FSDPCTL_NODE_RANK=0" in out and "export FSDPCTL_NODE_RANK=1" in out
+    assert "--rdzv-endpoint 10.0.0.1:29500" in out
+    assert "export NCCL_SOCKET_IFNAME=eth0" in out and "export GLOO_SOCKET_IFNAME=eth0" in out
+    assert "export NCCL_IB_DISABLE=1" in out
+    assert not (REPO / "runs").exists() or not any((REPO / "runs").glob("two-node-*")), "dry run wrote files"
+
+
+def test_launch_dry_run_json_matches_the_plan():
+    result = run_cli("launch", "--profile", "two-node", "--dry-run", "--json", "--steps", "9", "--set", "lr=0.01")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    plan = data["plan"]
+    assert [n["node_rank"] for n in plan["nodes"]] == [0, 1]
+    assert plan["master_addr"] == "10.0.0.1" and plan["master_port"] == 29500
+    assert plan["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert plan["train"]["steps"] == 9 and plan["train"]["lr"] == 0.01
+    assert set(data["scripts"]) == {"node0.sh", "node1.sh"}
+    assert "--steps 9" in data["scripts"]["node1.sh"]
+
+
+def test_submit_slurm_dry_run_prints_the_batch_script():
+    result = run_cli("submit", "--slurm", "--profile", "slurm", "--dry-run", "--nodes", "4")
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --nodes=4" in result.stdout
+    assert "srun --kill-on-bad-exit=1" in result.stdout
+    assert "'cd \"$FSDPCTL_RUN_DIR\" && export FSDPCTL_NODE_RANK=\"$SLURM_NODEID\"" in result.stdout
+
+
+def bad_profile(tmp_path, body: str):
+    path = tmp_path / "bad.yaml"
+    path.write_text(body)
+    return path
+
+
+def assert_one_line_error(result, *words):
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_bad_profiles_give_one_line_and_exit_2(tmp_path):
+    typo = bad_profile(tmp_path, "name: x\nbackend: ssh\nhosts: [n1]\nnetwork:\n  interfce: eth0\n")
+    assert_one_line_error(run_cli("launch", "-p", str(typo), "--dry-run"), "bad.yaml:5:", "network.interfce",
+                          "did you mean 'interface'")
+    wrong_type = bad_profile(tmp_path, "name: x\nbackend: ssh\nhosts: [n1]\nnproc_per_node: 2\nrendezvous:\n"
+                                       "  port: '29500'\n")
+    assert_one_line_error(run_cli("launch", "-p", str(wrong_type), "--dry-run"), "bad.yaml:6:", "rendezvous.port")
+    injection = bad_profile(tmp_path, 'name: x\nbackend: ssh\nhosts: ["a;rm -rf /"]\n')
+    assert_one_line_error(run_cli("launch", "-p", str(injection), "--dry-run"), "bad.yaml:3:", "hosts[0]")
+
+
+def test_bad_flag_value_is_one_error_with_hint():
+    result = run_cli("launch", "-p", "local", "--dry-run", "--set", "lr=abc")
+    assert result.returncode == 2
+    assert "error: --lr: 'abc' is not a number" in result.stderr and "hint:" in result.stderr
+    unknown = run_cli("launch", "-p", "nope", "--dry-run")
+    assert unknown.returncode == 2 and "no such profile" in unknown.stderr
+
+
+def test_debug_env_shows_the_traceback(tmp_path):
+    path = bad_profile(tmp_path, "name: x\nbackend: ssh\n")
+    result = run_cli("launch", "-p", str(path), "--dry-run", env={"FSDPCTL_DEBUG": "1"})
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_render_writes_plan_and_scripts(tmp_path):
+    result = run_cli("render", "-p", "two-node", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["node0.sh", "node1.sh", "plan.json"]
+    assert json.loads((tmp_path / "out" / "plan.json").read_text())["profile_name"] == "two-node"
+
+
+def test_profiles_lists_shipped_profiles(tmp_path, isolated_home):
+    result = run_cli("profiles", cwd=tmp_path, env={"HOME": str(isolated_home)})
+    assert result.returncode == 0, result.stderr
+    names = {line.split("\t")[0] for line in result.stdout.splitlines()}
+    assert {"local", "two-node", "slurm"} <= names
+    assert all("\tshipped\t" in line for line in result.stdout.splitlines())

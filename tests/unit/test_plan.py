@@ -1,0 +1,142 @@
+"""The launch plan: node ranks, rendezvous, environment, precedence, and purity."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import subprocess
+import time
+
+import pytest
+
+from fsdpctl.errors import UsageError
+from fsdpctl.plan import DEBUG_ENV, Overrides, make_plan
+from fsdpctl.profiles import load_profile, parse_profile
+from fsdpctl.runs import RUN_ID_PATTERN, make_run_id, new_run_id
+
+RUN_ID = "two-node-20261121-120000-abcd"
+
+
+def two_node(**overrides):
+    return make_plan(load_profile("two-node").profile, run_id=RUN_ID, local_run_dir="runs/" + RUN_ID,
+                     overrides=Overrides(**overrides))
+
+
+def test_two_nodes_with_ranks_master_ip_and_network_env():
+    plan = two_node()
+    assert [n.node_rank for n in plan.nodes] == [0, 1]
+    assert plan.num_nodes == 2
+    assert plan.master_addr == "10.0.0.1" and plan.master_addr_is_ip
+    assert plan.env["NCCL_SOCKET_IFNAME"] == plan.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert plan.env["NCCL_IB_DISABLE"] == "1"
+    assert plan.env["PYTHONUNBUFFERED"] == "1" and "OMP_NUM_THREADS" in plan.env
+    for node in plan.nodes:
+        args = node.torchrun_args
+        assert args[args.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
+        assert args[args.index("--rdzv-id") + 1] == RUN_ID
+        assert args[args.index("--nnodes") + 1] == "2"
+        assert args[args.index("--local-addr") + 1] == node.address
+        assert args[args.index("--log-dir") + 1] == f"logs/node{node.node_rank}"
+    assert plan.run_dir == f"~/fsdpctl/runs/{RUN_ID}"
+
+
+def test_world_size_known_only_when_process_counts_are():
+    assert two_node().world_size is None  # nproc_per_node: auto, no per-host gpus
+    assert two_node(nproc_per_node=4).world_size == 8
+
+
+def test_debug_adds_the_nccl_and_torch_debug_preset():
+    assert not set(DEBUG_ENV) & set(two_node().env)
+    env = two_node(debug=True).env
+    assert {k: env[k] for k in DEBUG_ENV} == DEBUG_ENV
+
+
+def test_precedence_flag_over_profile_over_default():
+    plan = two_node()
+    assert plan.train["steps"] == 500  # profile
+    assert plan.train["batch_size"] == 16  # profile
+    assert "lr" not in plan.train  # default applies on the node
+    plan = two_node(train={"steps": 7}, master_port=31000)
+    assert plan.train["steps"] == 7
+    assert plan.master_port == 31000
+    assert "10.0.0.1:31000" in plan.nodes[0].torchrun_args
+
+
+def test_profile_env_overrides_defaults_but_not_the_network_section():
+    text = ("name: p\nbackend: ssh\nhosts: [10.0.0.5]\nnproc_per_node: 2\n"
+            "env:\n  OMP_NUM_THREADS: '8'\n  NCCL_DEBUG: WARN\n")
+    plan = make_plan(parse_profile(text, "p.yaml"), run_id="p-20261121-120000-abcd", local_run_dir="r",
+                     overrides=Overrides(debug=True))
+    assert plan.env["OMP_NUM_THREADS"] == "8"
+    assert plan.env["NCCL_DEBUG"] == "WARN"  # the profile said so explicitly
+    assert plan.world_size == 2 and plan.master_addr == "10.0.0.5"
+
+
+def test_hostname_master_is_kept_but_warned_about():
+    plan = make_plan(parse_profile("name: p\nbackend: ssh\nhosts: [gpu-a, gpu-b]\n", "p.yaml"),
+                     run_id="p-20261121-120000-abcd", local_run_dir="r")
+    assert plan.master_addr == "gpu-a" and not plan.master_addr_is_ip
+    assert any("host name" in w for w in plan.warnings)
+
+
+def test_static_rendezvous_passes_node_rank_and_master():
+    text = "name: p\nbackend: ssh\nhosts: [10.0.0.1, 10.0.0.2]\nrendezvous:\n  backend: static\n  port: 29600\n"
+    plan = make_plan(parse_profile(text, "p.yaml"), run_id="p-20261121-120000-abcd", local_run_dir="r")
+    args = plan.nodes[1].torchrun_args
+    assert args[args.index("--node-rank") + 1] == "1"
+    assert args[args.index("--master-addr") + 1] == "10.0.0.1"
+    assert args[args.index("--master-port") + 1] == "29600"
+
+
+def test_local_profile_uses_standalone_rendezvous_and_the_running_python():
+    plan = make_plan(load_profile("local").profile, run_id="local-20261121-120000-abcd", local_run_dir="r",
+                     local_python="/venv/bin/python")
+    assert plan.python == "/venv/bin/python"
+    assert "--standalone" in plan.nodes[0].torchrun_args and plan.world_size == 2
+
+
+def test_slurm_plan_expands_rank_and_head_address_on_the_node():
+    plan = make_plan(load_profile("slurm").profile, run_id="slurm-20261121-120000-abcd", local_run_dir="r",
+                     home="/home/me", for_slurm=True, overrides=Overrides(slurm_nodes=3, slurm_time="10"))
+    assert plan.slurm is not None and plan.num_nodes == 3 and plan.world_size == 24
+    assert plan.run_dir == "/home/me/fsdpctl/runs/slurm-20261121-120000-abcd"
+    directives = dict(plan.slurm.directives)
+    assert directives["nodes"] == "3" and directives["time"] == "10" and directives["ntasks-per-node"] == "1"
+    assert '--rdzv-endpoint "$FSDPCTL_HEAD_ADDR":29500' in plan.slurm.step_command
+    assert 'logs/node"$SLURM_NODEID"' in plan.slurm.step_command
+
+
+def test_slurm_and_ssh_profiles_are_refused_by_the_wrong_command():
+    with pytest.raises(UsageError, match="Slurm profile"):
+        make_plan(load_profile("slurm").profile, run_id="s-20261121-120000-abcd", local_run_dir="r")
+    with pytest.raises(UsageError, match="no slurm section"):
+        make_plan(load_profile("two-node").profile, run_id=RUN_ID, local_run_dir="r", for_slurm=True)
+
+
+def test_bad_override_and_plan_owned_setting_are_usage_errors():
+    with pytest.raises(UsageError, match="both steps and epochs"):
+        two_node(train={"epochs": 2})
+    with pytest.raises(UsageError, match="set by fsdpctl"):
+        two_node(train={"run_dir": "/tmp/x"})
+
+
+def test_make_plan_is_pure(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("make_plan touched the network, the clock or a subprocess")
+
+    profile = load_profile("two-node").profile
+    monkeypatch.setattr(socket, "socket", forbidden)
+    monkeypatch.setattr(socket, "getaddrinfo", forbidden)
+    monkeypatch.setattr(subprocess, "Popen", forbidden)
+    monkeypatch.setattr(time, "time", forbidden)
+    first = make_plan(profile, run_id=RUN_ID, local_run_dir="r")
+    second = make_plan(profile, run_id=RUN_ID, local_run_dir="r")
+    assert first == second
+
+
+def test_run_ids():
+    assert make_run_id("lab", dt.datetime(2026, 11, 21, 9, 5, 7), "0a1b") == "lab-20261121-090507-0a1b"
+    ids = {new_run_id("lab") for _ in range(50)}
+    assert len(ids) == 50 and all(RUN_ID_PATTERN.match(i) for i in ids)
+    with pytest.raises(ValueError):
+        make_run_id("lab", dt.datetime(2026, 1, 1), "zz")

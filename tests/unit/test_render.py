@@ -1,0 +1,158 @@
+"""Rendered scripts: golden files, `bash -n`, and real execution proving values stay inert.
+
+Golden files are rewritten with FSDPCTL_UPDATE_GOLDEN=1 (then review the diff).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fsdpctl.plan import make_plan
+from fsdpctl.profiles import load_profile, parse_profile
+from fsdpctl.render import quote_path, render_all
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = {
+    "two-node": dict(for_slurm=False),
+    "slurm": dict(for_slurm=True),
+    "local": dict(for_slurm=False),
+}
+NASTY = """$(touch PWNED); `touch PWNED2` "x' y" ; rm -rf / #"""
+
+
+def rendered(name: str) -> dict[str, str]:
+    plan = make_plan(load_profile(name).profile, run_id=f"{name}-20261121-120000-abcd", local_run_dir="runs/x",
+                     local_python="/opt/venv/bin/python", home="/home/me", **CASES[name])
+    return render_all(plan)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_and_bash_syntax(name, tmp_path):
+    for file_name, text in rendered(name).items():
+        golden = GOLDEN / f"{name}.{file_name}"
+        if os.environ.get("FSDPCTL_UPDATE_GOLDEN") == "1":
+            golden.write_text(text)
+        assert text == golden.read_text(), f"{golden} differs; FSDPCTL_UPDATE_GOLDEN=1 rewrites it"
+        script = tmp_path / file_name
+        script.write_text(text)
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+
+
+def test_quote_path_lets_only_a_leading_tilde_expand():
+    assert quote_path("~/a b") == "\"$HOME\"/'a b'"
+    assert quote_path("/x/~y") == "'/x/~y'"
+    assert quote_path("$(id)") == "'$(id)'"
+
+
+FAKE_PYTHON = """\
+#!/usr/bin/env python3
+import json, os, sys
+out = os.environ["FAKE_OUT"]
+record = {"argv": sys.argv[1:], "cwd": os.getcwd(),
+          "env": {k: v for k, v in os.environ.items() if k.startswith(("FSDPCTL_", "NASTY", "NCCL_", "GLOO_"))}}
+with open(os.path.join(out, "node%s.json" % os.environ.get("FSDPCTL_NODE_RANK", "x")), "w") as f:
+    json.dump(record, f)
+"""
+
+
+def fake_python(tmp_path: Path) -> Path:
+    path = tmp_path / "bin" / "python"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(FAKE_PYTHON)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def nasty_profile(tmp_path: Path, extra: str = "") -> str:
+    python = fake_python(tmp_path)
+    return textwrap.dedent(f"""\
+        name: nasty
+        backend: ssh
+        hosts: [10.9.0.1, 10.9.0.2]
+        nproc_per_node: 2
+        python: {python}
+        workdir: {tmp_path}/work
+        env:
+          NASTY: {json.dumps(NASTY)}
+        network:
+          interface: eth0
+        train:
+          dataset: {json.dumps(NASTY)}
+        """) + extra
+
+
+def test_node_script_passes_nasty_values_verbatim_and_runs_nothing(tmp_path):
+    profile = parse_profile(nasty_profile(tmp_path), "nasty.yaml")
+    plan = make_plan(profile, run_id="nasty-20261121-120000-abcd", local_run_dir="r")
+    out = tmp_path / "out"
+    out.mkdir()
+    for file_name, text in render_all(plan).items():
+        script = tmp_path / file_name
+        script.write_text(text)
+        result = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**os.environ, "FAKE_OUT": str(out)},
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+    for node in plan.nodes:
+        record = json.loads((out / f"node{node.node_rank}.json").read_text())
+        assert record["argv"] == list(node.torchrun_args)
+        assert record["env"]["NASTY"] == NASTY
+        assert record["argv"][record["argv"].index("--dataset") + 1] == NASTY
+        assert record["cwd"] == str(tmp_path / "work" / "runs" / plan.run_id)
+        assert record["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+FAKE_SCONTROL = """\
+#!/usr/bin/env bash
+case "$1 $2" in
+  "show hostnames") printf 'n1\\nn2\\n' ;;
+  "show node") echo "NodeName=$3 Arch=x86_64 CoresPerSocket=1"; echo "   NodeAddr=10.9.0.${3#n} NodeHostName=$3" ;;
+esac
+"""
+# Runs the step once per node, as Slurm would, with that node's SLURM_NODEID.
+FAKE_SRUN = """\
+#!/usr/bin/env bash
+while [ "$1" != bash ]; do shift; done
+for id in 0 1; do SLURM_NODEID=$id "$@" || exit $?; done
+"""
+
+
+def test_sbatch_script_expands_node_rank_inside_each_step(tmp_path):
+    profile = parse_profile(nasty_profile(tmp_path, "slurm:\n  nodes: 2\n").replace("backend: ssh", "backend: slurm"),
+                            "nasty.yaml")
+    plan = make_plan(profile, run_id="nasty-20261121-120000-abcd", local_run_dir="r", for_slurm=True)
+    script = tmp_path / "sbatch.sh"
+    script.write_text(render_all(plan)["sbatch.sh"])
+    bin_dir = tmp_path / "bin"
+    for name, body in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_OUT": str(out),
+           "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}
+    result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "head n1 (10.9.0.1)" in result.stdout
+    for rank in (0, 1):
+        record = json.loads((out / f"node{rank}.json").read_text())
+        argv = record["argv"]
+        assert argv[argv.index("--rdzv-endpoint") + 1] == "10.9.0.1:29500"
+        assert argv[argv.index("--log-dir") + 1] == f"logs/node{rank}"
+        assert argv[argv.index("--dataset") + 1] == NASTY
+        assert record["env"]["FSDPCTL_NODE_RANK"] == str(rank)
+        assert record["env"]["NASTY"] == NASTY
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+def test_bash_is_available():
+    assert shutil.which("bash"), "the rendered scripts are bash scripts"
