@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from ..errors import UsageError
-from ..plan import LaunchPlan, Overrides, make_plan
-from ..profiles import LoadedProfile, load_profile
-from ..runs import new_run_id, runs_root
-from ..workload import config as train_config
+
+if TYPE_CHECKING:
+    from ..plan import LaunchPlan, Overrides
+    from ..profiles import LoadedProfile
 
 PROFILE_HELP = "Profile name (./cluster_profiles, ~/.config/fsdpctl/profiles, shipped) or a .yaml path."
 
@@ -40,6 +40,8 @@ def train_overrides(*, fsdp: Optional[int], preset: Optional[str], steps: Option
                     epochs: Optional[int], batch_size: Optional[int], sharding: Optional[str],
                     mixed_precision: Optional[str], settings: Optional[list[str]]) -> dict[str, Any]:
     """Workload settings from flags, checked like the profile's ``train`` section."""
+    from ..workload import config as train_config
+
     values: dict[str, Any] = {}
     for item in settings or []:
         name, sep, text = item.partition("=")
@@ -77,6 +79,10 @@ def _parse_setting(name: str, text: str) -> Any:
 
 def build_plan(profile_name: str, overrides: Overrides, *, for_slurm: bool) -> tuple[LoadedProfile, LaunchPlan]:
     """Load the profile and compute the plan with a fresh run id."""
+    from ..plan import make_plan
+    from ..profiles import load_profile
+    from ..runs import new_run_id, runs_root
+
     loaded = load_profile(profile_name)
     run_id = new_run_id(loaded.profile.name)
     plan = make_plan(

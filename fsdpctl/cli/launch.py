@@ -8,13 +8,10 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
-from ..nodes import prepare_run_dir, start_nodes, supervise
-from ..plan import Overrides
-from ..render import render_all
-from ..runs import RunPaths
-from ..transport import LocalTransport
 from . import common
-from .show import print_dry_run
+
+# Library modules are imported inside the commands: `fsdpctl --help` must not pay for jinja2,
+# yaml and the launch machinery it never uses.
 
 
 def launch(
@@ -34,6 +31,10 @@ def launch(
     as_json: bool = common.JsonOpt,
 ) -> None:
     """Start the bundled FSDP/FSDP2 GPT training on every node of PROFILE."""
+    from ..plan import Overrides
+    from ..render import render_all
+    from .show import print_dry_run
+
     train = common.train_overrides(fsdp=fsdp, preset=preset, steps=steps, epochs=epochs,
                                    batch_size=batch_size, sharding=sharding,
                                    mixed_precision=mixed_precision, settings=settings)
@@ -53,6 +54,10 @@ def launch(
 
 def run_local(plan, scripts: dict[str, str]) -> int:
     """Run the plan on this machine, streaming prefixed output; returns the job's exit code."""
+    from ..nodes import prepare_run_dir, start_nodes, supervise
+    from ..runs import RunPaths
+    from ..transport import LocalTransport
+
     paths = RunPaths(Path(plan.local_run_dir))
     transports = [LocalTransport() for _ in plan.nodes]
     prepare_run_dir(plan, scripts, paths)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 from ..errors import FsdpctlError
-from ..profiles import list_profiles, load_profile_file, profile_search_path
 
 
 def profiles(
@@ -17,6 +16,8 @@ def profiles(
 
         typer.echo(reference_markdown(), nl=False)
         return
+    from ..profiles import list_profiles, load_profile_file, profile_search_path
+
     entries = list_profiles()
     for origin, folder in profile_search_path():
         typer.echo(f"# {origin}: {folder}{'' if folder.is_dir() else ' (missing)'}", err=True)

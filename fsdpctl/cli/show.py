@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 
-from ..plan import LaunchPlan
+if TYPE_CHECKING:
+    from ..plan import LaunchPlan
 
 
 def plan_summary(plan: LaunchPlan) -> str:

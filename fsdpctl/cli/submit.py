@@ -7,10 +7,7 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
-from ..plan import Overrides
-from ..render import render_all
 from . import common
-from .show import print_dry_run
 
 
 def submit(
@@ -34,6 +31,10 @@ def submit(
     as_json: bool = common.JsonOpt,
 ) -> None:
     """Submit the bundled FSDP/FSDP2 GPT training as a Slurm job."""
+    from ..plan import Overrides
+    from ..render import render_all
+    from .show import print_dry_run
+
     if not slurm:
         raise UsageError("submit needs a scheduler", "add --slurm")
     _check_slurm_values(nodes, time, partition)

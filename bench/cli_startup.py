@@ -1,0 +1,35 @@
+"""CLI start-up: `fsdpctl --help` against `python -c "import torch"` (goal: ratio <= 0.1).
+
+The CLI never imports torch; this measures what a user waits for on every command.
+Run: .venv/bin/python bench/cli_startup.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import interleaved, report, summarize, time_command  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    py = sys.executable
+    cases = {
+        "python -c 'import torch' (baseline)": lambda: time_command([py, "-c", "import torch"]),
+        "fsdpctl --help": lambda: time_command([py, "-m", "fsdpctl", "--help"]),
+        "fsdpctl launch -p two-node --dry-run": lambda: time_command(
+            [py, "-m", "fsdpctl", "launch", "-p", "two-node", "--dry-run"]),
+        "python -c pass (interpreter floor)": lambda: time_command([py, "-c", "pass"]),
+    }
+    samples = interleaved(cases, repeats=args.repeats)
+    report("cli_startup", "python -c 'import torch' (baseline)",
+           summarize(samples, "python -c 'import torch' (baseline)"), {"goal": "fsdpctl --help ratio <= 0.1"})
+
+
+if __name__ == "__main__":
+    main()
