@@ -45,3 +45,14 @@ class ProfileError(UsageError):
 
 class ProfileNotFound(UsageError):
     """``--profile NAME`` matched no file in the search path."""
+
+
+class HostError(FsdpctlError):
+    """One host could not be used: ``cause`` is a short label (unreachable, refused, unresolved,
+    auth, unknown-host-key, changed-host-key, timeout, ssh) and ``detail`` says what happened."""
+
+    def __init__(self, host: str, cause: str, detail: str, hint: str):
+        super().__init__(f"{host}: {detail}", hint)
+        self.host = host
+        self.cause = cause
+        self.detail = detail

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -17,6 +16,7 @@ from typing import Any, Optional
 from . import __version__
 from .errors import UsageError
 from .profile_schema import ClusterProfile
+from .shell import NodeExpr, shell_join
 from .workload import config as train_config
 
 WORKLOAD_MODULE = "fsdpctl.workload.train"
@@ -164,15 +164,6 @@ def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[in
     if gpus is not None:
         return str(gpus)
     return "gpu"
-
-
-class NodeExpr(str):
-    """A word of shell text that must expand on the node (``"$SLURM_NODEID"``); never quoted."""
-
-
-def shell_join(words: tuple[str, ...] | list[str]) -> str:
-    """Quote every word for a POSIX shell, except NodeExpr words, which are written as they are."""
-    return " ".join(w if isinstance(w, NodeExpr) else shlex.quote(w) for w in words)
 
 
 def _torchrun_args(*, num_nodes: int, run_id: str, rdzv_backend: str, master_addr: str, master_port: int,

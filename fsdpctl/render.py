@@ -12,20 +12,12 @@ from typing import Any
 
 import jinja2
 
-from .plan import LaunchPlan, NodeSpec, shell_join
+from .plan import LaunchPlan, NodeSpec
 from .resources import shipped_dir
+from .shell import quote_path, shell_join
 
 NODE_TEMPLATE = "torchrun.sh.j2"
 SBATCH_TEMPLATE = "sbatch.sh.j2"
-
-
-def quote_path(path: str) -> str:
-    """Shell-quote a node-side path, letting a leading ``~/`` expand to the node's home."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def _environment(template_dir: Path) -> jinja2.Environment:

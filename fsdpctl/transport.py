@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from .errors import HostError
+
 
 @dataclass
 class NodeProcess:
@@ -40,6 +42,12 @@ class Transport(Protocol):
 
     def signal_group(self, pgid: int, sig: int) -> bool:
         """Send ``sig`` to a process group; False when it no longer exists."""
+
+    def run(self, command: str, timeout: float) -> tuple[int, str, str]:
+        """Run one shell command line (quoted by fsdpctl.shell) and return (status, stdout, stderr)."""
+
+    def close(self) -> None:
+        """Release the connection, if any."""
 
 
 def _lines(stream: IO[bytes]) -> Iterator[str]:
@@ -85,6 +93,19 @@ class LocalTransport:
         except ProcessLookupError:
             return False
         return True
+
+    def run(self, command: str, timeout: float) -> tuple[int, str, str]:
+        # The same shell line an SSH server would run, so both transports behave alike.
+        try:
+            done = subprocess.run(["bash", "-c", command], cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise HostError(self.host, "timeout", f"command did not finish within {timeout:g} s",
+                            "this machine may be overloaded; raise the timeout") from None
+        return done.returncode, done.stdout, done.stderr
+
+    def close(self) -> None:
+        return None
 
 
 TERMINATE = signal.SIGTERM

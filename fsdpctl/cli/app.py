@@ -9,7 +9,7 @@ import typer
 
 from .. import __version__
 from ..errors import FsdpctlError
-from . import launch, profiles, render, submit
+from . import doctor, launch, profiles, render, submit
 
 app = typer.Typer(
     name="fsdpctl",
@@ -36,6 +36,7 @@ def _root(
     """Launch FSDP/FSDP2 training on many nodes over SSH or Slurm, checked before it starts."""
 
 
+app.command(name="doctor")(doctor.doctor)
 app.command(name="launch")(launch.launch)
 app.command(name="submit")(submit.submit)
 app.command(name="render")(render.render)

@@ -17,7 +17,8 @@ import pytest
 
 from fsdpctl.plan import make_plan
 from fsdpctl.profiles import load_profile, parse_profile
-from fsdpctl.render import quote_path, render_all
+from fsdpctl.render import render_all
+from fsdpctl.shell import quote_path
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = {

@@ -1,0 +1,324 @@
+"""Probe every host of a profile in parallel, judge each one, and diff them against each other.
+
+One connection and one remote command per host: the probe also holds the rendezvous port open on
+the master while the other hosts' probes connect to it, so port reachability needs no extra round.
+A host that fails never stops the others; each failure carries its precise cause and a hint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Optional
+
+from .errors import HostError
+from .probe import ProbeOutputError, parse_probe_output, probe_command
+from .profile_schema import ClusterProfile
+
+Status = Literal["pass", "warn", "fail"]
+SHM_WARN_BYTES = 1 << 30
+DISK_WARN_BYTES = 10 << 30
+CLOCK_WARN_SECONDS = 30.0
+PORT_WINDOW_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict about one host (or across hosts)."""
+
+    name: str
+    status: Status
+    detail: str
+    hint: Optional[str] = None
+
+
+@dataclass
+class HostReport:
+    """Everything doctor learned about one host."""
+
+    host: str
+    node_rank: int
+    facts: Optional[dict[str, Any]] = None
+    checks: list[Check] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> Status:
+        return _worst(c.status for c in self.checks)
+
+
+@dataclass(frozen=True)
+class ParityEntry:
+    """One fact compared across hosts: pass when every host agrees, else the odd hosts."""
+
+    fact: str
+    status: Status
+    values: dict[str, Any]
+    detail: str
+    hint: Optional[str] = None
+
+
+@dataclass
+class DoctorReport:
+    """The whole verdict; ``to_json`` is the documented ``--json`` schema."""
+
+    profile: str
+    hosts: list[HostReport]
+    parity: list[ParityEntry]
+    seconds: float
+
+    def status(self, strict: bool = False) -> Status:
+        worst = _worst([h.status for h in self.hosts] + [p.status for p in self.parity])
+        return "fail" if strict and worst == "warn" else worst
+
+    def ok(self, strict: bool = False) -> bool:
+        return self.status(strict) != "fail"
+
+    def to_json(self, strict: bool = False) -> dict[str, Any]:
+        return {
+            "ok": self.ok(strict), "status": self.status(strict), "profile": self.profile,
+            "seconds": round(self.seconds, 3),
+            "hosts": [{"host": h.host, "node_rank": h.node_rank, "status": h.status, "seconds": round(h.seconds, 3),
+                       "facts": h.facts, "checks": [asdict(c) for c in h.checks]} for h in self.hosts],
+            "parity": [asdict(p) for p in self.parity],
+        }
+
+
+def _worst(statuses) -> Status:
+    statuses = set(statuses)
+    return "fail" if "fail" in statuses else "warn" if "warn" in statuses else "pass"
+
+
+def _gib(value: int) -> str:
+    return f"{value / (1 << 30):.1f} GiB"
+
+
+# ---- per-host checks --------------------------------------------------------------------------
+
+def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int]) -> list[Check]:
+    """The verdicts on one host's probe facts."""
+    checks = [Check("python", "pass", f"{facts['python']['path']} {facts['python']['version']}")]
+    torch = facts.get("torch") or {}
+    deep = facts.get("deep")
+    if not torch.get("installed"):
+        checks.append(Check("torch", "fail", "torch is not installed for this Python",
+                            "install torch in the profile's python, or point `python:` at the venv that has it"))
+    else:
+        checks.append(Check("torch", "pass", f"torch {torch.get('version')} (CUDA {torch.get('cuda') or 'none'})"))
+        fsdp2 = deep.get("fsdp2_import") if deep and "fsdp2_import" in deep else torch.get("fsdp2_exported")
+        checks.append(Check("fsdp2", "pass" if fsdp2 else "fail",
+                            "from torch.distributed.fsdp import fully_shard " + ("works" if fsdp2 else "fails"),
+                            None if fsdp2 else "FSDP2 needs torch >= 2.6; upgrade torch on this host"))
+    if deep and "import_error" in deep:
+        checks.append(Check("torch-import", "fail", f"import torch failed: {deep['import_error']}",
+                            "fix the torch installation on this host"))
+    checks += _gpu_checks(profile, facts, nproc)
+    checks += _network_checks(profile, facts)
+    checks += _storage_checks(facts)
+    return checks
+
+
+def _gpu_checks(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int]) -> list[Check]:
+    if profile.device == "cpu":
+        return []
+    gpus = facts.get("gpus") or {}
+    deep = facts.get("deep") or {}
+    count = deep["device_count"] if "device_count" in deep else gpus.get("count", 0)
+    need = nproc if nproc is not None else 1
+    if count >= need and count > 0:
+        return [Check("gpus", "pass", f"{count} GPU(s), driver {gpus.get('driver') or 'unknown'}")]
+    status: Status = "fail" if profile.device == "cuda" else "warn"
+    return [Check("gpus", status, f"{count} GPU(s) found, {need} needed",
+                  "check nvidia-smi on this host, or lower nproc_per_node" if count else
+                  "no NVIDIA GPU visible here; set device: cpu to train on CPU")]
+
+
+def _network_checks(profile: ClusterProfile, facts: dict[str, Any]) -> list[Check]:
+    checks: list[Check] = []
+    interfaces = facts.get("interfaces") or {}
+    name = profile.network.interface
+    if name:
+        info = interfaces.get(name)
+        if info is None:
+            known = ", ".join(sorted(interfaces)) or "none"
+            checks.append(Check("interface", "fail", f"interface {name} does not exist (has: {known})",
+                                "set network.interface to the card that connects the nodes"))
+        elif not info.get("up"):
+            checks.append(Check("interface", "fail", f"interface {name} is {info.get('state')}",
+                                f"bring it up (ip link set {name} up) or choose another interface"))
+        elif not info.get("ipv4"):
+            checks.append(Check("interface", "fail", f"interface {name} has no IPv4 address",
+                                "give it an address, or choose the interface that has one"))
+        else:
+            checks.append(Check("interface", "pass", f"{name} up, {', '.join(info['ipv4'])}, MTU {info.get('mtu')}"))
+    active = [f"{dev}/{port}" for dev, ports in (facts.get("infiniband") or {}).items()
+              for port, p in ports.items() if "ACTIVE" in (p.get("state") or "")]
+    if profile.network.ib and not active:
+        checks.append(Check("infiniband", "fail", "ib: true but no active InfiniBand port",
+                            "check ibstat on this host, or set network.ib: false to use TCP"))
+    elif not profile.network.ib and active:
+        checks.append(Check("infiniband", "warn", f"ib: false but active ports: {', '.join(active)}",
+                            "set network.ib: true to let NCCL use InfiniBand"))
+    else:
+        checks.append(Check("infiniband", "pass", f"active ports: {', '.join(active)}" if active else "none (TCP)"))
+    listen, connect = facts.get("listen"), facts.get("connect")
+    if listen is not None:
+        if not listen.get("free"):
+            checks.append(Check("port", "fail", f"rendezvous port {listen['port']} is taken ({listen.get('error')})",
+                                "stop what holds it, or set rendezvous.port / --master-port"))
+        else:
+            checks.append(Check("port", "pass", f"port {listen['port']} free; reached by {len(listen['peers'])} "
+                                                f"node(s)"))
+    if connect is not None:
+        if connect.get("reached"):
+            checks.append(Check("port", "pass", f"reached the master at {connect['addr']}:{connect['port']}"))
+        else:
+            checks.append(Check("port", "fail", f"cannot reach the master at {connect['addr']}:{connect['port']} "
+                                                f"({connect.get('error')})",
+                                "check the master's address (hosts[].address) and firewalls on that port"))
+    skew = abs(facts.get("clock", time.time()) - facts.get("_received", time.time()))
+    if skew > CLOCK_WARN_SECONDS:
+        checks.append(Check("clock", "warn", f"clock differs from this machine's by {skew:.0f} s",
+                            "run NTP/chrony: logs and timeouts compare times across nodes"))
+    return checks
+
+
+def _storage_checks(facts: dict[str, Any]) -> list[Check]:
+    checks: list[Check] = []
+    shm = facts.get("shm")
+    if shm and shm["total_bytes"] < SHM_WARN_BYTES:
+        checks.append(Check("shm", "warn", f"/dev/shm is only {_gib(shm['total_bytes'])}",
+                            "NCCL and DataLoader workers use shared memory; give /dev/shm several GiB"))
+    disk = facts.get("disk")
+    if disk and disk["free_bytes"] < DISK_WARN_BYTES:
+        checks.append(Check("disk", "warn", f"{_gib(disk['free_bytes'])} free at {disk['path']}",
+                            "checkpoints need room; free space or move workdir"))
+    return checks
+
+
+# ---- across hosts -----------------------------------------------------------------------------
+
+def _major_minor(version: Optional[str]) -> Optional[str]:
+    return ".".join(version.split(".")[:2]) if version else version
+
+
+def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> dict[str, dict[str, Any]]:
+    facts = {r.host: r.facts for r in reports if r.facts is not None}
+    values: dict[str, dict[str, Any]] = {
+        "torch": {h: (f.get("deep") or {}).get("version") or f["torch"].get("version") for h, f in facts.items()},
+        "cuda_runtime": {h: f["torch"].get("cuda") for h, f in facts.items()},
+        "nccl": {h: (f.get("deep") or {}).get("nccl") or (f["torch"].get("nccl") or {}).get("version")
+                 for h, f in facts.items()},
+        "python": {h: _major_minor(f["python"]["version"]) for h, f in facts.items()},
+        "driver_major": {h: (f["gpus"].get("driver") or "").split(".")[0] or None for h, f in facts.items()},
+        "fsdpctl": {h: f.get("fsdpctl") for h, f in facts.items()},
+    }
+    if profile.network.interface:
+        values["mtu"] = {h: (f["interfaces"].get(profile.network.interface) or {}).get("mtu")
+                         for h, f in facts.items()}
+    return values
+
+
+def judge_parity(profile: ClusterProfile, reports: Sequence[HostReport]) -> list[ParityEntry]:
+    """Compare the facts that must be equal on every host; name the odd ones out."""
+    entries = []
+    for fact, values in _parity_values(profile, reports).items():
+        if len(values) < 2:
+            continue
+        counts = Counter(values.values())
+        if len(counts) == 1:
+            entries.append(ParityEntry(fact, "pass", values, f"all {len(values)} hosts: {next(iter(counts))}"))
+            continue
+        majority, _ = counts.most_common(1)[0]
+        odd = sorted(h for h, v in values.items() if v != majority)
+        shown = ", ".join(f"{h}={values[h]}" for h in odd)
+        entries.append(ParityEntry(fact, "fail", values, f"differs on {shown} (others: {majority})",
+                                   f"install the same {fact.replace('_', ' ')} on every host; mismatches hang "
+                                   f"or corrupt collectives"))
+    return entries
+
+
+# ---- running it -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HostJob:
+    """What to probe on one host: its transport, rank and the probe's arguments."""
+
+    node_rank: int
+    transport: Any
+    args: dict[str, Any]
+
+
+def make_jobs(profile: ClusterProfile, transports: Sequence[Any], master_rank: int, master_addr: str,
+              port: int, deep: bool, port_check: bool, window: float = PORT_WINDOW_SECONDS) -> list[HostJob]:
+    """One probe per host; the master listens on the rendezvous port, the others connect to it."""
+    jobs = []
+    others = len(transports) - 1
+    for rank, transport in enumerate(transports):
+        args: dict[str, Any] = {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep}
+        if port_check:
+            if rank == master_rank:
+                args["listen"] = {"port": port, "expect": others, "window": window}
+            else:
+                args["connect"] = {"addr": master_addr, "port": port, "window": window}
+        jobs.append(HostJob(rank, transport, args))
+    return jobs
+
+
+def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfile,
+               nproc: Optional[int]) -> HostReport:
+    """Connect, probe and judge one host; never raises for a host-side problem."""
+    started = time.monotonic()
+    report = HostReport(host=job.transport.host, node_rank=job.node_rank)
+    try:
+        status, out, err = job.transport.run(probe_command(python, job.args), timeout)
+        if status == 127 or (status != 0 and "No such file" in err and python in err):
+            report.checks = [Check("reachable", "pass", "connected"),
+                             Check("python", "fail", f"{python} not found on this host",
+                                   "set `python:` in the profile to an interpreter that exists there")]
+        elif status != 0:
+            last = (err.strip().splitlines() or ["(no output)"])[-1]
+            report.checks = [Check("reachable", "pass", "connected"),
+                             Check("probe", "fail", f"probe exited {status}: {last}",
+                                   "run the profile's python by hand on this host to see why")]
+        else:
+            facts = parse_probe_output(out)
+            facts["_received"] = time.time()
+            report.facts = facts
+            report.checks = [Check("reachable", "pass", "connected"), *judge_host(profile, facts, nproc)]
+    except HostError as exc:
+        report.checks = [Check(_CAUSE_CHECK.get(exc.cause, "reachable"), "fail", exc.detail, exc.hint)]
+    except ProbeOutputError as exc:
+        report.checks = [Check("probe", "fail", str(exc), "the node's shell may print to stdout; check its rc files")]
+    finally:
+        job.transport.close()
+        report.seconds = time.monotonic() - started
+    if report.facts is not None:
+        report.facts.pop("_received", None)
+    return report
+
+
+# Which check a connection failure belongs to: the network, or the SSH trust/identity layer.
+_CAUSE_CHECK = {"auth": "authenticated", "unknown-host-key": "authenticated", "changed-host-key": "authenticated",
+                "timeout": "probe"}
+
+
+def run_doctor(profile: ClusterProfile, jobs: Sequence[HostJob], *, python: str, timeout: float,
+               nproc: Optional[int], concurrency: int = 32,
+               on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+    """Probe every host (at most ``concurrency`` at once) and build the report."""
+    started = time.monotonic()
+    reports: list[HostReport] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs)))) as pool:
+        futures = [pool.submit(probe_host, job, python, timeout, profile, nproc) for job in jobs]
+        for future in as_completed(futures):
+            report = future.result()
+            reports.append(report)
+            if on_host:
+                on_host(report)
+    reports.sort(key=lambda r: r.node_rank)
+    return DoctorReport(profile=profile.name, hosts=reports, parity=judge_parity(profile, reports),
+                        seconds=time.monotonic() - started)

@@ -1,0 +1,45 @@
+"""Build the one command that probes a node, and read its answer from between the sentinels.
+
+The probe's JSON travels between sentinel lines, so a chatty ``.bashrc`` or a motd printed around
+it cannot corrupt what is parsed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from .probe_script import BEGIN, END
+from .shell import command_line
+
+
+@functools.lru_cache(maxsize=1)
+def probe_source() -> str:
+    """The probe program's source, sent to the node with ``python -c``."""
+    return (Path(__file__).resolve().parent / "probe_script.py").read_text(encoding="utf-8")
+
+
+def probe_command(python: str, args: dict[str, Any]) -> str:
+    """The shell command line that runs the probe with the node's ``python``."""
+    return command_line(python, ["-c", probe_source(), json.dumps(args, sort_keys=True)])
+
+
+class ProbeOutputError(ValueError):
+    """The probe ran but its answer could not be found or read."""
+
+
+def parse_probe_output(stdout: str) -> dict[str, Any]:
+    """The facts dict from the probe's stdout (anything outside the sentinels is ignored)."""
+    start = stdout.rfind(BEGIN)
+    end = stdout.find(END, start + 1) if start >= 0 else -1
+    if start < 0 or end < 0:
+        raise ProbeOutputError("no probe answer in the output")
+    try:
+        facts = json.loads(stdout[start + len(BEGIN):end].strip())
+    except json.JSONDecodeError as exc:
+        raise ProbeOutputError(f"the probe answer is not JSON ({exc.msg})") from None
+    if not isinstance(facts, dict):
+        raise ProbeOutputError("the probe answer is not a JSON object")
+    return facts

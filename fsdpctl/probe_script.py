@@ -1,0 +1,278 @@
+"""The probe that runs on every node (sent as ``python -c``): collects facts, prints JSON between sentinels.
+
+Standard library only, and Python 3.8-compatible: it runs with whatever interpreter the profile
+names on the node, before anything of fsdpctl is installed there. It must stay fast: the default
+probe reads torch's and NCCL's versions from installed files instead of importing torch
+(``import torch`` costs ~1.5 s); ``deep`` imports it for device counts and NCCL's own version.
+
+Argument (argv[1], JSON): workdir, interface, deep, and optionally ``listen`` (on the master:
+hold the rendezvous port open until the other nodes connected) or ``connect`` (on the others:
+connect to the master's port), both bounded by a window in seconds.
+"""
+
+import glob
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+
+BEGIN = "<<<FSDPCTL-PROBE-BEGIN>>>"
+END = "<<<FSDPCTL-PROBE-END>>>"
+
+
+def read(path, limit=65536):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def os_name():
+    text = read("/etc/os-release") or ""
+    match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
+    return match.group(1) if match else platform.system()
+
+
+def torch_facts():
+    import importlib.util
+
+    facts = {"installed": False}
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return facts
+    root = os.path.dirname(spec.origin)
+    text = read(os.path.join(root, "version.py")) or ""
+    facts["installed"] = True
+    facts["path"] = root
+    for key, name in (("version", "__version__"), ("cuda", "cuda"), ("hip", "hip"), ("git", "git_version")):
+        match = re.search(r"^%s\s*(?::[^=]*)?=\s*'([^']*)'" % name, text, re.M)
+        facts[key] = match.group(1) if match else None
+    init = read(os.path.join(root, "distributed", "fsdp", "__init__.py")) or ""
+    facts["fsdp2_exported"] = "fully_shard" in init
+    facts["cuda_build"] = bool(glob.glob(os.path.join(root, "lib", "libtorch_cuda*.so*")))
+    facts["nccl"] = nccl_version(root)
+    return facts
+
+
+def nccl_version(torch_root):
+    """NCCL shipped with torch: the nvidia-nccl wheel's version, else its header, else a library name."""
+    try:
+        from importlib import metadata
+    except ImportError:
+        metadata = None
+    if metadata is not None:
+        for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+            try:
+                return {"version": metadata.version(dist), "source": dist}
+            except Exception:
+                pass
+    site = os.path.dirname(torch_root)
+    header = read(os.path.join(site, "nvidia", "nccl", "include", "nccl.h")) or ""
+    parts = [re.search(r"#define NCCL_%s\s+(\d+)" % k, header) for k in ("MAJOR", "MINOR", "PATCH")]
+    if all(parts):
+        return {"version": ".".join(p.group(1) for p in parts), "source": "nccl.h"}
+    for folder in (os.path.join(torch_root, "lib"), os.path.join(sys.prefix, "lib")):
+        for lib in sorted(glob.glob(os.path.join(folder, "libnccl.so.*.*.*"))):
+            return {"version": lib.split("libnccl.so.")[1], "source": lib}
+    return None
+
+
+def deep_torch():
+    started = time.time()
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as exc:
+        return {"import_error": "%s: %s" % (type(exc).__name__, exc)}
+    facts = {"version": torch.__version__, "cuda": torch.version.cuda,
+             "cuda_available": False, "device_count": 0,
+             "gloo": dist.is_available() and dist.is_gloo_available(),
+             "nccl_available": dist.is_available() and dist.is_nccl_available()}
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+        facts["fsdp2_import"] = True
+    except Exception as exc:
+        facts["fsdp2_import"] = False
+        facts["fsdp2_error"] = str(exc)
+    try:
+        facts["cuda_available"] = torch.cuda.is_available()
+        facts["device_count"] = torch.cuda.device_count()
+        if facts["cuda_available"]:
+            facts["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+            facts["device_names"] = [torch.cuda.get_device_name(i) for i in range(facts["device_count"])]
+    except Exception as exc:
+        facts["cuda_error"] = str(exc)
+    facts["import_seconds"] = round(time.time() - started, 3)
+    return facts
+
+
+def gpus():
+    facts = {"count": 0, "names": [], "driver": None, "source": None}
+    version = read("/proc/driver/nvidia/version") or ""
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9.]+)", version)
+    if match:
+        facts["driver"] = match.group(1)
+    listed = glob.glob("/proc/driver/nvidia/gpus/*")
+    if listed:
+        facts["count"], facts["source"] = len(listed), "/proc/driver/nvidia/gpus"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=10,
+                             universal_newlines=True)
+        rows = [r.split(",") for r in out.stdout.strip().splitlines() if r.strip()]
+        if out.returncode == 0 and rows:
+            facts["names"] = [r[0].strip() for r in rows]
+            facts["driver"] = rows[0][-1].strip()
+            facts["count"], facts["source"] = len(rows), "nvidia-smi"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return facts
+
+
+def ipv4_addresses():
+    """{interface: [cidr, ...]} from `ip -j`; empty when iproute2 is missing."""
+    try:
+        out = subprocess.run(["ip", "-j", "-4", "addr"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             timeout=5, universal_newlines=True)
+        entries = json.loads(out.stdout or "[]")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return {}
+    found = {}
+    for entry in entries:
+        found[entry.get("ifname")] = ["%s/%s" % (a["local"], a["prefixlen"]) for a in entry.get("addr_info", [])
+                                      if a.get("family") == "inet"]
+    return found
+
+
+def interfaces():
+    addresses = ipv4_addresses()
+    result = {}
+    for path in sorted(glob.glob("/sys/class/net/*")):
+        name = os.path.basename(path)
+        flags = int((read(os.path.join(path, "flags")) or "0").strip() or "0", 16)
+        state = (read(os.path.join(path, "operstate")) or "unknown").strip()
+        result[name] = {
+            "state": state,
+            # IFF_UP set and not known to be down (loopback and some virtual links say "unknown")
+            "up": bool(flags & 0x1) and state in ("up", "unknown"),
+            "mtu": int((read(os.path.join(path, "mtu")) or "0").strip() or 0),
+            "ipv4": addresses.get(name, []),
+        }
+    return result
+
+
+def infiniband():
+    devices = {}
+    for dev in sorted(glob.glob("/sys/class/infiniband/*")):
+        ports = {}
+        for port in sorted(glob.glob(os.path.join(dev, "ports", "*"))):
+            ports[os.path.basename(port)] = {
+                "state": (read(os.path.join(port, "state")) or "").strip(),
+                "rate": (read(os.path.join(port, "rate")) or "").strip(),
+                "link_layer": (read(os.path.join(port, "link_layer")) or "").strip(),
+            }
+        devices[os.path.basename(dev)] = ports
+    return devices
+
+
+def space(path):
+    path = os.path.expanduser(path or "~")
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        stat = os.statvfs(path or "/")
+    except OSError:
+        return None
+    return {"path": path, "free_bytes": stat.f_bavail * stat.f_frsize, "total_bytes": stat.f_blocks * stat.f_frsize}
+
+
+def fsdpctl_version():
+    try:
+        from importlib import metadata
+
+        return metadata.version("fsdpctl")
+    except Exception:
+        return None
+
+
+def listen(spec):
+    """On the master: bind the rendezvous port (is it free?) and accept the other nodes' connects."""
+    result = {"port": spec["port"], "free": False, "peers": []}
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        server.bind((spec.get("addr") or "0.0.0.0", spec["port"]))
+    except OSError as exc:
+        result["error"] = exc.strerror or str(exc)
+        server.close()
+        return result
+    result["free"] = True
+    server.listen(64)
+    deadline = time.time() + spec["window"]
+    while len(result["peers"]) < spec["expect"] and time.time() < deadline:
+        server.settimeout(max(0.01, deadline - time.time()))
+        try:
+            conn, addr = server.accept()
+        except socket.timeout:
+            break
+        result["peers"].append(addr[0])
+        conn.close()
+    server.close()
+    return result
+
+
+def connect(spec):
+    """On the others: connect to the master's port, retrying until the master's probe listens."""
+    deadline = time.time() + spec["window"]
+    last = None
+    while time.time() < deadline:
+        try:
+            conn = socket.create_connection((spec["addr"], spec["port"]), timeout=max(0.1, deadline - time.time()))
+            conn.close()
+            return {"addr": spec["addr"], "port": spec["port"], "reached": True}
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+            time.sleep(0.05)
+    return {"addr": spec["addr"], "port": spec["port"], "reached": False, "error": last or "timed out"}
+
+
+def main():
+    started = time.time()
+    args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    facts = {
+        "hostname": socket.gethostname(),
+        "os": os_name(),
+        "kernel": platform.release(),
+        "python": {"path": sys.executable, "version": platform.python_version()},
+        "torch": torch_facts(),
+        "gpus": gpus(),
+        "interfaces": interfaces(),
+        "infiniband": infiniband(),
+        "nccl_conf": read("/etc/nccl.conf"),
+        "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+        "shm": space("/dev/shm"),
+        "disk": space(args.get("workdir")),
+        "clock": time.time(),
+        "fsdpctl": fsdpctl_version(),
+    }
+    if args.get("deep"):
+        facts["deep"] = deep_torch()
+    if args.get("listen"):
+        facts["listen"] = listen(args["listen"])
+    if args.get("connect"):
+        facts["connect"] = connect(args["connect"])
+    facts["probe_seconds"] = round(time.time() - started, 3)
+    sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN, json.dumps(facts), END))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""SSH to the nodes with paramiko: ~/.ssh/config, agent and key files, known_hosts. The only paramiko importer.
+
+Host keys are checked by default: an unknown key or a changed key refuses the connection.
+``accept-new`` records unknown keys (as OpenSSH's StrictHostKeyChecking=accept-new) and still
+refuses changed ones. Every failure becomes an ``SSHError`` with a cause a person can act on.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from .errors import HostError
+from .profile_schema import HostSpec, SSHSpec
+
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class SSHError(HostError):
+    """A host that could not be reached or authenticated over SSH, or whose command timed out."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and as whom to connect, after ~/.ssh/config and the profile are combined."""
+
+    alias: str
+    hostname: str
+    port: int
+    user: str | None
+    identity_files: tuple[str, ...]
+    known_hosts: str
+    proxy_jump: str | None
+
+
+def _ssh_config(path: Path | None = None) -> paramiko.SSHConfig:
+    path = path or Path("~/.ssh/config").expanduser()
+    return paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
+
+
+def resolve_target(host: HostSpec | str, ssh: SSHSpec, config: paramiko.SSHConfig | None = None) -> Target:
+    """Combine the profile (host entry over ``ssh`` section) with ~/.ssh/config (profile wins)."""
+    spec = HostSpec(host=host) if isinstance(host, str) else host
+    entry = (config or _ssh_config()).lookup(spec.host)
+    identities = [ssh.identity_file] if ssh.identity_file else list(entry.get("identityfile", []))
+    known = ssh.known_hosts or (entry.get("userknownhostsfile") or "~/.ssh/known_hosts").split()[0]
+    proxy = ssh.proxy_jump or entry.get("proxyjump")
+    return Target(
+        alias=spec.host,
+        hostname=entry.get("hostname", spec.host),
+        port=int(spec.port or ssh.port or entry.get("port", 22)),
+        user=spec.user or ssh.user or entry.get("user"),
+        identity_files=tuple(os.path.expanduser(i) for i in identities),
+        known_hosts=os.path.expanduser(known),
+        proxy_jump=None if proxy in (None, "none") else proxy,
+    )
+
+
+def _known_hosts_name(hostname: str, port: int) -> str:
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Record an unknown host's key in known_hosts (appended, under a lock) and go on."""
+
+    def __init__(self, known_hosts: str, port: int):
+        self.known_hosts = known_hosts
+        self.port = port
+
+    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko's hook
+        entry = paramiko.hostkeys.HostKeyEntry([_known_hosts_name(hostname, self.port)], key)
+        with _KNOWN_HOSTS_LOCK:
+            Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True)
+            with open(self.known_hosts, "a", encoding="utf-8") as handle:
+                handle.write(entry.to_line())
+        client.get_host_keys().add(_known_hosts_name(hostname, self.port), key.get_name(), key)
+
+
+def _classify(target: Target, exc: BaseException, timeout: float) -> SSHError:
+    where = f"{target.hostname}:{target.port}"
+    if isinstance(exc, socket.gaierror):
+        return SSHError(target.alias, "unresolved", f"host name {target.hostname!r} does not resolve",
+                        "check the name in the profile and ~/.ssh/config, or give the IP address")
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return SSHError(target.alias, "changed-host-key",
+                        f"host key of {where} differs from the one in {target.known_hosts}",
+                        f"if the host was reinstalled, remove the old key: ssh-keygen -R "
+                        f"{_known_hosts_name(target.hostname, target.port)!r} -f {target.known_hosts}")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return SSHError(target.alias, "auth", f"authentication failed as {target.user or 'the local user'}",
+                        "check ssh.user and ssh.identity_file, or that the key is in the node's authorized_keys")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        errors = list(exc.errors.values())
+        exc = errors[0] if errors else exc
+    if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == errno.ECONNREFUSED:
+        return SSHError(target.alias, "refused", f"connection to {where} refused",
+                        "is sshd running there, and on that port (ssh.port / hosts[].port)?")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return SSHError(target.alias, "unreachable", f"no answer from {where} within {timeout:g} s",
+                        "check the address, that the host is up, and firewalls between here and there")
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return SSHError(target.alias, "unreachable", f"no route to {where} ({exc.strerror})",
+                        "check the address and that this machine can reach that network")
+    text = str(exc)
+    if "not found in known_hosts" in text:
+        return SSHError(target.alias, "unknown-host-key", f"host key of {where} is not in {target.known_hosts}",
+                        f"verify it and add it (ssh-keyscan -p {target.port} {target.hostname} >> "
+                        f"{target.known_hosts}), or set ssh.host_key_policy: accept-new")
+    if "banner" in text.lower():
+        return SSHError(target.alias, "ssh", f"{where} did not speak SSH in time ({text})",
+                        "check that the port is an SSH server's")
+    return SSHError(target.alias, "ssh", f"SSH to {where} failed: {type(exc).__name__}: {text}",
+                    "run `ssh -v` to the same host for details")
+
+
+class SSHTransport:
+    """One node over SSH: one connection, reused for every command of one fsdpctl command."""
+
+    def __init__(self, host: HostSpec | str, ssh: SSHSpec, config: paramiko.SSHConfig | None = None):
+        self.spec = ssh
+        self.config = config if config is not None else _ssh_config()
+        self.target = resolve_target(host, ssh, self.config)
+        self.host = self.target.alias
+        self.client: paramiko.SSHClient | None = None
+        self.jump: SSHTransport | None = None
+        self.connections = 0
+        self.execs = 0
+
+    def _client(self, target: Target) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        if os.path.isfile(target.known_hosts):
+            client.load_host_keys(target.known_hosts)
+        if self.spec.host_key_policy == "accept-new":
+            client.set_missing_host_key_policy(_AcceptNewPolicy(target.known_hosts, target.port))
+        else:
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        return client
+
+    def connect(self) -> None:
+        """Open the connection (through the jump host when there is one); raises SSHError."""
+        if self.client is not None:
+            return
+        target, timeout = self.target, self.spec.connect_timeout
+        sock = None
+        try:
+            if target.proxy_jump:
+                jump_host, _, jump_port = target.proxy_jump.split(",")[0].rpartition("@")[2].partition(":")
+                jump_user = target.proxy_jump.split("@")[0] if "@" in target.proxy_jump else None
+                self.jump = SSHTransport(HostSpec(host=jump_host, port=int(jump_port) if jump_port else None,
+                                                  user=jump_user), self.spec, self.config)
+                self.jump.connect()
+                assert self.jump.client is not None
+                jump_transport = self.jump.client.get_transport()
+                assert jump_transport is not None
+                sock = jump_transport.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0),
+                                                   timeout=timeout)
+            client = self._client(target)
+            client.connect(
+                target.hostname, port=target.port, username=target.user,
+                key_filename=list(target.identity_files) or None, timeout=timeout, banner_timeout=timeout,
+                auth_timeout=timeout, channel_timeout=timeout, sock=sock,
+                allow_agent=True, look_for_keys=not target.identity_files,
+            )
+        except SSHError:
+            raise
+        except Exception as exc:  # paramiko and socket errors of every kind become one SSHError
+            raise _classify(target, exc, timeout) from None
+        self.client = client
+        self.connections += 1
+
+    def run(self, argv_text: str, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
+        """Run one shell command line on the node; returns (exit status, stdout, stderr).
+
+        Raises SSHError(cause="timeout") when it has not finished within ``timeout`` seconds."""
+        self.connect()
+        assert self.client is not None
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
+        channel = transport.open_session(timeout=timeout)
+        self.execs += 1
+        deadline = time.monotonic() + timeout
+        out = bytearray()
+        try:
+            channel.exec_command(argv_text)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            # stderr is buffered by paramiko meanwhile (a probe writes little there), so reading
+            # stdout to its end first cannot deadlock.
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError()
+                channel.settimeout(remaining)
+                chunk = channel.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+            err = bytearray()
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(65536)
+            channel.settimeout(max(0.1, deadline - time.monotonic()))
+            status = channel.recv_exit_status()
+        except TimeoutError:
+            raise SSHError(self.host, "timeout", f"command did not finish within {timeout:g} s",
+                           "the node may be overloaded or stuck; raise the timeout or look at it") from None
+        finally:
+            channel.close()
+        return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        """Close the connection (and the jump host's)."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.jump is not None:
+            self.jump.close()
+            self.jump = None

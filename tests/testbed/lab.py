@@ -1,0 +1,272 @@
+"""Fake hosts on one machine: a network namespace per host, a real sshd in each, a client namespace.
+
+Layout (netns mode, needs root and iproute2): a switch namespace holds a bridge; host K's namespace
+has ``eth0 = <subnet>.K/24``; the client namespace (``<subnet>.254``) is where tests run fsdpctl,
+so nothing ever connects to a test address from the root namespace. Before the subnet exists an
+``unreachable`` route for it is added in the root namespace (a stray connect fails here instead
+of leaving through the uplink); teardown removes it. Every process is stopped by the PID it wrote,
+checked against its command line; nothing is killed by name.
+
+Loopback mode (no CAP_NET_ADMIN): sshd per host on 127.<x>.<y>.K with its own port; same API.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), check=check, capture_output=True, text=True, timeout=30)
+
+
+def netns_available() -> str | None:
+    """None when namespaces with sshd can be built here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    if not shutil.which("ip") or not shutil.which("unshare"):
+        return "needs iproute2 and util-linux (ip, unshare)"
+    if not os.path.exists(SSHD):
+        return "needs openssh-server (sshd)"
+    probe = f"fsdprobe{os.getpid()}"
+    added = _run("ip", "netns", "add", probe, check=False)
+    if added.returncode != 0:
+        return f"cannot create network namespaces: {added.stderr.strip()}"
+    _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def loopback_available() -> str | None:
+    """None when sshd can run on loopback here, else the reason it cannot."""
+    return None if os.path.exists(SSHD) else "needs openssh-server (sshd)"
+
+
+@dataclass
+class Host:
+    """One fake host."""
+
+    name: str
+    index: int
+    address: str
+    port: int
+    namespace: str | None
+    dir: Path
+    pid: int | None = None
+    sshd_config: Path | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "sshd.log"
+
+
+@dataclass
+class Lab:
+    """N fake hosts with sshd, a client key, known_hosts, and a client namespace."""
+
+    root: Path
+    names: list[str]
+    mode: str = "netns"
+    hosts: dict[str, Host] = field(default_factory=dict)
+    subnet: str = ""
+    tag: str = ""
+    client_ns: str | None = None
+    switch_ns: str | None = None
+    _guard: bool = False
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def up(self) -> Lab:
+        self.tag = f"f{os.getpid() % 10000}{random.randrange(100):02d}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "ssh").mkdir(mode=0o700, exist_ok=True)
+        try:
+            if self.mode == "netns":
+                self._network_up()
+            else:
+                base = f"127.{random.randrange(1, 250)}.{random.randrange(1, 250)}"
+                for i, name in enumerate(self.names, start=1):
+                    self.hosts[name] = Host(name, i, f"{base}.{i}", 22000 + random.randrange(1000),
+                                            None, self.root / name)
+            self._keys()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _network_up(self) -> None:
+        third = random.randrange(1, 250)
+        self.subnet = f"10.251.{third}"
+        # Guard first: until teardown, the root namespace answers "unreachable" for the subnet.
+        guard = _run("ip", "route", "add", "unreachable", f"{self.subnet}.0/24", check=False)
+        if guard.returncode != 0:
+            raise RuntimeError(f"cannot add the guard route for {self.subnet}.0/24: {guard.stderr.strip()}")
+        self._guard = True
+        self.switch_ns = f"{self.tag}sw"
+        _run("ip", "netns", "add", self.switch_ns)
+        _run("ip", "-n", self.switch_ns, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", self.switch_ns, "link", "set", "br0", "up")
+        members = [(name, i) for i, name in enumerate(self.names, start=1)] + [("client", 254)]
+        for name, i in members:
+            ns = f"{self.tag}{name}"
+            _run("ip", "netns", "add", ns)
+            _run("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}",
+                 "netns", self.switch_ns)
+            _run("ip", "-n", self.switch_ns, "link", "set", f"p{i}", "master", "br0")
+            _run("ip", "-n", self.switch_ns, "link", "set", f"p{i}", "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            _run("ip", "-n", ns, "addr", "add", f"{self.subnet}.{i}/24", "dev", "eth0")
+            _run("ip", "-n", ns, "link", "set", "eth0", "up")
+            if name == "client":
+                self.client_ns = ns
+            else:
+                self.hosts[name] = Host(name, i, f"{self.subnet}.{i}", 22, ns, self.root / name)
+        hosts_file = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts.values())
+        for name, _ in members:
+            folder = Path("/etc/netns") / f"{self.tag}{name}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text(hosts_file)
+
+    def _keys(self) -> None:
+        key = self.root / "ssh" / "id_ed25519"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "fsdpctl-test-client", "-f", str(key))
+        (self.root / "ssh" / "authorized_keys").write_text((key.with_suffix(".pub")).read_text())
+        (self.root / "ssh" / "authorized_keys").chmod(0o600)
+        (self.root / "ssh" / "known_hosts").write_text("")
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "ssh" / "known_hosts"
+
+    def start_sshd(self, name: str, extra_config: str = "", overlays: dict[str, Path] | None = None) -> Host:
+        """Start sshd for one host (its own host key; its sessions see hostname ``name``).
+
+        ``overlays`` maps files of this machine to stand-ins that the host's sessions see instead
+        (bind mounts in a private mount namespace: nothing changes for anyone else)."""
+        host = self.hosts[name]
+        host.dir.mkdir(parents=True, exist_ok=True)
+        host_key = host.dir / "ssh_host_ed25519_key"
+        if not host_key.exists():
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"host-{name}", "-f", str(host_key))
+        config = host.dir / "sshd_config"
+        config.write_text(
+            f"Port {host.port}\nListenAddress {host.address}\nHostKey {host_key}\nPidFile {host.dir}/sshd.pid\n"
+            f"AuthorizedKeysFile {self.root}/ssh/authorized_keys\nPubkeyAuthentication yes\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+            "UsePAM no\nStrictModes no\nPermitUserEnvironment no\nMaxStartups 200\nMaxSessions 50\n"
+            "LogLevel DEBUG1\n" + extra_config)
+        Path("/run/sshd").mkdir(exist_ok=True)
+        _run(SSHD, "-t", "-f", str(config))
+        pid_file = host.dir / "sshd.pid"
+        pid_file.unlink(missing_ok=True)
+        command = [SSHD, "-f", str(config), "-E", str(host.log)]
+        mounts = "".join(f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)} && "
+                         for dst, src in (overlays or {}).items())
+        if host.namespace:
+            command = ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount", "sh", "-c",
+                       f'hostname "$0" && {mounts}exec "$@"', name, *command]
+        elif mounts:
+            command = ["unshare", "--mount", "sh", "-c", f'{mounts}exec "$@"', "sshd", *command]
+        _run(*command)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (pid_file.exists() and pid_file.read_text().strip()):
+            time.sleep(0.05)
+        host.pid = int(pid_file.read_text())
+        host.sshd_config = config
+        public = " ".join((host_key.with_suffix(".pub")).read_text().split()[:2])
+        label = host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+        with self.known_hosts.open("a") as handle:
+            handle.write(f"{label} {public}\n")
+            if host.namespace:
+                handle.write(f"{name} {public}\n")
+        return host
+
+    def stop_sshd(self, name: str) -> None:
+        host = self.hosts[name]
+        if host.pid and _is_ours(host.pid, str(host.sshd_config)):
+            os.kill(host.pid, signal.SIGTERM)
+            _wait_gone(host.pid)
+        host.pid = None
+
+    def down(self) -> None:
+        for name in list(self.hosts):
+            try:
+                self.stop_sshd(name)
+            except ProcessLookupError:
+                pass
+        namespaces = [h.namespace for h in self.hosts.values() if h.namespace]
+        namespaces += [ns for ns in (self.client_ns, self.switch_ns) if ns]
+        for ns in namespaces:
+            for pid in _pids_in_namespace(ns):
+                _kill(pid)
+            _run("ip", "netns", "del", ns, check=False)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+        if self.tag and Path("/etc/netns").is_dir() and not any(Path("/etc/netns").iterdir()):
+            Path("/etc/netns").rmdir()
+        if self._guard:
+            _run("ip", "route", "del", "unreachable", f"{self.subnet}.0/24", check=False)
+            self._guard = False
+
+    # ---- helpers for tests --------------------------------------------------------------------
+    def in_client(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the client namespace (or as is in loopback mode)."""
+        return ["ip", "netns", "exec", self.client_ns, *argv] if self.client_ns else list(argv)
+
+    def in_host(self, name: str, argv: list[str]) -> list[str]:
+        ns = self.hosts[name].namespace
+        return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
+
+    def unused_address(self) -> str:
+        """An address in the lab's subnet with no host behind it."""
+        return f"{self.subnet}.99" if self.subnet else "127.0.0.1"
+
+    def profile_yaml(self, names: list[str], *, python: str, extra: str = "", interface: str | None = None,
+                     key: Path | None = None, known_hosts: Path | None = None, name: str = "lab") -> str:
+        """A profile for some of the lab's hosts, keys and known_hosts included."""
+        hosts = "".join(f"  - host: {self.hosts[n].address}\n    port: {self.hosts[n].port}\n" for n in names)
+        iface = interface or ("eth0" if self.mode == "netns" else "lo")
+        return (f"name: {name}\nbackend: ssh\nhosts:\n{hosts}device: cpu\nnproc_per_node: 1\n"
+                f"python: {python}\nworkdir: {self.root}/work\nnetwork:\n  interface: {iface}\n  ib: false\n"
+                f"ssh:\n  user: root\n  identity_file: {key or self.client_key}\n"
+                f"  known_hosts: {known_hosts or self.known_hosts}\n  connect_timeout: 3\n{extra}")
+
+
+def _is_ours(pid: int, marker: str) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, seconds: float = 5) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    _kill(pid)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _pids_in_namespace(ns: str) -> list[int]:
+    listed = _run("ip", "netns", "pids", ns, check=False)
+    return [int(p) for p in listed.stdout.split() if p.isdigit()]

@@ -1,0 +1,117 @@
+"""Doctor's judgement on probe facts, the probe's output parsing, and the real probe on this machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fsdpctl.doctor import HostReport, judge_host, judge_parity
+from fsdpctl.probe import ProbeOutputError, parse_probe_output, probe_command
+from fsdpctl.profiles import parse_profile
+
+
+def profile(extra: str = "", device: str = "cpu"):
+    return parse_profile(f"name: p\nbackend: ssh\nhosts: [a, b, c]\nnproc_per_node: 2\ndevice: {device}\n"
+                         f"network:\n  interface: eth0\n{extra}", "p.yaml")
+
+
+def facts(**overrides):
+    base = {
+        "python": {"path": "/usr/bin/python3", "version": "3.11.7"},
+        "torch": {"installed": True, "version": "2.13.0", "cuda": "12.8", "fsdp2_exported": True,
+                  "nccl": {"version": "2.27.3", "source": "nvidia-nccl-cu12"}},
+        "gpus": {"count": 8, "driver": "570.86.15", "names": []},
+        "interfaces": {"eth0": {"state": "up", "up": True, "mtu": 9000, "ipv4": ["10.0.0.1/24"]}},
+        "infiniband": {}, "shm": {"path": "/dev/shm", "free_bytes": 8 << 30, "total_bytes": 8 << 30},
+        "disk": {"path": "/", "free_bytes": 100 << 30, "total_bytes": 200 << 30}, "fsdpctl": None,
+    }
+    base.update(overrides)
+    return base
+
+
+def statuses(checks):
+    return {c.name: c.status for c in checks}
+
+
+def test_healthy_host_passes_everything():
+    result = statuses(judge_host(profile(device="cuda"), facts(), nproc=2))
+    assert set(result.values()) == {"pass"}
+    assert {"python", "torch", "fsdp2", "gpus", "interface", "infiniband"} <= set(result)
+
+
+@pytest.mark.parametrize(("change", "check", "status"), [
+    ({"torch": {"installed": False}}, "torch", "fail"),
+    ({"gpus": {"count": 1, "driver": "570"}}, "gpus", "fail"),
+    ({"interfaces": {"eth1": {"state": "up", "up": True, "mtu": 1500, "ipv4": ["10.0.0.1/24"]}}}, "interface", "fail"),
+    ({"interfaces": {"eth0": {"state": "down", "up": False, "mtu": 1500, "ipv4": []}}}, "interface", "fail"),
+    ({"interfaces": {"eth0": {"state": "up", "up": True, "mtu": 1500, "ipv4": []}}}, "interface", "fail"),
+    ({"infiniband": {"mlx5_0": {"1": {"state": "4: ACTIVE"}}}}, "infiniband", "warn"),
+    ({"shm": {"path": "/dev/shm", "free_bytes": 64 << 20, "total_bytes": 64 << 20}}, "shm", "warn"),
+    ({"disk": {"path": "/", "free_bytes": 1 << 30, "total_bytes": 2 << 30}}, "disk", "warn"),
+    ({"listen": {"port": 29500, "free": False, "error": "Address in use", "peers": []}}, "port", "fail"),
+    ({"connect": {"addr": "10.0.0.1", "port": 29500, "reached": False, "error": "refused"}}, "port", "fail"),
+])
+def test_each_problem_is_judged(change, check, status):
+    checks = judge_host(profile(device="cuda"), facts(**change), nproc=2)
+    found = [c for c in checks if c.name == check]
+    assert found and found[0].status == status, checks
+    assert found[0].hint
+
+
+def test_ib_true_needs_an_active_port():
+    ib = profile("  ib: true\n", device="cuda")
+    assert statuses(judge_host(ib, facts(), 2))["infiniband"] == "fail"
+    active = facts(infiniband={"mlx5_0": {"1": {"state": "4: ACTIVE", "rate": "400", "link_layer": "InfiniBand"}}})
+    assert statuses(judge_host(ib, active, 2))["infiniband"] == "pass"
+
+
+def test_parity_names_the_odd_host_and_passes_when_equal():
+    reports = [HostReport(h, i, facts()) for i, h in enumerate("abc")]
+    assert {p.fact: p.status for p in judge_parity(profile(), reports)} == {
+        "torch": "pass", "cuda_runtime": "pass", "nccl": "pass", "python": "pass", "driver_major": "pass",
+        "fsdpctl": "pass", "mtu": "pass"}
+    odd = facts(torch={"installed": True, "version": "2.12.0", "cuda": "12.8", "fsdp2_exported": True,
+                       "nccl": {"version": "2.26.2"}})
+    reports[2] = HostReport("c", 2, odd)
+    entries = {p.fact: p for p in judge_parity(profile(), reports)}
+    assert entries["torch"].status == "fail" and "c=2.12.0" in entries["torch"].detail
+    assert "a=" not in entries["torch"].detail
+    assert entries["nccl"].status == "fail" and entries["python"].status == "pass"
+
+
+def test_parse_ignores_noise_around_the_sentinels():
+    noisy = 'motd {"x": 1}\n<<<FSDPCTL-PROBE-END>>>\n<<<FSDPCTL-PROBE-BEGIN>>>\n{"hostname": "n1"}\n' \
+            "<<<FSDPCTL-PROBE-END>>>\nbye\n"
+    assert parse_probe_output(noisy) == {"hostname": "n1"}
+    with pytest.raises(ProbeOutputError):
+        parse_probe_output("no answer at all")
+    with pytest.raises(ProbeOutputError):
+        parse_probe_output("<<<FSDPCTL-PROBE-BEGIN>>>\n{broken\n<<<FSDPCTL-PROBE-END>>>")
+
+
+def test_real_probe_on_this_machine_reads_torch_without_importing_it():
+    command = probe_command(sys.executable, {"workdir": "/tmp", "interface": "lo", "deep": False})
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = parse_probe_output(done.stdout)
+    import torch  # noqa: PLC0415 - only to compare with what the probe read from files
+
+    assert found["torch"]["version"] == torch.__version__
+    assert found["torch"]["fsdp2_exported"] is True
+    assert found["interfaces"]["lo"]["up"] is True and "127.0.0.1/8" in found["interfaces"]["lo"]["ipv4"]
+    assert found["python"]["version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}")
+    assert found["probe_seconds"] < 1.0  # no `import torch` in the default probe
+    assert "deep" not in found
+    assert json.dumps(found)
+
+
+def test_local_doctor_command_passes(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli("doctor", "-p", "local", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["ok"] is True and data["hosts"][0]["host"] == "localhost"
