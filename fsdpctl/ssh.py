@@ -155,7 +155,11 @@ class SSHTransport:
                 jump_user = target.proxy_jump.split("@")[0] if "@" in target.proxy_jump else None
                 self.jump = SSHTransport(HostSpec(host=jump_host, port=int(jump_port) if jump_port else None,
                                                   user=jump_user), self.spec, self.config)
-                self.jump.connect()
+                try:
+                    self.jump.connect()
+                except SSHError as exc:
+                    raise SSHError(target.alias, exc.cause, f"via jump host {jump_host}: {exc.detail}",
+                                   exc.hint or "") from None
                 assert self.jump.client is not None
                 jump_transport = self.jump.client.get_transport()
                 assert jump_transport is not None
