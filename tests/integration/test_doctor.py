@@ -83,6 +83,9 @@ def test_failures_each_give_their_own_cause_within_the_timeout(lab, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True)
     empty_known = tmp_path / "empty_known_hosts"
     empty_known.write_text("")
+    no_torch = tmp_path / "python-without-torch"  # the same interpreter without site-packages
+    no_torch.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    no_torch.chmod(0o755)
     cases = {
         "nobody": (lab.profile_yaml(["n1"], python=sys.executable).replace(
             lab.hosts["n1"].address, lab.unused_address()), "reachable", "no "),
@@ -91,6 +94,7 @@ def test_failures_each_give_their_own_cause_within_the_timeout(lab, tmp_path):
         "unknown key": (lab.profile_yaml(["n1"], python=sys.executable, known_hosts=empty_known), "authenticated",
                         "not in"),
         "no python": (lab.profile_yaml(["n1"], python="/nonexistent/python3"), "python", "not found"),
+        "no torch": (lab.profile_yaml(["n1"], python=str(no_torch)), "torch", "not installed"),
         "unresolved": (lab.profile_yaml(["n1"], python=sys.executable).replace(
             f"host: {lab.hosts['n1'].address}", "host: no-such-host.invalid"), "reachable", "does not resolve"),
     }
