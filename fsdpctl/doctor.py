@@ -270,7 +270,8 @@ def make_jobs(profile: ClusterProfile, transports: Sequence[Any], master_rank: i
 
 def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfile,
                nproc: Optional[int]) -> HostReport:
-    """Connect, probe and judge one host; never raises for a host-side problem."""
+    """Connect, probe and judge one host; never raises for a host-side problem. The connection stays
+    open for the caller (launch reuses it); the caller closes it."""
     started = time.monotonic()
     report = HostReport(host=job.transport.host, node_rank=job.node_rank)
     try:
@@ -294,7 +295,6 @@ def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfil
     except ProbeOutputError as exc:
         report.checks = [Check("probe", "fail", str(exc), "the node's shell may print to stdout; check its rc files")]
     finally:
-        job.transport.close()
         report.seconds = time.monotonic() - started
     if report.facts is not None:
         report.facts.pop("_received", None)

@@ -1,145 +1,347 @@
-"""Start the node scripts of a plan, stream their output, and tear everything down on failure.
+"""Run a plan's node scripts on their nodes, stream their output, and end them all on the first failure.
 
-One process group per node (started through a Transport); the first node to exit non-zero, or a
-Ctrl-C, ends every other node (TERM, a grace period, then KILL). The run's local directory gets
-``plan.json``, the scripts, ``run.json`` (process ids, state, exit codes, first failure) and one
-merged log.
+On every node the run lives in ``<run_dir>`` (``<workdir>/runs/<run_id>``):
+
+- staged with one command: a tar of ``node<R>.sh`` and the workload package (``pkg/``), so a node
+  needs only Python and torch;
+- started detached in a session of its own (``setsid``): a dropped connection does not end it;
+  the wrapper writes ``node<R>.pid`` and, when the script ends, ``node<R>.exit``;
+- followed with ``tail -F --pid`` on ``node<R>.log``, and polled for its exit file; a poll that
+  fails means the host stopped answering;
+- ended by signalling exactly the processes whose environment carries this run's
+  ``FSDPCTL_RUN_ID`` (torchrun puts its workers in sessions of their own, so a process-group kill
+  would miss them): TERM, a grace period, then KILL.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
+import base64
+import io
+import os
 import queue
+import re
+import tarfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .plan import LaunchPlan
-from .runs import RunPaths, write_json_atomic
-from .transport import KILL, TERMINATE, NodeProcess, Transport
+from .errors import FsdpctlError, HostError
+from .plan import SHIPPED_PACKAGE_DIR, LaunchPlan, NodeSpec
+from .shell import quote_path
+from .transport import Transport
 
 GRACE_SECONDS = 10.0
-TAIL_LINES = 20
+POLL_SECONDS = 2.0
+COMMAND_TIMEOUT = 30.0
+TAIL_LINES = 30
 LineSink = Callable[[int, str, str], None]  # (node rank, host, line)
+_PACKAGE_ROOT = Path(__file__).resolve().parent
 
+
+# ---- the commands a node runs --------------------------------------------------------------
+
+def workload_bundle(script_name: str, script: str) -> bytes:
+    """A tar.gz of the node script and the workload package (``pkg/fsdpctl/workload/*.py``)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        def add(name: str, data: bytes, mode: int = 0o644) -> None:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+
+        add(script_name, script.encode(), 0o755)
+        add(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/__init__.py", (_PACKAGE_ROOT / "__init__.py").read_bytes())
+        for source in sorted((_PACKAGE_ROOT / "workload").glob("*.py")):
+            add(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/workload/{source.name}", source.read_bytes())
+    return buffer.getvalue()
+
+
+def stage_command(run_dir: str, script_name: str) -> str:
+    # Nodes may share the run directory (a home on NFS): unpack privately, then rename into place;
+    # the package is renamed only by the first node (the same files: the same launcher wrote them).
+    return (f"mkdir -p {quote_path(run_dir)} && cd {quote_path(run_dir)} && t=$(mktemp -d .stage.XXXXXX) && "
+            f"tar -xzf - -C \"$t\" && mv -f \"$t/{script_name}\" . && "
+            f"{{ mv -T \"$t/{SHIPPED_PACKAGE_DIR}\" {SHIPPED_PACKAGE_DIR} 2>/dev/null || true; }} && rm -rf \"$t\"")
+
+
+def start_command(run_dir: str, rank: int) -> str:
+    # setsid in a background job (no job control: not a group leader) makes the wrapper a session
+    # leader in place, so its pid is also its process group and session id.
+    wrapper = (f"echo $$ > node{rank}.pid; bash node{rank}.sh > node{rank}.log 2>&1; "
+               f"echo $? > node{rank}.exit.tmp; mv node{rank}.exit.tmp node{rank}.exit")
+    # `setsid ... &` must stay a simple command: a backgrounded `a && b` list would run in a
+    # subshell that keeps this command's output open until the job ends.
+    return (f"cd {quote_path(run_dir)} || exit 1; rm -f node{rank}.pid node{rank}.exit; "
+            f"setsid bash -c '{wrapper}' < /dev/null > /dev/null 2>&1 & "
+            f"for _ in $(seq 200); do [ -s node{rank}.pid ] && break; sleep 0.01; done; cat node{rank}.pid")
+
+
+def follow_command(run_dir: str, rank: int, pid: int, from_line: int = 1) -> str:
+    """Print node<R>.log from ``from_line`` on, and keep following it until the wrapper ends."""
+    return f"cd {quote_path(run_dir)} && exec tail -n +{from_line} -F --pid={pid} node{rank}.log 2>/dev/null"
+
+
+def poll_command(run_dir: str, rank: int, pid: int) -> str:
+    """``exit <code>`` once the node's script ended, ``running`` while its wrapper lives, else ``gone``."""
+    return (f"cd {quote_path(run_dir)} 2>/dev/null && "
+            f"if [ -s node{rank}.exit ]; then echo exit $(cat node{rank}.exit); "
+            f"elif kill -0 {pid} 2>/dev/null; then echo running; else echo gone; fi")
+
+
+def kill_command(run_id: str, grace: float) -> str:
+    """Signal every process of the run (by its FSDPCTL_RUN_ID), TERM then KILL; print what remained."""
+    find = (f'ps=""; for p in /proc/[0-9]*; do grep -qsxz "FSDPCTL_RUN_ID={run_id}" "$p/environ" && '
+            f'ps="$ps ${{p#/proc/}}"; done')
+    steps = max(1, int(grace * 10))
+    return (f"{find}; [ -n \"$ps\" ] && kill -TERM $ps 2>/dev/null; "
+            f"for _ in $(seq {steps}); do {find}; [ -z \"$ps\" ] && break; sleep 0.1; done; "
+            f"[ -n \"$ps\" ] && kill -KILL $ps 2>/dev/null; sleep 0.2; {find}; echo \"remaining:$ps\"")
+
+
+def fetch_logs_command(run_dir: str, rank: int) -> str:
+    # base64: the transports carry text
+    return f"cd {quote_path(run_dir)} && {{ tar -czf - logs/node{rank} 2>/dev/null | base64 -w0; }}"
+
+
+# ---- a run in progress ------------------------------------------------------------------------
 
 @dataclass
-class NodeState:
-    """What is known about one node while the run goes on."""
+class NodeRun:
+    """One node's part of the run, as far as fsdpctl knows."""
 
-    node_rank: int
-    host: str
-    process: NodeProcess
+    node: NodeSpec
+    transport: Transport
+    pid: int = 0
     exit_code: int | None = None
+    state: str = "starting"  # starting, running, succeeded, failed, lost
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    @property
+    def rank(self) -> int:
+        return self.node.node_rank
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """How the run ended: exit code (the job's), and the first failing node if any."""
+    """How the run ended: the job's exit code, and the first failure if there was one."""
 
     exit_code: int
     first_failure: dict[str, Any] | None
     interrupted: bool
 
 
-def _now() -> str:
-    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any]:
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(runs)))) as pool:
+        return list(pool.map(fn, runs))
 
 
-def _record(plan: LaunchPlan, states: Sequence[NodeState], state: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend, "state": state,
-        "run_dir_on_nodes": plan.run_dir,
-        "nodes": [{"node_rank": s.node_rank, "host": s.host, "pid": s.process.pid, "pgid": s.process.pgid,
-                   "exit_code": s.exit_code, "log_dir": f"{plan.run_dir}/logs/node{s.node_rank}"} for s in states],
-        **extra,
-    }
+def start_run(plan: LaunchPlan, scripts: dict[str, str], transports: Sequence[Transport]) -> list[NodeRun]:
+    """Stage and start every node (all staged before any starts). Raises HostError."""
+    runs = [NodeRun(node, t) for node, t in zip(plan.nodes, transports, strict=True)]
+
+    def stage(run: NodeRun) -> None:
+        name = f"node{run.rank}.sh"
+        status, _, err = run.transport.run(stage_command(plan.run_dir, name), COMMAND_TIMEOUT,
+                                           stdin=workload_bundle(name, scripts[name]))
+        if status != 0:
+            raise HostError(run.node.host, "stage", f"could not write the run directory: {err.strip()}",
+                            f"check that {plan.run_dir} can be created there (workdir)")
+
+    def start(run: NodeRun) -> None:
+        status, out, err = run.transport.run(start_command(plan.run_dir, run.rank), COMMAND_TIMEOUT)
+        if status != 0 or not out.strip().isdigit():
+            raise HostError(run.node.host, "start", f"could not start the node script: {err.strip() or out}",
+                            "run the node script by hand there to see why")
+        run.pid, run.state = int(out.strip()), "running"
+
+    _parallel(stage, runs)
+    _parallel(start, runs)
+    return runs
 
 
-def prepare_run_dir(plan: LaunchPlan, scripts: dict[str, str], paths: RunPaths) -> None:
-    """Write the plan and the rendered scripts into the local run directory."""
-    write_json_atomic(paths.plan, plan.to_json())
-    paths.scripts.mkdir(parents=True, exist_ok=True)
-    for name, text in scripts.items():
-        paths.script(name).write_text(text, encoding="utf-8")
-    paths.logs.mkdir(parents=True, exist_ok=True)
-
-
-def start_nodes(plan: LaunchPlan, scripts: dict[str, str], transports: Sequence[Transport]) -> list[NodeState]:
-    """Write every node's script onto its node, then start them all."""
-    for node, transport in zip(plan.nodes, transports, strict=True):
-        transport.write_file(node.script_path, scripts[f"node{node.node_rank}.sh"], mode=0o755)
-    return [NodeState(node.node_rank, node.host, transport.start(["bash", node.script_path]))
-            for node, transport in zip(plan.nodes, transports, strict=True)]
-
-
-def teardown(states: Sequence[NodeState], transports: Sequence[Transport], grace: float = GRACE_SECONDS) -> None:
-    """TERM every node's process group still running, wait up to ``grace`` seconds, then KILL."""
-    live = [(s, t) for s, t in zip(states, transports, strict=True) if s.process.poll() is None]
-    for state, transport in live:
-        transport.signal_group(state.process.pgid, TERMINATE)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(s.process.poll() is None for s, _ in live):
-        time.sleep(0.1)
-    for state, transport in live:
-        # The group may outlive its leader (workers still exiting): KILL the group regardless.
-        transport.signal_group(state.process.pgid, KILL)
-        state.process.wait()
-
-
-def _exit_status(returncode: int) -> int:
-    """A shell-style exit status: a process killed by signal N reads as 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _pump(state: NodeState, lines: queue.Queue) -> None:
-    for line in state.process.lines:
-        lines.put((state, line))
-    lines.put((state, None))
-
-
-def supervise(plan: LaunchPlan, states: list[NodeState], transports: Sequence[Transport], paths: RunPaths,
-              sink: LineSink, grace: float = GRACE_SECONDS) -> RunResult:
-    """Stream every node's lines to ``sink`` and the merged log until all nodes end; fail fast."""
-    write_json_atomic(paths.run_record, _record(plan, states, "running", started_at=_now()))
-    lines: queue.Queue = queue.Queue()
-    for state in states:
-        threading.Thread(target=_pump, args=(state, lines), daemon=True).start()
-    open_streams = len(states)
-    first_failure: dict[str, Any] | None = None
-    interrupted = False
-    with (paths.logs / "merged.log").open("a", encoding="utf-8") as merged:
+def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_SECONDS) -> dict[str, str]:
+    """End every process of ``run_id`` on every node; returns what each host reported remaining."""
+    def kill(transport: Transport) -> str:
         try:
-            while open_streams:
-                state, line = lines.get()
-                if line is None:
+            _, out, _ = transport.run(kill_command(run_id, grace), grace + COMMAND_TIMEOUT)
+            return out.strip().rsplit("remaining:", 1)[-1].strip()
+        except HostError as exc:
+            return f"unreachable: {exc.detail}"
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(transports)))) as pool:
+        return dict(zip([t.host for t in transports], pool.map(kill, transports), strict=True))
+
+
+def _follow(run: NodeRun, run_dir: str, lines: queue.Queue) -> None:
+    try:
+        stream = run.transport.stream(follow_command(run_dir, run.rank, run.pid))
+        for line in stream.lines():
+            lines.put((run, line))
+        stream.close()
+    except (HostError, OSError, EOFError):
+        pass  # the poll loop decides whether the host is gone
+    lines.put((run, None))
+
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_ERROR_FILE = re.compile(r"error_file\s*:\s*(\S+)")
+
+
+def first_failure_of(run: NodeRun, log_lines: Sequence[str]) -> dict[str, Any]:
+    """What failed on a node: torchrun's 'Root Cause' block when it printed one, else the node."""
+    failure: dict[str, Any] = {"host": run.node.host, "node_rank": run.rank, "exit_code": run.exit_code,
+                               "state": run.state, "rank": None, "local_rank": None, "error_file": None}
+    text = "\n".join(log_lines)
+    cause = text.rfind("Root Cause (first observed failure)")
+    if cause >= 0:
+        block = text[cause:cause + 2000]
+        if match := _ROOT_CAUSE.search(block):
+            failure["rank"], failure["local_rank"] = int(match.group(1)), int(match.group(2))
+        if match := _EXITCODE.search(block):
+            failure["exit_code"] = int(match.group(1))
+        if match := _ERROR_FILE.search(block):
+            failure["error_file"] = None if match.group(1) == "<N/A>" else match.group(1)
+    if failure["rank"] is not None:
+        prefix = f"[rank{failure['rank']}]:"
+        own = [line for line in log_lines if line.startswith(prefix)]
+        failure["last_lines"] = (own or list(log_lines))[-TAIL_LINES:]
+    else:
+        failure["last_lines"] = list(log_lines)[-TAIL_LINES:]
+    return failure
+
+
+class Supervisor:
+    """Streams every node's lines to a sink and local files; fails fast; survives nothing half-done."""
+
+    def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink,
+                 grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True):
+        self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
+        self.write_local = write_local  # False for a second follower: the launching process writes them
+        self.stop_on_interrupt = stop_on_interrupt  # Ctrl-C on `logs -f` ends the following, not the run
+        self.lines: queue.Queue = queue.Queue()
+        self.first_failure: dict[str, Any] | None = None
+        self.node_logs: dict[int, list[str]] = {run.rank: [] for run in runs}
+
+    def run(self) -> RunResult:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for run in self.runs:
+            threading.Thread(target=_follow, args=(run, self.plan.run_dir, self.lines), daemon=True).start()
+        open_streams = len(self.runs)
+        next_poll = time.monotonic() + POLL_SECONDS
+        interrupted = False
+        target = (lambda name: (self.log_dir / name).open("a", encoding="utf-8")) if self.write_local \
+            else (lambda name: open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 - closed in finally
+        files = {run.rank: target(f"node{run.rank}.log") for run in self.runs}
+        merged = target("merged.log")
+        try:
+            while open_streams or any(r.state == "running" for r in self.runs):
+                try:
+                    run, line = self.lines.get(timeout=max(0.05, next_poll - time.monotonic()))
+                except queue.Empty:
+                    run, line = None, ""
+                if run is not None and line is None:
                     open_streams -= 1
-                    state.exit_code = _exit_status(state.process.wait())
-                    if state.exit_code != 0 and first_failure is None:
-                        first_failure = {"node_rank": state.node_rank, "host": state.host,
-                                         "exit_code": state.exit_code, "last_lines": list(state.tail)}
-                        teardown(states, transports, grace)
-                    continue
-                state.tail.append(line)
-                merged.write(f"[{state.host} r{state.node_rank}] {line}\n")
-                merged.flush()
-                sink(state.node_rank, state.host, line)
+                    self._poll([run])
+                elif run is not None:
+                    self._record(run, line, files[run.rank], merged)
+                if time.monotonic() >= next_poll or (not open_streams and run is None):
+                    self._poll([r for r in self.runs if r.state == "running"])
+                    next_poll = time.monotonic() + POLL_SECONDS
         except KeyboardInterrupt:
             interrupted = True
-            teardown(states, transports, grace)
-            for state in states:
-                state.exit_code = _exit_status(state.process.wait())
-    if interrupted:
-        exit_code = 130
-    elif first_failure is not None:
-        exit_code = first_failure["exit_code"]
-    else:
-        exit_code = 0
-    final = "interrupted" if interrupted else ("failed" if exit_code else "succeeded")
-    write_json_atomic(paths.run_record, _record(plan, states, final, finished_at=_now(), exit_code=exit_code,
-                                                first_failure=first_failure))
-    return RunResult(exit_code=exit_code, first_failure=first_failure, interrupted=interrupted)
+            if self.stop_on_interrupt:
+                stop_run(self.plan.run_id, [r.transport for r in self.runs], self.grace)
+                self._drain(files, merged)
+                for run in self.runs:
+                    if run.state == "running":
+                        run.state, run.exit_code = "failed", 130
+        finally:
+            for handle in (*files.values(), merged):
+                handle.close()
+        return self._result(interrupted)
+
+    def _record(self, run: NodeRun, line: str, own, merged) -> None:
+        run.tail.append(line)
+        self.node_logs[run.rank].append(line)
+        own.write(line + "\n")
+        own.flush()
+        merged.write(f"[{run.node.host} r{run.rank}] {line}\n")
+        merged.flush()
+        self.sink(run.rank, run.node.host, line)
+
+    def _drain(self, files, merged, seconds: float = 2.0) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                run, line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                break
+            if line is not None:
+                self._record(run, line, files[run.rank], merged)
+
+    def _poll(self, runs: Sequence[NodeRun]) -> None:
+        for run in runs:
+            if run.state != "running":
+                continue
+            try:
+                _, out, _ = run.transport.run(poll_command(self.plan.run_dir, run.rank, run.pid), COMMAND_TIMEOUT)
+            except (HostError, FsdpctlError, OSError) as exc:
+                run.state, run.exit_code = "lost", 255
+                run.tail.append(f"fsdpctl: host stopped answering: {exc}")
+                self._fail(run)
+                continue
+            word = out.strip().split()
+            if word[:1] == ["exit"] and len(word) == 2 and word[1].lstrip("-").isdigit():
+                run.exit_code = int(word[1])
+                run.state = "succeeded" if run.exit_code == 0 else "failed"
+                if run.exit_code != 0:
+                    self._fail(run)
+            elif word[:1] == ["gone"]:
+                run.state, run.exit_code = "failed", 255
+                run.tail.append("fsdpctl: the node script's wrapper vanished without an exit status")
+                self._fail(run)
+
+    def _fail(self, run: NodeRun) -> None:
+        if self.first_failure is not None:
+            return
+        time.sleep(0.5)  # let torchrun's last lines (its failure summary) arrive
+        while not self.lines.empty():
+            other, line = self.lines.get_nowait()
+            if line is not None:
+                other.tail.append(line)
+                self.node_logs[other.rank].append(line)
+                self.sink(other.rank, other.node.host, line)
+        self.first_failure = first_failure_of(run, self.node_logs[run.rank])
+        others = [r for r in self.runs if r is not run and r.state == "running"]
+        if others:
+            stop_run(self.plan.run_id, [r.transport for r in others], self.grace)
+
+    def _result(self, interrupted: bool) -> RunResult:
+        if interrupted:
+            return RunResult(130, self.first_failure, True)
+        if self.first_failure is not None:
+            code = self.first_failure["exit_code"]
+            return RunResult(code if isinstance(code, int) and code > 0 else 1, self.first_failure, False)
+        return RunResult(0, None, False)
+
+
+def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path) -> None:
+    """Copy each node's torchrun log folder (``logs/node<R>``) into the local run directory."""
+    def fetch(run: NodeRun) -> None:
+        try:
+            status, out, _ = run.transport.run(fetch_logs_command(plan.run_dir, run.rank), COMMAND_TIMEOUT)
+        except HostError:
+            return
+        if status != 0 or not out.strip():
+            return
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)), mode="r:gz") as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(f"logs/node{run.rank}")]
+            tar.extractall(local_dir, members=members, filter="data")
+
+    _parallel(fetch, runs)

@@ -20,6 +20,7 @@ from .shell import NodeExpr, shell_join
 from .workload import config as train_config
 
 WORKLOAD_MODULE = "fsdpctl.workload.train"
+SHIPPED_PACKAGE_DIR = "pkg"
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ALL", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 # Settings of the workload that fsdpctl owns: each node writes into its own run directory.
 _PLAN_OWNED_SETTINGS = ("run_dir",)
@@ -118,7 +119,11 @@ def join_path(base: str, *parts: str) -> str:
     """Join node-side paths without touching the local filesystem (``~`` stays for the node)."""
     text = base.rstrip("/") or "/"
     for part in parts:
-        text = part if text == "." else f"{text}/{part}"
+        part = part.strip("/") if part not in ("", ".") else ""
+        if part.startswith("./"):
+            part = part[2:]
+        if part:
+            text = part if text == "." else f"{text.rstrip('/')}/{part}"
     return text
 
 
@@ -138,8 +143,23 @@ def _resolve_train(profile: ClusterProfile, overrides: Overrides) -> dict[str, A
     return settings
 
 
+def auto_port(run_id: str) -> int:
+    """The rendezvous port of ``rendezvous.port: auto``: from the run id's random token, so two
+    runs started together differ; 20000-29999 stays below Linux's ephemeral range."""
+    token = run_id.rsplit("-", 1)[-1]
+    return 20000 + int(token, 16) % 10000 if all(c in "0123456789abcdef" for c in token) else 29500
+
+
 def _env(profile: ClusterProfile, debug: bool, run_id: str) -> dict[str, str]:
-    env: dict[str, str] = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env: dict[str, str] = {
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        # The workload is shipped into the run directory (the script runs there), so a node needs
+        # nothing of fsdpctl installed, and always runs the launcher's own version of it.
+        "PYTHONPATH": SHIPPED_PACKAGE_DIR,
+        # Every line a worker prints starts with its global rank: logs can be filtered by rank.
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
+    }
     net = profile.network
     if net.interface:
         env["NCCL_SOCKET_IFNAME"] = net.interface
@@ -151,7 +171,9 @@ def _env(profile: ClusterProfile, debug: bool, run_id: str) -> dict[str, str]:
         env["NCCL_IB_DISABLE"] = "1"
     if debug:
         env.update(DEBUG_ENV)
-    env.update(profile.env)  # the profile may override OMP_NUM_THREADS or the debug preset
+    if "PYTHONPATH" in profile.env:
+        env["PYTHONPATH"] = f"{SHIPPED_PACKAGE_DIR}:{profile.env['PYTHONPATH']}"
+    env.update({k: v for k, v in profile.env.items() if k != "PYTHONPATH"})  # may override the defaults
     env["FSDPCTL_RUN_ID"] = run_id
     return env
 
@@ -198,10 +220,12 @@ def make_plan(
     overrides: Overrides | None = None,
     local_python: str = "python3",
     home: str = "~",
+    local_cwd: str = ".",
     for_slurm: bool = False,
 ) -> LaunchPlan:
     """Compute the launch plan. ``local_python`` is the interpreter for ``backend: local``;
-    ``home`` expands ``~`` where Slurm reads a path itself (it does not expand ``~``)."""
+    ``home`` expands ``~`` where Slurm reads a path itself (it does not expand ``~``);
+    ``local_cwd`` anchors a ``local`` profile's relative workdir (the directory fsdpctl runs in)."""
     overrides = overrides or Overrides()
     if for_slurm and profile.slurm is None:
         raise UsageError(f"profile {profile.name}: has no slurm section",
@@ -213,10 +237,14 @@ def make_plan(
     env = _env(profile, overrides.debug, run_id)
     python = profile.python or (local_python if profile.backend == "local" else "python3")
     workdir = profile.workdir
+    if profile.backend == "local" and not workdir.startswith(("/", "~")):
+        workdir = join_path(local_cwd, workdir)
     if for_slurm and workdir.startswith("~"):
         workdir = join_path(home, workdir[2:]) if workdir != "~" else home
     run_dir = join_path(workdir, "runs", run_id)
     port = overrides.master_port or profile.rendezvous.port
+    if port == "auto":
+        port = auto_port(run_id)
     warnings: list[str] = []
 
     if for_slurm:
@@ -231,7 +259,9 @@ def make_plan(
         if profile.backend == "local":
             hosts = [("localhost", "127.0.0.1", None)]
         else:
-            hosts = [(h.host, h.address or h.host, h.address) for h in specs]
+            # An IP given as the host is also where the others reach it: torchrun binds to it.
+            hosts = [(h.host, h.address or h.host, h.address or (h.host if _is_ip(h.host) else None))
+                     for h in specs]
         num_nodes = len(hosts)
         master_host = profile.rendezvous.host or hosts[0][0]
         master_addr = next(addr for host, addr, _ in hosts if host == master_host)

@@ -64,8 +64,9 @@ class RendezvousSpec:
 
     backend: RendezvousBackend = "c10d"
     """c10d (torchrun's store on the master; node ranks assigned at start) or static (fixed ranks)."""
-    port: int = 29500
-    """TCP port on the master node for the rendezvous store."""
+    port: Union[int, Literal["auto"]] = "auto"
+    """TCP port on the master node for the rendezvous store; auto: one derived from the run id
+    (20000-29999, so concurrent runs differ), checked free and reachable before launch."""
     host: Optional[str] = None
     """Which of ``hosts`` is the master (by its ``host`` value); default: the first."""
 

@@ -281,7 +281,7 @@ def _network_rules(net: schema.NetworkSpec):
 def _rendezvous_rules(rdzv: schema.RendezvousSpec):
     if rdzv.host is not None and not schema.HOST_PATTERN.match(rdzv.host):
         return "host", f"{rdzv.host!r} is not a host name", "name one of the profile's hosts"
-    return _port_problem("port", rdzv.port)
+    return _port_problem("port", rdzv.port if isinstance(rdzv.port, int) else None)
 
 
 def _ssh_rules(ssh: schema.SSHSpec):

@@ -71,3 +71,39 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file written by fsdpctl; {} when missing or unreadable (a run being created)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def list_runs(root: Path | None = None) -> list[Path]:
+    """Run directories under the runs root, oldest first (by the time in the run id)."""
+    root = root or runs_root()
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and RUN_ID_PATTERN.match(p.name) and (p / "plan.json").exists()]
+    return sorted(found, key=lambda p: (RUN_ID_PATTERN.match(p.name)["stamp"], p.stat().st_mtime))
+
+
+def find_run(run_id: str | None, root: Path | None = None) -> Path:
+    """The directory of ``run_id`` (the latest run when None); raises UsageError when there is none."""
+    from .errors import UsageError
+
+    root = root or runs_root()
+    runs = list_runs(root)
+    if run_id is None:
+        if not runs:
+            raise UsageError(f"no runs in {root}", "start one with `fsdpctl launch`, or set FSDPCTL_RUNS_DIR")
+        return runs[-1]
+    matches = [p for p in runs if p.name == run_id] or [p for p in runs if p.name.startswith(run_id)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UsageError(f"run {run_id}: not found in {root}", "list runs with `fsdpctl runs`")
+    raise UsageError(f"run {run_id}: matches {len(matches)} runs", "give more of the run id")

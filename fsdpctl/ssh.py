@@ -19,8 +19,10 @@ import paramiko
 
 from .errors import HostError
 from .profile_schema import HostSpec, SSHSpec
+from .transport import read_lines
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
+KEEPALIVE_SECONDS = 5
 
 
 class SSHError(HostError):
@@ -120,6 +122,24 @@ def _classify(target: Target, exc: BaseException, timeout: float) -> SSHError:
                     "run `ssh -v` to the same host for details")
 
 
+class _SSHStream:
+    """One exec channel's output, line by line."""
+
+    def __init__(self, channel: paramiko.Channel):
+        self.channel = channel
+
+    def lines(self):
+        with self.channel.makefile("rb") as output:
+            yield from read_lines(output)
+
+    def wait(self) -> int | None:
+        status = self.channel.recv_exit_status()
+        return None if status == -1 else status  # -1: the server never said (connection lost)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
 class SSHTransport:
     """One node over SSH: one connection, reused for every command of one fsdpctl command."""
 
@@ -178,6 +198,9 @@ class SSHTransport:
             raise _classify(target, exc, timeout) from None
         self.client = client
         self.connections += 1
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(KEEPALIVE_SECONDS)  # notice a host that stops answering
 
     def run(self, argv_text: str, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
         """Run one shell command line on the node; returns (exit status, stdout, stderr).
@@ -219,6 +242,20 @@ class SSHTransport:
         finally:
             channel.close()
         return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def stream(self, command: str) -> _SSHStream:
+        """Start a command line and read its output (stderr merged) as it arrives."""
+        self.connect()
+        assert self.client is not None
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
+        channel = transport.open_session(timeout=self.spec.connect_timeout)
+        self.execs += 1
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
+        channel.shutdown_write()
+        return _SSHStream(channel)
 
     def close(self) -> None:
         """Close the connection (and the jump host's)."""

@@ -9,7 +9,7 @@ import typer
 
 from .. import __version__
 from ..errors import FsdpctlError
-from . import doctor, launch, profiles, render, submit
+from . import doctor, launch, logs, profiles, render, status, submit
 
 app = typer.Typer(
     name="fsdpctl",
@@ -39,6 +39,10 @@ def _root(
 app.command(name="doctor")(doctor.doctor)
 app.command(name="launch")(launch.launch)
 app.command(name="submit")(submit.submit)
+app.command(name="logs")(logs.logs)
+app.command(name="status")(status.status)
+app.command(name="stop")(status.stop)
+app.command(name="runs")(status.runs)
 app.command(name="render")(render.render)
 app.command(name="profiles")(profiles.profiles)
 

@@ -88,6 +88,6 @@ def build_plan(profile_name: str, overrides: Overrides, *, for_slurm: bool) -> t
     plan = make_plan(
         loaded.profile, run_id=run_id, local_run_dir=str(runs_root() / run_id),
         profile_source=str(loaded.path), overrides=overrides, local_python=sys.executable,
-        home=str(Path.home()), for_slurm=for_slurm,
+        home=str(Path.home()), local_cwd=str(Path.cwd()), for_slurm=for_slurm,
     )
     return loaded, plan

@@ -29,6 +29,8 @@ def launch(
     debug: bool = common.DebugOpt,
     dry_run: bool = common.DryRunOpt,
     as_json: bool = common.JsonOpt,
+    detach: bool = typer.Option(False, "--detach", help="Start the run and return; follow it with `fsdpctl logs -f`."),
+    no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip doctor's checks before starting."),
 ) -> None:
     """Start the bundled FSDP/FSDP2 GPT training on every node of PROFILE."""
     from ..plan import Overrides
@@ -39,49 +41,47 @@ def launch(
                                    batch_size=batch_size, sharding=sharding,
                                    mixed_precision=mixed_precision, settings=settings)
     overrides = Overrides(train=train, nproc_per_node=nproc_per_node, master_port=master_port, debug=debug)
-    _, plan = common.build_plan(profile, overrides, for_slurm=False)
+    loaded, plan = common.build_plan(profile, overrides, for_slurm=False)
     scripts = render_all(plan)
     if dry_run:
         print_dry_run(plan, scripts, as_json)
         return
     if as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
-    if plan.backend != "local":
-        raise UsageError(f"launching a {plan.backend} profile is not available in this version",
-                         "use --dry-run and run each printed node script on its node")
-    raise typer.Exit(run_local(plan, scripts))
+    raise typer.Exit(run_plan(loaded, plan, scripts, preflight=not no_preflight, detach=detach))
 
 
-def run_local(plan, scripts: dict[str, str]) -> int:
-    """Run the plan on this machine, streaming prefixed output; returns the job's exit code."""
-    from ..nodes import prepare_run_dir, start_nodes, supervise
+def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: bool) -> int:
+    """Preflight, start and (unless detached) supervise the run; returns the job's exit code."""
+    from .. import runner
+    from ..connect import close_all, open_transports
     from ..runs import RunPaths
-    from ..transport import LocalTransport
+    from .report import print_report, progress
+    from .stream import LinePrinter
 
-    paths = RunPaths(Path(plan.local_run_dir))
-    transports = [LocalTransport() for _ in plan.nodes]
-    prepare_run_dir(plan, scripts, paths)
-    typer.echo(f"fsdpctl: run {plan.run_id}: {plan.num_nodes} node(s), world size {plan.world_size}; "
-               f"logs in {paths.root}", err=True)
-    states = start_nodes(plan, scripts, transports)
-    result = supervise(plan, states, transports, paths, _print_line)
-    if result.interrupted:
-        typer.echo(f"fsdpctl: run {plan.run_id} interrupted; every node stopped", err=True)
-    elif result.first_failure:
-        failure = result.first_failure
-        typer.secho(f"fsdpctl: run {plan.run_id} FAILED: node {failure['node_rank']} ({failure['host']}) "
-                    f"exited {failure['exit_code']}; other nodes stopped. Last lines:", err=True, fg="red")
-        for line in failure["last_lines"]:
-            typer.echo(f"  {line}", err=True)
-    else:
-        typer.echo(f"fsdpctl: run {plan.run_id} succeeded; run directory {paths.root}", err=True)
-    return result.exit_code
-
-
-_COLOURS = ["cyan", "magenta", "yellow", "green", "blue", "bright_cyan", "bright_magenta", "bright_yellow"]
-
-
-def _print_line(node_rank: int, host: str, line: str) -> None:
-    prefix = typer.style(f"[{host} r{node_rank}]", fg=_COLOURS[node_rank % len(_COLOURS)])
-    metrics = "step=" in line and "loss=" in line
-    typer.echo(f"{prefix} {typer.style(line, bold=True) if metrics else line}")
+    transports = open_transports(loaded.profile)
+    try:
+        if preflight:
+            typer.echo(f"fsdpctl: preflight of {plan.num_nodes} node(s)", err=True)
+            report = runner.preflight(loaded.profile, plan, transports, on_host=progress)
+            if not report.ok():
+                print_report(report)
+                typer.secho("fsdpctl: preflight failed; nothing was started (--no-preflight skips it)",
+                            err=True, fg="red")
+                return 1
+        paths = RunPaths(Path(plan.local_run_dir))
+        runner.prepare(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
+        runs = runner.start(paths, plan, scripts, transports, detached=detach)
+        typer.echo(f"fsdpctl: run {plan.run_id} started on {plan.num_nodes} node(s), world size "
+                   f"{plan.world_size or 'from GPU count'}; run directory {paths.root}", err=True)
+        if detach:
+            typer.echo(plan.run_id)
+            typer.echo(f"fsdpctl: detached; follow with `fsdpctl logs -f {plan.run_id}`, "
+                       f"end with `fsdpctl stop {plan.run_id}`", err=True)
+            return 0
+        printer = LinePrinter(total_steps=plan.train.get("steps"))
+        result = runner.supervise(paths, plan, runs, printer)
+        printer.summary(plan.run_id, result, paths.root)
+        return result.exit_code
+    finally:
+        close_all(transports)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 
+from fsdpctl.plan import auto_port
 from tests.conftest import REPO, run_cli
 
 
@@ -39,7 +41,7 @@ def test_launch_dry_run_two_node_prints_both_nodes():
     out = result.stdout
     assert "# ---- node0.sh ----" in out and "# ---- node1.sh ----" in out
     assert "export FSDPCTL_NODE_RANK=0" in out and "export FSDPCTL_NODE_RANK=1" in out
-    assert "--rdzv-endpoint 10.0.0.1:29500" in out
+    assert re.search(r"--rdzv-endpoint 10\.0\.0\.1:2\d{4} ", out)  # rendezvous.port: auto
     assert "export NCCL_SOCKET_IFNAME=eth0" in out and "export GLOO_SOCKET_IFNAME=eth0" in out
     assert "export NCCL_IB_DISABLE=1" in out
     assert not (REPO / "runs").exists() or not any((REPO / "runs").glob("two-node-*")), "dry run wrote files"
@@ -51,7 +53,7 @@ def test_launch_dry_run_json_matches_the_plan():
     data = json.loads(result.stdout)
     plan = data["plan"]
     assert [n["node_rank"] for n in plan["nodes"]] == [0, 1]
-    assert plan["master_addr"] == "10.0.0.1" and plan["master_port"] == 29500
+    assert plan["master_addr"] == "10.0.0.1" and plan["master_port"] == auto_port(plan["run_id"])
     assert plan["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
     assert plan["train"]["steps"] == 9 and plan["train"]["lr"] == 0.01
     assert set(data["scripts"]) == {"node0.sh", "node1.sh"}

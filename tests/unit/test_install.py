@@ -48,4 +48,4 @@ def test_installed_cli_renders_shipped_profiles_outside_the_checkout(installed, 
     assert str(installed / "fsdpctl" / "_data" / "cluster_profiles") in listing.stdout
     dry = run_installed(installed, "-m", "fsdpctl", "launch", "-p", "two-node", "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
-    assert "node1.sh" in dry.stdout and "--rdzv-endpoint 10.0.0.1:29500" in dry.stdout
+    assert "node1.sh" in dry.stdout and "--rdzv-endpoint 10.0.0.1:" in dry.stdout

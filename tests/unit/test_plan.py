@@ -10,7 +10,7 @@ import time
 import pytest
 
 from fsdpctl.errors import UsageError
-from fsdpctl.plan import DEBUG_ENV, Overrides, make_plan
+from fsdpctl.plan import DEBUG_ENV, Overrides, auto_port, make_plan
 from fsdpctl.profiles import load_profile, parse_profile
 from fsdpctl.runs import RUN_ID_PATTERN, make_run_id, new_run_id
 
@@ -32,7 +32,7 @@ def test_two_nodes_with_ranks_master_ip_and_network_env():
     assert plan.env["PYTHONUNBUFFERED"] == "1" and "OMP_NUM_THREADS" in plan.env
     for node in plan.nodes:
         args = node.torchrun_args
-        assert args[args.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
+        assert args[args.index("--rdzv-endpoint") + 1] == f"10.0.0.1:{auto_port(RUN_ID)}"
         assert args[args.index("--rdzv-id") + 1] == RUN_ID
         assert args[args.index("--nnodes") + 1] == "2"
         assert args[args.index("--local-addr") + 1] == node.address
@@ -102,7 +102,7 @@ def test_slurm_plan_expands_rank_and_head_address_on_the_node():
     assert plan.run_dir == "/home/me/fsdpctl/runs/slurm-20261121-120000-abcd"
     directives = dict(plan.slurm.directives)
     assert directives["nodes"] == "3" and directives["time"] == "10" and directives["ntasks-per-node"] == "1"
-    assert '--rdzv-endpoint "$FSDPCTL_HEAD_ADDR":29500' in plan.slurm.step_command
+    assert f'--rdzv-endpoint "$FSDPCTL_HEAD_ADDR":{plan.master_port}' in plan.slurm.step_command
     assert 'logs/node"$SLURM_NODEID"' in plan.slurm.step_command
 
 
@@ -132,6 +132,11 @@ def test_make_plan_is_pure(monkeypatch):
     first = make_plan(profile, run_id=RUN_ID, local_run_dir="r")
     second = make_plan(profile, run_id=RUN_ID, local_run_dir="r")
     assert first == second
+
+
+def test_auto_port_differs_between_runs_and_stays_below_ephemeral_ports():
+    ports = {auto_port(new_run_id("lab")) for _ in range(200)}
+    assert len(ports) > 150 and all(20000 <= p < 30000 for p in ports)
 
 
 def test_run_ids():

@@ -31,7 +31,8 @@ NASTY = """$(touch PWNED); `touch PWNED2` "x' y" ; rm -rf / #"""
 
 def rendered(name: str) -> dict[str, str]:
     plan = make_plan(load_profile(name).profile, run_id=f"{name}-20261121-120000-abcd", local_run_dir="runs/x",
-                     local_python="/opt/venv/bin/python", home="/home/me", **CASES[name])
+                     local_python="/opt/venv/bin/python", home="/home/me", local_cwd="/home/me/project",
+                     **CASES[name])
     return render_all(plan)
 
 
@@ -147,7 +148,7 @@ def test_sbatch_script_expands_node_rank_inside_each_step(tmp_path):
     for rank in (0, 1):
         record = json.loads((out / f"node{rank}.json").read_text())
         argv = record["argv"]
-        assert argv[argv.index("--rdzv-endpoint") + 1] == "10.9.0.1:29500"
+        assert argv[argv.index("--rdzv-endpoint") + 1] == f"10.9.0.1:{plan.master_port}"
         assert argv[argv.index("--log-dir") + 1] == f"logs/node{rank}"
         assert argv[argv.index("--dataset") + 1] == NASTY
         assert record["env"]["FSDPCTL_NODE_RANK"] == str(rank)

@@ -14,6 +14,8 @@ set -eo pipefail
 set -u
 export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=1
+export PYTHONPATH=pkg
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'
 export NCCL_SOCKET_IFNAME=eth0
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
@@ -28,4 +30,4 @@ FSDPCTL_HEAD_ADDR=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ 
 export FSDPCTL_HEAD_ADDR="${FSDPCTL_HEAD_ADDR:-$head_node}"
 echo "fsdpctl: job $SLURM_JOB_ID head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
 # One torchrun per node; any task failing ends the whole step.
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":29500 --max-restarts 0 --log-dir logs/node"$SLURM_NODEID" --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset gpt2-124m --fsdp 2 --steps 2000 --batch-size 16 --seq-len 1024 --mixed-precision bf16 --checkpoint-interval 200 --run-dir .'
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir logs/node"$SLURM_NODEID" --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset gpt2-124m --fsdp 2 --steps 2000 --batch-size 16 --seq-len 1024 --mixed-precision bf16 --checkpoint-interval 200 --run-dir .'

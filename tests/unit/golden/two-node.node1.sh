@@ -5,6 +5,8 @@ set -eo pipefail
 set -u
 export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=1
+export PYTHONPATH=pkg
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'
 export NCCL_SOCKET_IFNAME=eth0
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
@@ -13,4 +15,5 @@ export FSDPCTL_RUN_ID=two-node-20261121-120000-abcd
 export FSDPCTL_NODE_RANK=1
 mkdir -p "$HOME"/fsdpctl/runs/two-node-20261121-120000-abcd
 cd "$HOME"/fsdpctl/runs/two-node-20261121-120000-abcd
-exec "$HOME"/venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node gpu --rdzv-id two-node-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29500 --local-addr 10.0.0.2 --max-restarts 0 --log-dir logs/node1 --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset small --fsdp 2 --steps 500 --batch-size 16 --seq-len 256 --mixed-precision bf16 --run-dir .
+echo "fsdpctl: node 1 of 2 on $(hostname) in $PWD"
+exec "$HOME"/venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node gpu --rdzv-id two-node-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:23981 --local-addr 10.0.0.2 --max-restarts 0 --log-dir logs/node1 --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset small --fsdp 2 --steps 500 --batch-size 16 --seq-len 256 --mixed-precision bf16 --run-dir .

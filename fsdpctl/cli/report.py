@@ -1,0 +1,61 @@
+"""How doctor reports are shown: progress lines while hosts answer, then a table, parity and hints."""
+
+from __future__ import annotations
+
+import typer
+
+_MARK = {"pass": ("ok", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
+
+
+def progress(report) -> None:
+    """One line on stderr as each host's verdict arrives."""
+    word, colour = _MARK[report.status]
+    typer.echo(f"  {report.host}: {typer.style(word, fg=colour)} ({report.seconds:.2f} s)", err=True)
+
+
+def print_report(report, strict: bool = False) -> None:
+    """The hosts x checks table, the parity table, every problem with its hint, and the verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    names: list[str] = []
+    for host in report.hosts:
+        for check in host.checks:
+            if check.name not in names:
+                names.append(check.name)
+    table = Table(title=f"fsdpctl doctor: {report.profile}")
+    table.add_column("host")
+    for name in names:
+        table.add_column(name, justify="center")
+    for host in report.hosts:
+        by_name: dict[str, str] = {}
+        for check in host.checks:
+            if by_name.get(check.name) != "fail":
+                by_name[check.name] = check.status
+        cells = []
+        for name in names:
+            status = by_name.get(name)
+            word, colour = _MARK[status] if status else ("-", "dim")
+            cells.append(f"[{colour}]{word}[/]")
+        table.add_row(host.host, *cells)
+    console.print(table)
+    if report.parity:
+        parity = Table(title="parity across hosts")
+        for column in ("fact", "status", "detail"):
+            parity.add_column(column)
+        for entry in report.parity:
+            word, colour = _MARK[entry.status]
+            parity.add_row(entry.fact, f"[{colour}]{word}[/]", entry.detail)
+        console.print(parity)
+    problems = [(h.host, c) for h in report.hosts for c in h.checks if c.status != "pass"]
+    problems += [("all hosts", p) for p in report.parity if p.status != "pass"]
+    for host, item in problems:
+        word, colour = _MARK[item.status]
+        name = getattr(item, "name", None) or getattr(item, "fact", "")
+        console.print(f"[{colour}]{word}[/] {host} {name}: {item.detail}", highlight=False)
+        if item.hint:
+            console.print(f"     hint: {item.hint}", highlight=False)
+    verdict = report.status(strict)
+    word, colour = _MARK[verdict]
+    console.print(f"[{colour}]{word}[/]: {len(report.hosts)} host(s) in {report.seconds:.2f} s", highlight=False)

@@ -1,0 +1,64 @@
+"""``fsdpctl status``, ``stop`` and ``runs``: what runs exist, how each one stands, and ending one."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+
+def status(
+    run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Per node: running, succeeded or failed, exit codes, and the last step and loss."""
+    from ..run_status import run_status
+    from ..runs import find_run
+
+    info = run_status(find_run(run_id))
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    last = info.get("last_metrics") or {}
+    progress = f"; last step {last.get('step')} loss {last.get('loss')}" if last else ""
+    typer.echo(f"{info['run_id']}: {info['state']}{progress}")
+    for node in info["nodes"]:
+        code = "" if node.get("exit_code") is None else f" (exit {node['exit_code']})"
+        typer.echo(f"  node {node['node_rank']} {node['host']}: {node['state']}{code}")
+    failure = info.get("first_failure")
+    if failure:
+        typer.echo(f"  first failure: {failure['host']} node {failure['node_rank']} rank {failure.get('rank')} "
+                   f"exit {failure['exit_code']}")
+
+
+def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).")) -> None:
+    """End every process of a run on every node (TERM, grace period, KILL)."""
+    from .. import runner
+    from ..connect import close_all, open_transports
+    from ..runs import find_run
+
+    run_dir = find_run(run_id)
+    _, profile, _ = runner.load_run(run_dir)
+    transports = open_transports(profile)
+    try:
+        remaining = runner.stop(run_dir, transports)
+    finally:
+        close_all(transports)
+    left = {host: pids for host, pids in remaining.items() if pids}
+    for host, pids in remaining.items():
+        typer.echo(f"  {host}: {'stopped' if not pids else 'LEFT: ' + pids}", err=True)
+    typer.echo(f"fsdpctl: run {run_dir.name} stopped" if not left else f"fsdpctl: run {run_dir.name}: "
+               f"processes remain on {', '.join(left)}", err=True)
+    raise typer.Exit(1 if left else 0)
+
+
+def runs() -> None:
+    """The run registry: every run in the runs directory, oldest first."""
+    from ..runs import list_runs, read_json
+
+    for run_dir in list_runs():
+        record = read_json(run_dir / "run.json")
+        code = record.get("exit_code")
+        typer.echo(f"{run_dir.name}\t{record.get('state', '?')}\t{record.get('backend', '?')}\t"
+                   f"{record.get('num_nodes', '?')} node(s)\t{'' if code is None else f'exit {code}'}")

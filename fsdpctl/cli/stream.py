@@ -1,0 +1,69 @@
+"""Showing a run's lines as they arrive: a coloured ``[host rN]`` prefix, progress, the final verdict."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+import typer
+
+COLOURS = ["cyan", "magenta", "yellow", "green", "blue", "bright_cyan", "bright_magenta", "bright_yellow"]
+_METRIC = re.compile(r"\bstep=(\d+)\s+loss=([0-9.]+)(?:.*?tok/s=([0-9.]+))?")
+PROGRESS_SECONDS = 5.0
+
+
+def prefix(node_rank: int, host: str) -> str:
+    return typer.style(f"[{host} r{node_rank}]", fg=COLOURS[node_rank % len(COLOURS)])
+
+
+class LinePrinter:
+    """The sink for a run's lines: prints them, and a progress line on stderr every few seconds."""
+
+    def __init__(self, total_steps: int | None = None, quiet_progress: bool = False):
+        self.total = total_steps
+        self.quiet = quiet_progress or not sys.stderr.isatty()
+        self.step: str | None = None
+        self.loss: str | None = None
+        self.rate: str | None = None
+        self.shown = 0.0
+        self.started = time.monotonic()
+
+    def __call__(self, node_rank: int, host: str, line: str) -> None:
+        metric = _METRIC.search(line)
+        if metric:
+            self.step, self.loss, self.rate = metric.group(1), metric.group(2), metric.group(3) or self.rate
+            line = typer.style(line, bold=True)
+        typer.echo(f"{prefix(node_rank, host)} {line}")
+        if metric and not self.quiet and time.monotonic() - self.shown > PROGRESS_SECONDS:
+            self.shown = time.monotonic()
+            typer.echo(typer.style(f"fsdpctl: {self.progress()}", dim=True), err=True)
+
+    def progress(self) -> str:
+        total = f"/{self.total}" if self.total else ""
+        rate = f"  tok/s {self.rate}" if self.rate else ""
+        return f"step {self.step}{total}  loss {self.loss}{rate}  ({time.monotonic() - self.started:.0f} s)"
+
+    def summary(self, run_id: str, result, run_dir) -> None:
+        """The last word on the run: success, interruption, or the first failure in detail."""
+        if result.interrupted:
+            typer.secho(f"fsdpctl: run {run_id} interrupted; every process of it was stopped", err=True,
+                        fg="yellow")
+            return
+        if not result.first_failure:
+            last = f"; last {self.progress()}" if self.step else ""
+            typer.secho(f"fsdpctl: run {run_id} succeeded{last}; logs in {run_dir}", err=True, fg="green")
+            return
+        failure = result.first_failure
+        who = f"rank {failure['rank']} (local rank {failure['local_rank']}) on " if failure.get("rank") is not None \
+            else ""
+        typer.secho(f"fsdpctl: run {run_id} FAILED: {who}{failure['host']} (node {failure['node_rank']}) exited "
+                    f"{failure['exit_code']} [{failure['state']}]; every other node was stopped", err=True, fg="red")
+        if failure.get("error_file"):
+            typer.echo(f"  error file (on {failure['host']}): {failure['error_file']}", err=True)
+        if failure.get("error"):
+            typer.echo(f"  error: {failure['error']}", err=True)
+        typer.echo("  last lines:", err=True)
+        for line in failure.get("last_lines", []):
+            typer.echo(f"    {line}", err=True)
+        typer.echo(f"  logs in {run_dir}", err=True)

@@ -1,0 +1,69 @@
+"""How a run stands: its record, refreshed from the nodes while it is marked running."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import HostError
+from .nodes import COMMAND_TIMEOUT, poll_command
+from .shell import quote_path
+
+
+def run_status(run_dir: Path) -> dict[str, Any]:
+    """run.json, with each node's state asked from the node while the run is marked running,
+    and the last metrics line rank 0 wrote."""
+    from .connect import close_all, open_transports
+    from .runner import load_run
+
+    plan, profile, record = load_run(run_dir)
+    nodes = record.get("nodes") or [{"node_rank": n.node_rank, "host": n.host, "state": "unknown",
+                                     "exit_code": None, "pid": 0} for n in plan.nodes]
+    info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state", "unknown"), "nodes": nodes,
+                            "first_failure": record.get("first_failure"), "exit_code": record.get("exit_code")}
+    live = info["state"] in ("running", "starting")
+    transports = open_transports(profile) if live else []
+    try:
+        if live:
+            for node, transport in zip(nodes, transports, strict=True):
+                try:
+                    _, out, _ = transport.run(poll_command(plan.run_dir, node["node_rank"], node.get("pid", 0)),
+                                              COMMAND_TIMEOUT)
+                except HostError as exc:
+                    node["state"], node["detail"] = "unreachable", exc.detail
+                    continue
+                words = out.split()
+                if words[:1] == ["exit"] and len(words) == 2:
+                    node["exit_code"] = int(words[1])
+                    node["state"] = "succeeded" if node["exit_code"] == 0 else "failed"
+                else:
+                    node["state"] = "running" if words[:1] == ["running"] else "gone"
+            states = {n["state"] for n in nodes}
+            info["state"] = ("running" if "running" in states else "failed" if states - {"succeeded"}
+                             else "succeeded")
+        info["last_metrics"] = _last_metrics(run_dir, plan, transports)
+    finally:
+        close_all(transports)
+    return info
+
+
+def _last_metrics(run_dir: Path, plan, transports) -> dict[str, Any] | None:
+    """The newest metrics.jsonl line: from this machine when the run directory is here, else the nodes."""
+    local = Path(plan.run_dir).expanduser() / "metrics.jsonl"
+    texts = [local.read_text(encoding="utf-8")] if local.exists() else []
+    for transport in transports:
+        try:
+            _, out, _ = transport.run(f"tail -n 1 {quote_path(plan.run_dir)}/metrics.jsonl 2>/dev/null", 30)
+            texts.append(out)
+        except HostError:
+            continue
+    for text in texts:
+        for line in reversed(text.strip().splitlines()):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if "loss" in data:
+                return data
+    return None

@@ -1,0 +1,110 @@
+"""A launch from start to end: preflight, stage and start every node, supervise, collect, record.
+
+The CLI calls these in order; each step leaves the run directory describing what happened, so
+``logs``/``status``/``stop`` work on it later, from another terminal too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .connect import master_of, node_python
+from .doctor import DoctorReport, make_jobs, run_doctor
+from .nodes import NodeRun, RunResult, Supervisor, fetch_logs, start_run, stop_run
+from .plan import LaunchPlan
+from .profile_schema import ClusterProfile
+from .profiles import parse_profile
+from .runs import RunPaths, read_json, write_json_atomic
+from .transport import Transport
+
+PREFLIGHT_TIMEOUT = 20.0
+
+
+def now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def preflight(profile: ClusterProfile, plan: LaunchPlan, transports: Sequence[Transport],
+              on_host: Callable | None = None) -> DoctorReport:
+    """doctor's fast checks on the plan's own hosts and rendezvous port (connections are kept)."""
+    master_rank, master_addr = master_of(profile)
+    port_check = profile.backend == "ssh" and plan.num_nodes > 1
+    jobs = make_jobs(profile, transports, master_rank, master_addr, plan.master_port, deep=False,
+                     port_check=port_check)
+    nproc = int(plan.nproc_per_node) if plan.nproc_per_node.isdigit() else None
+    return run_doctor(profile, jobs, python=node_python(profile), timeout=PREFLIGHT_TIMEOUT, nproc=nproc,
+                      on_host=on_host)
+
+
+def record(paths: RunPaths, plan: LaunchPlan, runs: Sequence[NodeRun] | None, state: str,
+           **extra: Any) -> dict[str, Any]:
+    """Write run.json: the run's state, each node's process id and state, and whatever ``extra`` says."""
+    data = read_json(paths.run_record)
+    data.update({
+        "run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend, "state": state,
+        "run_dir_on_nodes": plan.run_dir, "num_nodes": plan.num_nodes, "world_size": plan.world_size,
+    })
+    if runs is not None:
+        data["nodes"] = [{"node_rank": r.rank, "host": r.node.host, "pid": r.pid, "state": r.state,
+                          "exit_code": r.exit_code} for r in runs]
+    data.update(extra)
+    write_json_atomic(paths.run_record, data)
+    return data
+
+
+def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str) -> None:
+    """The local run directory: plan, scripts, the profile as it was, and a first run.json."""
+    write_json_atomic(paths.plan, plan.to_json())
+    paths.scripts.mkdir(parents=True, exist_ok=True)
+    for name, text in scripts.items():
+        paths.script(name).write_text(text, encoding="utf-8")
+    (paths.root / "profile.yaml").write_text(profile_text, encoding="utf-8")
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    record(paths, plan, None, "starting", created_at=now())
+
+
+def start(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], transports: Sequence[Transport],
+          detached: bool) -> list[NodeRun]:
+    """Stage and start every node, and record their process ids."""
+    runs = start_run(plan, scripts, transports)
+    record(paths, plan, runs, "running", started_at=now(), detached=detached)
+    return runs
+
+
+def supervise(paths: RunPaths, plan: LaunchPlan, runs: list[NodeRun], sink) -> RunResult:
+    """Follow the run to its end (fail-fast, Ctrl-C), collect the nodes' logs, record the outcome."""
+    result = Supervisor(plan, runs, paths.logs, sink).run()
+    if Path(plan.run_dir).expanduser().resolve() != paths.root.resolve():
+        fetch_logs(plan, runs, paths.root)
+    state = "interrupted" if result.interrupted else ("failed" if result.exit_code else "succeeded")
+    record(paths, plan, runs, state, finished_at=now(), exit_code=result.exit_code,
+           first_failure=result.first_failure)
+    return result
+
+
+def load_run(run_dir: Path) -> tuple[LaunchPlan, ClusterProfile, dict[str, Any]]:
+    """A run directory's plan (as a LaunchPlan), its profile, and run.json."""
+    from .plan import NodeSpec, SlurmPlan
+
+    data = read_json(run_dir / "plan.json")
+    nodes = tuple(NodeSpec(**{**n, "torchrun_args": tuple(n["torchrun_args"])}) for n in data.pop("nodes", []))
+    slurm = data.pop("slurm", None)
+    plan = LaunchPlan(**{**data, "nodes": nodes, "setup": tuple(data.get("setup", ())),
+                         "warnings": tuple(data.get("warnings", ())),
+                         "slurm": SlurmPlan(**{**slurm, "directives": tuple(map(tuple, slurm["directives"]))})
+                         if slurm else None})
+    profile = parse_profile((run_dir / "profile.yaml").read_text(encoding="utf-8"), str(run_dir / "profile.yaml"))
+    return plan, profile, read_json(run_dir / "run.json")
+
+
+def stop(run_dir: Path, transports: Sequence[Transport]) -> dict[str, str]:
+    """End every process of a run on every node and record it as stopped."""
+    plan, _, data = load_run(run_dir)
+    remaining = stop_run(plan.run_id, transports)
+    nodes = [{**n, "state": "stopped"} if n.get("state") in ("running", "starting") else n
+             for n in data.get("nodes", [])]
+    record(RunPaths(run_dir), plan, None, "stopped", stopped_at=now(), remaining=remaining, nodes=nodes)
+    return remaining
