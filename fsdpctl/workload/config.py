@@ -256,9 +256,23 @@ class _BoolFlag(argparse.Action):
         return " | ".join(self.option_strings)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad command line as a ConfigError (one line) instead of usage text + exit."""
+
+    def error(self, message: str):  # type: ignore[override]
+        fix = f"see `{self.prog} --help`"
+        if message.startswith("unrecognized arguments:"):
+            unknown = message.split(":", 1)[1].split()[0].split("=")[0]
+            close = difflib.get_close_matches(unknown, list(self._option_string_actions), n=1)
+            fix = f"did you mean {close[0]}?" if close else fix
+        raise ConfigError("command line", message, fix)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The trainer's argument parser, generated from TrainConfig so flags and fields never drift."""
-    parser = argparse.ArgumentParser(
+    """The trainer's argument parser, generated from TrainConfig so flags and fields never drift.
+
+    A malformed command line (unknown flag, missing value) raises ConfigError."""
+    parser = _Parser(
         prog="python -m fsdpctl.workload.train",
         description="Train the bundled GPT with FSDP1 or FSDP2 (under torchrun or as one process).",
     )
@@ -278,13 +292,17 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Parse trainer flags (and an optional --config JSON file) into a checked TrainConfig.
 
-    Raises ConfigError for a bad value; argparse itself exits 2 on an unknown flag."""
+    Raises ConfigError for a bad value, an unknown flag or a missing value."""
     namespace = vars(build_parser().parse_args(argv))
     config_path = namespace.pop("config", None)
     values: dict[str, Any] = {}
     if config_path:
-        with open(config_path, encoding="utf-8") as handle:
-            loaded = json.load(handle)
+        try:
+            with open(config_path, encoding="utf-8") as handle:
+                loaded = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise ConfigError("config", f"cannot read {config_path} ({exc})",
+                              "give a readable JSON file of settings") from None
         if not isinstance(loaded, dict):
             raise ConfigError("config", f"{config_path} does not hold a JSON object",
                               "write settings as {\"name\": value}")

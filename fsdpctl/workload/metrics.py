@@ -1,0 +1,146 @@
+"""Throughput, MFU, memory, and the files a run leaves: ``metrics.jsonl`` and ``summary.json``.
+
+Rank 0 prints one line per ``log_interval`` steps, greppable as ``step=S loss=L``::
+
+    Train Epoch: 1  Step: 20  Loss: 5.8123 | step=20 loss=5.8123 lr=2.950e-04 tok/s=8123 mfu=n/a mem=412
+
+and appends the same numbers as one JSON object per line to ``run_dir/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+# Dense (no 2:4 sparsity) bf16/fp16 tensor-core peak FLOP/s per device, from vendor data sheets.
+PEAK_FLOPS_BF16 = {
+    "A100": 312e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "H100": 989e12,  # SXM
+    "H200": 989e12,
+    "GH200": 989e12,
+}
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    """Peak dense bf16 FLOP/s of this GPU when it is in the table; None on CPU or unknown GPUs."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key in sorted(PEAK_FLOPS_BF16, key=len, reverse=True):  # "H100 PCIe" before "H100"
+        if key in name:
+            return PEAK_FLOPS_BF16[key]
+    return None
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: peak allocated by torch; CPU: peak resident set size of this process."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Meter:
+    """Times windows of steps (synchronising CUDA first) and remembers each window's seconds per
+    step. The first step (start-up, allocator warm-up) is only counted as time to first step."""
+
+    def __init__(self, device: torch.device, tokens_per_step: int, flops_per_token: float,
+                 world: int, start_time: float):
+        self.device, self.tokens_per_step, self.world = device, tokens_per_step, world
+        self.flops_per_token = flops_per_token
+        self.peak = device_peak_flops(device)
+        self.start_time = start_time
+        self.time_to_first_step: float | None = None
+        self.window_start, self.window_steps = 0.0, 0
+        self.step_times: list[float] = []  # seconds per step, one entry per window
+
+    def step_done(self) -> None:
+        if self.time_to_first_step is None:
+            synchronize(self.device)
+            self.window_start = time.perf_counter()
+            self.time_to_first_step = self.window_start - self.start_time
+        else:
+            self.window_steps += 1
+
+    def close_window(self) -> float | None:
+        """Seconds per step over the steps since the last call (None if there were none)."""
+        if not self.window_steps:
+            return None
+        synchronize(self.device)
+        now = time.perf_counter()
+        per_step = (now - self.window_start) / self.window_steps
+        self.step_times.append(per_step)
+        self.window_start, self.window_steps = now, 0
+        return per_step
+
+    def restart_window(self) -> None:
+        """Leave time spent outside training steps (evaluation, checkpoints) out of the next window."""
+        synchronize(self.device)
+        self.window_start, self.window_steps = time.perf_counter(), 0
+
+    def tokens_per_s(self, step_time: float | None) -> float | None:
+        return self.tokens_per_step / step_time if step_time else None
+
+    def mfu(self, tokens_per_s: float | None) -> float | None:
+        if self.peak is None or not tokens_per_s:
+            return None
+        return self.flops_per_token * tokens_per_s / (self.peak * self.world)
+
+    def median_step_time(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+class RunLog:
+    """Rank 0's console lines and metrics.jsonl; a no-op on other ranks."""
+
+    def __init__(self, run_dir: Path, rank: int, append: bool):
+        self.enabled = rank == 0
+        self.path = run_dir / "metrics.jsonl"
+        if self.enabled and not append:
+            self.path.write_text("", encoding="utf-8")
+
+    def print(self, text: str) -> None:
+        if self.enabled:
+            print(text, flush=True)
+
+    def record(self, row: dict) -> None:
+        if self.enabled:
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+
+    def train_line(self, epoch: int, step: int, loss: float, lr: float, tok_s: float | None,
+                   mfu: float | None, mem_mb: float, grad_norm: float | None) -> None:
+        self.print(f"Train Epoch: {epoch}  Step: {step}  Loss: {loss:.4f} | step={step} "
+                   f"loss={loss:.4f} lr={lr:.3e} tok/s={_fmt(tok_s, '.0f')} "
+                   f"mfu={_fmt(mfu, '.4f')} mem={mem_mb:.0f}")
+        self.record({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr,
+                     "tokens_per_s": tok_s, "mfu": mfu, "mem_mb": mem_mb, "grad_norm": grad_norm,
+                     "time": time.time()})
+
+    def val_line(self, step: int, loss: float, perplexity: float) -> None:
+        self.print(f"Validation  Step: {step}  Loss: {loss:.4f} | step={step} val_loss={loss:.4f} "
+                   f"val_ppl={perplexity:.2f}")
+        self.record({"kind": "val", "step": step, "val_loss": loss, "val_perplexity": perplexity,
+                     "time": time.time()})
+
+    def summary(self, run_dir: Path, summary: dict) -> None:
+        if self.enabled:
+            tmp = run_dir / f".summary.json.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+            os.replace(tmp, run_dir / "summary.json")

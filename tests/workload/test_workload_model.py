@@ -1,0 +1,67 @@
+"""The GPT: preset sizes, sharding-independent init, checkpointing-independent results."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fsdpctl.workload.model import GPT, GPTConfig, count_params, flops_per_token, preset_config
+
+pytestmark = pytest.mark.workload
+
+
+@pytest.mark.parametrize("preset, low, high", [
+    ("tiny", 1.0e6, 2.2e6), ("small", 10e6, 20e6), ("gpt2-124m", 85e6, 130e6)])
+def test_preset_sizes_at_default_vocab(preset, low, high):
+    assert low <= count_params(preset_config(preset, 5000)) <= high
+
+
+def test_vocab_is_padded():
+    assert preset_config("tiny", 5000).vocab_size == 5056
+    assert preset_config("tiny", 1024).vocab_size == 1024
+
+
+def test_meta_init_equals_direct_init():
+    config = GPTConfig(vocab_size=128, n_layer=2, n_embd=32, n_head=4, block_size=16)
+    direct = GPT(config)
+    direct.init_weights(seed=7)
+    with torch.device("meta"):
+        late = GPT(config)
+    late.to_empty(device="cpu")
+    late.init_weights(seed=7)
+    for (name, a), (_, b) in zip(direct.state_dict().items(), late.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    other = GPT(config)
+    other.init_weights(seed=8)
+    assert not torch.equal(other.lm_head.weight, direct.lm_head.weight)
+    assert direct.lm_head.weight.data_ptr() != direct.transformer.wte.weight.data_ptr()  # untied
+
+
+def test_initial_loss_is_near_uniform_and_checkpointing_is_transparent():
+    config = GPTConfig(vocab_size=256, n_layer=2, n_embd=32, n_head=4, block_size=16)
+    model = GPT(config)
+    model.init_weights(seed=0)
+    x = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(0))
+    logits, loss = model(x, x)
+    assert logits.shape == (3, 16, 256)
+    assert abs(loss.item() - math.log(256)) < 0.1
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_activation_checkpointing(True)
+    _, loss2 = model(x, x)
+    loss2.backward()
+    assert loss2.item() == loss.item()
+    assert all(torch.allclose(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
+    assert set(model.state_dict()) == set(GPT(config).state_dict())  # same names
+
+
+def test_flops_formula():
+    config = preset_config("gpt2-124m", 50257)
+    n = count_params(config)
+    per_token = flops_per_token(config, n, 1024)
+    # nanoGPT: 6N + 12*L*H*Q*T with N without position embeddings
+    expected = 6 * (n - 1024 * 768) + 12 * 12 * 12 * 64 * 1024
+    assert per_token == expected
