@@ -32,7 +32,7 @@ from typing import Any
 
 from .errors import FsdpctlError, HostError
 from .plan import SHIPPED_PACKAGE_DIR, LaunchPlan, NodeSpec
-from .shell import quote_path
+from .shell import OUTPUT_MARK, after_mark, marked, quote_path
 from .transport import Transport
 
 GRACE_SECONDS = 10.0
@@ -83,7 +83,7 @@ def start_command(run_dir: str, rank: int) -> str:
 
 def follow_command(run_dir: str, rank: int, pid: int, from_line: int = 1) -> str:
     """Print node<R>.log from ``from_line`` on, and keep following it until the wrapper ends."""
-    return f"cd {quote_path(run_dir)} && exec tail -n +{from_line} -F --pid={pid} node{rank}.log 2>/dev/null"
+    return marked(f"cd {quote_path(run_dir)} && exec tail -n +{from_line} -F --pid={pid} node{rank}.log 2>/dev/null")
 
 
 def poll_command(run_dir: str, rank: int, pid: int) -> str:
@@ -153,7 +153,8 @@ def start_run(plan: LaunchPlan, scripts: dict[str, str], transports: Sequence[Tr
                             f"check that {plan.run_dir} can be created there (workdir)")
 
     def start(run: NodeRun) -> None:
-        status, out, err = run.transport.run(start_command(plan.run_dir, run.rank), COMMAND_TIMEOUT)
+        status, out, err = run.transport.run(marked(start_command(plan.run_dir, run.rank)), COMMAND_TIMEOUT)
+        out = after_mark(out)
         if status != 0 or not out.strip().isdigit():
             raise HostError(run.node.host, "start", f"could not start the node script: {err.strip() or out}",
                             "run the node script by hand there to see why")
@@ -168,8 +169,8 @@ def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_
     """End every process of ``run_id`` on every node; returns what each host reported remaining."""
     def kill(transport: Transport) -> str:
         try:
-            _, out, _ = transport.run(kill_command(run_id, grace), grace + COMMAND_TIMEOUT)
-            return out.strip().rsplit("remaining:", 1)[-1].strip()
+            _, out, _ = transport.run(marked(kill_command(run_id, grace)), grace + COMMAND_TIMEOUT)
+            return after_mark(out).strip().rsplit("remaining:", 1)[-1].strip()
         except HostError as exc:
             return f"unreachable: {exc.detail}"
 
@@ -180,8 +181,11 @@ def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_
 def _follow(run: NodeRun, run_dir: str, lines: queue.Queue) -> None:
     try:
         stream = run.transport.stream(follow_command(run_dir, run.rank, run.pid))
+        started = False
         for line in stream.lines():
-            lines.put((run, line))
+            if started:
+                lines.put((run, line))
+            started = started or line == OUTPUT_MARK  # before it: whatever the shell's rc printed
         stream.close()
     except (HostError, OSError, EOFError):
         pass  # the poll loop decides whether the host is gone
@@ -217,7 +221,7 @@ def first_failure_of(run: NodeRun, log_lines: Sequence[str]) -> dict[str, Any]:
 
 
 class Supervisor:
-    """Streams every node's lines to a sink and local files; fails fast; survives nothing half-done."""
+    """Streams every node's lines to a sink and local files, polls the nodes, and fails fast."""
 
     def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink,
                  grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True):
@@ -227,70 +231,79 @@ class Supervisor:
         self.lines: queue.Queue = queue.Queue()
         self.first_failure: dict[str, Any] | None = None
         self.node_logs: dict[int, list[str]] = {run.rank: [] for run in runs}
+        self.open_streams = len(runs)
+        self.files: dict[int, Any] = {}
+        self.merged: Any = None
+
+    def _open(self, name: str):
+        if self.write_local:
+            return (self.log_dir / name).open("a", encoding="utf-8")
+        return open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - closed in run()'s finally
 
     def run(self) -> RunResult:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for run in self.runs:
             threading.Thread(target=_follow, args=(run, self.plan.run_dir, self.lines), daemon=True).start()
-        open_streams = len(self.runs)
         next_poll = time.monotonic() + POLL_SECONDS
         interrupted = False
-        target = (lambda name: (self.log_dir / name).open("a", encoding="utf-8")) if self.write_local \
-            else (lambda name: open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 - closed in finally
-        files = {run.rank: target(f"node{run.rank}.log") for run in self.runs}
-        merged = target("merged.log")
+        self.files = {run.rank: self._open(f"node{run.rank}.log") for run in self.runs}
+        self.merged = self._open("merged.log")
         try:
-            while open_streams or any(r.state == "running" for r in self.runs):
+            while self.open_streams or any(r.state == "running" for r in self.runs):
                 try:
-                    run, line = self.lines.get(timeout=max(0.05, next_poll - time.monotonic()))
+                    item = self.lines.get(timeout=max(0.05, next_poll - time.monotonic()))
                 except queue.Empty:
-                    run, line = None, ""
-                if run is not None and line is None:
-                    open_streams -= 1
-                    self._poll([run])
-                elif run is not None:
-                    self._record(run, line, files[run.rank], merged)
-                if time.monotonic() >= next_poll or (not open_streams and run is None):
+                    item = None
+                if item is not None:
+                    self._take(*item)
+                    if item[1] is None:
+                        self._poll([item[0]])
+                if time.monotonic() >= next_poll or (not self.open_streams and item is None):
                     self._poll([r for r in self.runs if r.state == "running"])
                     next_poll = time.monotonic() + POLL_SECONDS
         except KeyboardInterrupt:
             interrupted = True
             if self.stop_on_interrupt:
                 stop_run(self.plan.run_id, [r.transport for r in self.runs], self.grace)
-                self._drain(files, merged)
+                self._drain(2.0)
                 for run in self.runs:
                     if run.state == "running":
                         run.state, run.exit_code = "failed", 130
         finally:
-            for handle in (*files.values(), merged):
+            for handle in (*self.files.values(), self.merged):
                 handle.close()
         return self._result(interrupted)
 
-    def _record(self, run: NodeRun, line: str, own, merged) -> None:
+    def _take(self, run: NodeRun, line: str | None) -> None:
+        """One item from the followers: a line, or (None) the end of that node's stream."""
+        if line is None:
+            self.open_streams -= 1
+            return
         run.tail.append(line)
         self.node_logs[run.rank].append(line)
-        own.write(line + "\n")
-        own.flush()
-        merged.write(f"[{run.node.host} r{run.rank}] {line}\n")
-        merged.flush()
+        self.files[run.rank].write(line + "\n")
+        self.files[run.rank].flush()
+        self.merged.write(f"[{run.node.host} r{run.rank}] {line}\n")
+        self.merged.flush()
         self.sink(run.rank, run.node.host, line)
 
-    def _drain(self, files, merged, seconds: float = 2.0) -> None:
+    def _drain(self, seconds: float) -> None:
+        """Take what the followers still deliver within ``seconds`` (stream ends included)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:
-                run, line = self.lines.get(timeout=0.1)
+                self._take(*self.lines.get(timeout=0.05))
             except queue.Empty:
-                break
-            if line is not None:
-                self._record(run, line, files[run.rank], merged)
+                continue
 
     def _poll(self, runs: Sequence[NodeRun]) -> None:
         for run in runs:
             if run.state != "running":
                 continue
             try:
-                _, out, _ = run.transport.run(poll_command(self.plan.run_dir, run.rank, run.pid), COMMAND_TIMEOUT)
+                _, out, _ = run.transport.run(marked(poll_command(self.plan.run_dir, run.rank, run.pid)),
+                                              COMMAND_TIMEOUT)
+                out = after_mark(out)
             except (HostError, FsdpctlError, OSError) as exc:
                 run.state, run.exit_code = "lost", 255
                 run.tail.append(f"fsdpctl: host stopped answering: {exc}")
@@ -310,13 +323,7 @@ class Supervisor:
     def _fail(self, run: NodeRun) -> None:
         if self.first_failure is not None:
             return
-        time.sleep(0.5)  # let torchrun's last lines (its failure summary) arrive
-        while not self.lines.empty():
-            other, line = self.lines.get_nowait()
-            if line is not None:
-                other.tail.append(line)
-                self.node_logs[other.rank].append(line)
-                self.sink(other.rank, other.node.host, line)
+        self._drain(0.5)  # torchrun's last lines (its failure summary) may still be on their way
         self.first_failure = first_failure_of(run, self.node_logs[run.rank])
         others = [r for r in self.runs if r is not run and r.state == "running"]
         if others:
@@ -335,9 +342,10 @@ def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path) -> No
     """Copy each node's torchrun log folder (``logs/node<R>``) into the local run directory."""
     def fetch(run: NodeRun) -> None:
         try:
-            status, out, _ = run.transport.run(fetch_logs_command(plan.run_dir, run.rank), COMMAND_TIMEOUT)
+            status, out, _ = run.transport.run(marked(fetch_logs_command(plan.run_dir, run.rank)), COMMAND_TIMEOUT)
         except HostError:
             return
+        out = after_mark(out)
         if status != 0 or not out.strip():
             return
         with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)), mode="r:gz") as tar:

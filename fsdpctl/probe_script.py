@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -208,6 +209,7 @@ def listen(spec):
     """On the master: bind the rendezvous port (is it free?) and accept the other nodes' connects."""
     result = {"port": spec["port"], "free": False, "peers": []}
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         server.bind((spec.get("addr") or "0.0.0.0", spec["port"]))
     except OSError as exc:
@@ -224,6 +226,14 @@ def listen(spec):
         except socket.timeout:
             break
         result["peers"].append(addr[0])
+        # Let the peer close first, then reset: no TIME_WAIT may stay on the rendezvous port, or
+        # torchrun could not bind its store there a moment later.
+        conn.settimeout(1.0)
+        try:
+            conn.recv(1)
+        except (socket.timeout, OSError):
+            pass
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.close()
     server.close()
     return result

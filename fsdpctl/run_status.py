@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import HostError
 from .nodes import COMMAND_TIMEOUT, poll_command
-from .shell import quote_path
+from .shell import after_mark, marked, quote_path
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:
@@ -28,8 +28,9 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         if live:
             for node, transport in zip(nodes, transports, strict=True):
                 try:
-                    _, out, _ = transport.run(poll_command(plan.run_dir, node["node_rank"], node.get("pid", 0)),
-                                              COMMAND_TIMEOUT)
+                    _, out, _ = transport.run(marked(poll_command(plan.run_dir, node["node_rank"],
+                                                                  node.get("pid", 0))), COMMAND_TIMEOUT)
+                    out = after_mark(out)
                 except HostError as exc:
                     node["state"], node["detail"] = "unreachable", exc.detail
                     continue
@@ -54,8 +55,8 @@ def _last_metrics(run_dir: Path, plan, transports) -> dict[str, Any] | None:
     texts = [local.read_text(encoding="utf-8")] if local.exists() else []
     for transport in transports:
         try:
-            _, out, _ = transport.run(f"tail -n 1 {quote_path(plan.run_dir)}/metrics.jsonl 2>/dev/null", 30)
-            texts.append(out)
+            _, out, _ = transport.run(marked(f"tail -n 1 {quote_path(plan.run_dir)}/metrics.jsonl 2>/dev/null"), 30)
+            texts.append(after_mark(out))
         except HostError:
             continue
     for text in texts:

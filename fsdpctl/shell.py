@@ -24,6 +24,20 @@ def shell_join(words: Sequence[str]) -> str:
     return " ".join(w if isinstance(w, NodeExpr) else shlex.quote(w) for w in words)
 
 
+OUTPUT_MARK = "<<<FSDPCTL-OUTPUT>>>"
+
+
+def marked(command: str) -> str:
+    """``command`` with a marker line printed first: a chatty shell rc may print before it."""
+    return f"echo '{OUTPUT_MARK}'; {command}"
+
+
+def after_mark(output: str) -> str:
+    """What a ``marked`` command printed, without anything a shell rc printed before it."""
+    head, sep, tail = output.partition(OUTPUT_MARK + "\n")
+    return tail if sep else output
+
+
 def command_line(program: str, args: Sequence[str]) -> str:
     """One shell command: ``program`` (a node path, ``~`` allowed) and its arguments, each quoted once."""
     return " ".join([quote_path(program), shell_join(args)]) if args else quote_path(program)

@@ -55,14 +55,15 @@ def _fetch_from_nodes(run_dir, show) -> None:
     from ..connect import close_all, open_transports
     from ..errors import HostError
     from ..runner import load_run
-    from ..shell import quote_path
+    from ..shell import after_mark, marked, quote_path
 
     plan, profile, _ = load_run(run_dir)
     transports = open_transports(profile)
     try:
         for node, transport in zip(plan.nodes, transports, strict=True):
             try:
-                _, out, _ = transport.run(f"cat {quote_path(plan.run_dir)}/node{node.node_rank}.log", 60)
+                _, out, _ = transport.run(marked(f"cat {quote_path(plan.run_dir)}/node{node.node_rank}.log"), 60)
+                out = after_mark(out)
             except HostError as exc:
                 typer.echo(f"fsdpctl: {exc.message}", err=True)
                 continue
@@ -77,7 +78,7 @@ def _follow(run_dir, show) -> int:
     from .. import runner
     from ..connect import close_all, open_transports
     from ..nodes import NodeRun, Supervisor
-    from ..runs import RunPaths
+    from ..runs import RunPaths, read_json
 
     plan, profile, record = runner.load_run(run_dir)
     if record.get("state") not in ("running", "starting"):
@@ -92,7 +93,9 @@ def _follow(run_dir, show) -> int:
         if result.interrupted:
             typer.echo(f"fsdpctl: stopped following; run {plan.run_id} goes on", err=True)
             return 130
-        if record.get("detached") and record.get("state") == "running":
+        # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
+        # records how it ended.
+        if record.get("detached") and read_json(run_dir / "run.json").get("state") == "running":
             runner.record(RunPaths(run_dir), plan, runs, "interrupted" if result.interrupted else
                           ("failed" if result.exit_code else "succeeded"), exit_code=result.exit_code,
                           first_failure=result.first_failure, finished_at=runner.now())

@@ -1,0 +1,197 @@
+"""fsdpctl launch on the namespace testbed: real sshd hosts, real torchrun, gloo over eth0.
+
+fsdpctl runs in the client namespace; n1 is the master, n2's shell is chatty (prints on stdout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+
+TRAIN = ("train:\n  preset: tiny\n  steps: {steps}\n  batch_size: 4\n  seq_len: 64\n  log_interval: 2\n"
+         "  eval_interval: 0\n  eval_steps: 2\n  vocab_size: 2000\n")
+
+
+def write_profile(lab, tmp_path: Path, names=("n1", "n2"), steps: int = 8, name: str = "lab") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(lab.profile_yaml(list(names), python=sys.executable, name=name) + TRAIN.format(steps=steps))
+    return path
+
+
+def fsdpctl(lab, tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "HOME": str(tmp_path), "FSDPCTL_RUNS_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(REPO)}
+    env.pop("SSH_AUTH_SOCK", None)
+    return lab.in_client([sys.executable, "-m", "fsdpctl", *args]), env
+
+
+def run(lab, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    argv, env = fsdpctl(lab, tmp_path, *args)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+
+class Started:
+    """A command running in the background whose output goes to files (a pipe nobody reads
+    would fill up and block it, as no terminal would)."""
+
+    def __init__(self, lab, tmp_path: Path, *args: str):
+        argv, env = fsdpctl(lab, tmp_path, *args)
+        self.out_path = tmp_path / f"out-{time.monotonic_ns()}"
+        self.err_path = self.out_path.with_suffix(".err")
+        with self.out_path.open("w") as out, self.err_path.open("w") as err:
+            self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=tmp_path)
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        code = self.process.wait(timeout=timeout)
+        return code, self.out_path.read_text(), self.err_path.read_text()
+
+
+def start(lab, tmp_path: Path, *args: str) -> Started:
+    return Started(lab, tmp_path, *args)
+
+
+def processes_of(run_id: str, node_rank: int | None = None) -> list[int]:
+    """Every process on this machine (all namespaces share its PIDs) that belongs to the run."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"FSDPCTL_RUN_ID={run_id}".encode() in env and (
+                node_rank is None or f"FSDPCTL_NODE_RANK={node_rank}".encode() in env):
+            found.append(int(proc.name))
+    return found
+
+
+def run_dir_of(tmp_path: Path, timeout: float = 60) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = sorted((tmp_path / "runs").glob("*/run.json"))
+        if runs:
+            return runs[-1].parent
+        time.sleep(0.2)
+    raise AssertionError("no run directory appeared")
+
+
+def wait_for_line(path: Path, pattern: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and re.search(pattern, path.read_text(errors="replace")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} never appeared in {path}")
+
+
+def losses(merged: str) -> list[float]:
+    return [float(m) for m in re.findall(r"\bstep=\d+ loss=([0-9.]+)", merged)]
+
+
+@pytest.mark.parametrize("fsdp", ["2", "1"])
+def test_two_node_training_completes(lab, tmp_path, fsdp):
+    result = run(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path)), "--fsdp", fsdp)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = run_dir_of(tmp_path)
+    merged = (run_dir / "logs" / "merged.log").read_text()
+    # The ranks really ran on different hosts.
+    assert re.search(r"r0\] fsdpctl: node 0 of 2 on n1 ", merged) and re.search(r"r1\] fsdpctl: node 1 of 2 on n2 ",
+                                                                                merged)
+    assert f"fsdp={fsdp}" in merged and "world=2" in merged
+    curve = losses(merged)
+    assert len(curve) >= 3 and curve[-1] < curve[0], curve
+    # Both nodes' logs are here: the streamed copies and torchrun's own log folders.
+    for rank in (0, 1):
+        assert (run_dir / "logs" / f"node{rank}.log").read_text().strip()
+        assert list((run_dir / "logs" / f"node{rank}").rglob("stdout.log")), f"torchrun logs of node {rank}"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    assert not processes_of(record["run_id"])
+
+
+def test_kill_9_on_one_node_ends_the_run_everywhere(lab, tmp_path):
+    launcher = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=5000)))
+    run_dir = run_dir_of(tmp_path)
+    run_id = run_dir.name
+    wait_for_line(run_dir / "logs" / "merged.log", r"step=\d+ loss=")
+    torchrun = [p for p in processes_of(run_id, node_rank=1)
+                if b"torch.distributed.run" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(torchrun) == 1, torchrun
+    killed_at = time.monotonic()
+    os.kill(torchrun[0], signal.SIGKILL)
+    code, out, err = launcher.finish(timeout=60)
+    assert time.monotonic() - killed_at < 30, "launch did not end within 30 s"
+    assert code != 0
+    assert f"FAILED: {lab.hosts['n2'].address} (node 1) exited 137" in err, err[-2000:]
+    deadline = time.monotonic() + 30
+    while processes_of(run_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_of(run_id), "processes of the run remain"
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "failed"
+
+
+def test_ctrl_c_stops_every_node_and_exits_130(lab, tmp_path):
+    launcher = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=5000)))
+    run_dir = run_dir_of(tmp_path)
+    wait_for_line(run_dir / "logs" / "merged.log", r"step=\d+ loss=")
+    launcher.process.send_signal(signal.SIGINT)
+    code, out, err = launcher.finish(timeout=60)
+    assert code == 130, err[-2000:]
+    assert not processes_of(run_dir.name)
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
+
+
+def test_detach_then_follow_then_stop(lab, tmp_path):
+    result = run(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=5000)), "--detach")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_id = result.stdout.strip()
+    assert re.fullmatch(r"lab-\d{8}-\d{6}-[0-9a-f]{4}", run_id)
+    assert processes_of(run_id), "the detached run is not running"
+    follower = start(lab, tmp_path, "logs", "-f", run_id)
+    status = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = json.loads(run(lab, tmp_path, "status", run_id, "--json").stdout)
+        if status.get("last_metrics"):
+            break
+        time.sleep(1)
+    assert status and status["state"] == "running" and [n["state"] for n in status["nodes"]] == ["running"] * 2
+    stopped = run(lab, tmp_path, "stop", run_id)
+    assert stopped.returncode == 0, stopped.stderr
+    code, out, err = follower.finish(timeout=60)  # it ended with the run...
+    assert "r0] [rank0]:" in out and "step=" in out, err  # ...after following its output
+    assert not processes_of(run_id)
+    final = json.loads(run(lab, tmp_path, "status", run_id, "--json").stdout)
+    assert final["state"] == "stopped"
+
+
+def test_two_runs_at_once_on_the_same_hosts(lab, tmp_path):
+    first = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=6, name="one")))
+    second = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=6, name="two")))
+    results = [p.finish(timeout=300) for p in (first, second)]
+    assert [code for code, _, _ in results] == [0, 0], [err[-1500:] for _, _, err in results]
+    plans = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/plan.json"))]
+    assert len({p["run_id"] for p in plans}) == 2
+    assert len({p["master_port"] for p in plans}) == 2
+
+
+def test_unreachable_host_is_refused_by_the_preflight(lab, tmp_path):
+    profile = write_profile(lab, tmp_path)
+    profile.write_text(profile.read_text().replace(lab.hosts["n2"].address, lab.unused_address()))
+    result = run(lab, tmp_path, "launch", "-p", str(profile), timeout=60)
+    assert result.returncode == 1
+    assert "no answer from" in result.stdout + result.stderr
+    assert "preflight failed; nothing was started" in result.stderr
+    assert not list((tmp_path / "runs").glob("*/run.json"))
