@@ -141,27 +141,26 @@ def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any
 
 
 def start_run(plan: LaunchPlan, scripts: dict[str, str], transports: Sequence[Transport]) -> list[NodeRun]:
-    """Stage and start every node (all staged before any starts). Raises HostError."""
+    """Stage and start every node: one command per node (each SSH exec also runs the node's
+    shell rc files, so every round trip saved shortens the time to the first step). Raises HostError."""
     runs = [NodeRun(node, t) for node, t in zip(plan.nodes, transports, strict=True)]
 
-    def stage(run: NodeRun) -> None:
+    def stage_and_start(run: NodeRun) -> None:
         name = f"node{run.rank}.sh"
-        status, _, err = run.transport.run(stage_command(plan.run_dir, name), COMMAND_TIMEOUT,
-                                           stdin=workload_bundle(name, scripts[name]))
-        if status != 0:
-            raise HostError(run.node.host, "stage", f"could not write the run directory: {err.strip()}",
-                            f"check that {plan.run_dir} can be created there (workdir)")
-
-    def start(run: NodeRun) -> None:
-        status, out, err = run.transport.run(marked(start_command(plan.run_dir, run.rank)), COMMAND_TIMEOUT)
+        command = marked(f"{stage_command(plan.run_dir, name)} && {{ {start_command(plan.run_dir, run.rank)}; }}")
+        status, out, err = run.transport.run(command, COMMAND_TIMEOUT, stdin=workload_bundle(name, scripts[name]))
         out = after_mark(out)
         if status != 0 or not out.strip().isdigit():
-            raise HostError(run.node.host, "start", f"could not start the node script: {err.strip() or out}",
-                            "run the node script by hand there to see why")
+            raise HostError(run.node.host, "start", f"could not stage or start the node script in {plan.run_dir}: "
+                            f"{err.strip() or out.strip() or f'exit {status}'}",
+                            "check that workdir can be written there, and run the node script by hand to see why")
         run.pid, run.state = int(out.strip()), "running"
 
-    _parallel(stage, runs)
-    _parallel(start, runs)
+    try:
+        _parallel(stage_and_start, runs)
+    except HostError:
+        stop_run(plan.run_id, transports)  # nodes that did start must not run on alone
+        raise
     return runs
 
 
@@ -234,6 +233,7 @@ class Supervisor:
         self.open_streams = len(runs)
         self.files: dict[int, Any] = {}
         self.merged: Any = None
+        self.finished = threading.Event()
 
     def _open(self, name: str):
         if self.write_local:
@@ -244,23 +244,30 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for run in self.runs:
             threading.Thread(target=_follow, args=(run, self.plan.run_dir, self.lines), daemon=True).start()
-        next_poll = time.monotonic() + POLL_SECONDS
+        # Polls are SSH round trips: a thread of their own, so printing never waits behind one.
+        threading.Thread(target=self._poller, daemon=True).start()
         interrupted = False
         self.files = {run.rank: self._open(f"node{run.rank}.log") for run in self.runs}
         self.merged = self._open("merged.log")
         try:
             while self.open_streams or any(r.state == "running" for r in self.runs):
                 try:
-                    item = self.lines.get(timeout=max(0.05, next_poll - time.monotonic()))
+                    batch = [self.lines.get(timeout=POLL_SECONDS * 2)]
                 except queue.Empty:
-                    item = None
-                if item is not None:
-                    self._take(*item)
-                    if item[1] is None:
-                        self._poll([item[0]])
-                if time.monotonic() >= next_poll or (not self.open_streams and item is None):
-                    self._poll([r for r in self.runs if r.state == "running"])
-                    next_poll = time.monotonic() + POLL_SECONDS
+                    continue
+                while len(batch) < 1000:  # whatever else is already here, then one flush for all
+                    try:
+                        batch.append(self.lines.get_nowait())
+                    except queue.Empty:
+                        break
+                for run, item in batch:
+                    if isinstance(item, tuple):
+                        self._settle(run, item)
+                    else:
+                        self._take(run, item)
+                        if item is None and run.state == "running":
+                            self._settle(run, self._ask(run))  # its log ended: it has probably just exited
+                self._flush()
         except KeyboardInterrupt:
             interrupted = True
             if self.stop_on_interrupt:
@@ -270,9 +277,16 @@ class Supervisor:
                     if run.state == "running":
                         run.state, run.exit_code = "failed", 130
         finally:
+            self.finished.set()
             for handle in (*self.files.values(), self.merged):
                 handle.close()
         return self._result(interrupted)
+
+    def _poller(self) -> None:
+        while not self.finished.wait(POLL_SECONDS):
+            for run in self.runs:
+                if run.state == "running" and not self.finished.is_set():
+                    self.lines.put((run, self._ask(run)))
 
     def _take(self, run: NodeRun, line: str | None) -> None:
         """One item from the followers: a line, or (None) the end of that node's stream."""
@@ -282,43 +296,55 @@ class Supervisor:
         run.tail.append(line)
         self.node_logs[run.rank].append(line)
         self.files[run.rank].write(line + "\n")
-        self.files[run.rank].flush()
         self.merged.write(f"[{run.node.host} r{run.rank}] {line}\n")
-        self.merged.flush()
         self.sink(run.rank, run.node.host, line)
+
+    def _flush(self) -> None:
+        for handle in (*self.files.values(), self.merged):
+            handle.flush()
+        flush = getattr(self.sink, "flush", None)
+        if flush is not None:
+            flush()
 
     def _drain(self, seconds: float) -> None:
         """Take what the followers still deliver within ``seconds`` (stream ends included)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:
-                self._take(*self.lines.get(timeout=0.05))
+                run, item = self.lines.get(timeout=0.05)
             except queue.Empty:
                 continue
+            if not isinstance(item, tuple):
+                self._take(run, item)
+        self._flush()
 
-    def _poll(self, runs: Sequence[NodeRun]) -> None:
-        for run in runs:
-            if run.state != "running":
-                continue
-            try:
-                _, out, _ = run.transport.run(marked(poll_command(self.plan.run_dir, run.rank, run.pid)),
-                                              COMMAND_TIMEOUT)
-                out = after_mark(out)
-            except (HostError, FsdpctlError, OSError) as exc:
-                run.state, run.exit_code = "lost", 255
-                run.tail.append(f"fsdpctl: host stopped answering: {exc}")
-                self._fail(run)
-                continue
-            word = out.strip().split()
-            if word[:1] == ["exit"] and len(word) == 2 and word[1].lstrip("-").isdigit():
-                run.exit_code = int(word[1])
-                run.state = "succeeded" if run.exit_code == 0 else "failed"
-                if run.exit_code != 0:
-                    self._fail(run)
-            elif word[:1] == ["gone"]:
-                run.state, run.exit_code = "failed", 255
-                run.tail.append("fsdpctl: the node script's wrapper vanished without an exit status")
-                self._fail(run)
+    def _ask(self, run: NodeRun) -> tuple[str, ...]:
+        """The node's own word on its script: ("exit", code), ("running",), ("gone",) or ("lost", why)."""
+        try:
+            _, out, _ = run.transport.run(marked(poll_command(self.plan.run_dir, run.rank, run.pid)),
+                                          COMMAND_TIMEOUT)
+        except (HostError, FsdpctlError, OSError) as exc:
+            return ("lost", str(exc))
+        words = after_mark(out).strip().split()
+        if words[:1] == ["exit"] and len(words) == 2 and words[1].lstrip("-").isdigit():
+            return ("exit", words[1])
+        return ("gone",) if words[:1] == ["gone"] else ("running",)
+
+    def _settle(self, run: NodeRun, answer: tuple[str, ...]) -> None:
+        """Apply a poll's answer to the node; a failure ends the others."""
+        if run.state != "running":
+            return
+        if answer[0] == "exit":
+            run.exit_code = int(answer[1])
+            run.state = "succeeded" if run.exit_code == 0 else "failed"
+        elif answer[0] == "lost":
+            run.state, run.exit_code = "lost", 255
+            run.tail.append(f"fsdpctl: host stopped answering: {answer[1]}")
+        elif answer[0] == "gone":
+            run.state, run.exit_code = "failed", 255
+            run.tail.append("fsdpctl: the node script's wrapper vanished without an exit status")
+        if run.state in ("failed", "lost"):
+            self._fail(run)
 
     def _fail(self, run: NodeRun) -> None:
         if self.first_failure is not None:

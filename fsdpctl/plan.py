@@ -36,6 +36,11 @@ class Overrides:
     master_port: Optional[int] = None
     debug: bool = False
     """Add NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=ALL, TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    entry_module: Optional[str] = None
+    """Run this module of the workload package instead of the trainer (``doctor --collectives``)."""
+    entry_args: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added for this run only (after the profile's)."""
     slurm_nodes: Optional[int] = None
     slurm_time: Optional[str] = None
     slurm_partition: Optional[str] = None
@@ -190,7 +195,7 @@ def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[in
 
 def _torchrun_args(*, num_nodes: int, run_id: str, rdzv_backend: str, master_addr: str, master_port: int,
                    node_rank: str, local_addr: Optional[str], nproc: str,
-                   train: dict[str, Any]) -> tuple[str, ...]:
+                   entry: tuple[str, tuple[str, ...]]) -> tuple[str, ...]:
     args = ["-m", "torch.distributed.run", "--nnodes", str(num_nodes),
             "--nproc-per-node", nproc, "--rdzv-id", run_id]
     if rdzv_backend == "standalone":
@@ -206,8 +211,8 @@ def _torchrun_args(*, num_nodes: int, run_id: str, rdzv_backend: str, master_add
     if local_addr:
         args += ["--local-addr", local_addr]
     log_dir = NodeExpr(f"logs/node{node_rank}") if isinstance(node_rank, NodeExpr) else f"logs/node{node_rank}"
-    args += ["--max-restarts", "0", "--log-dir", log_dir, "--tee", "3",
-             "-m", WORKLOAD_MODULE, *train_config.to_argv(train)]
+    module, module_args = entry
+    args += ["--max-restarts", "0", "--log-dir", log_dir, "--tee", "3", "-m", module, *module_args]
     return tuple(args)
 
 
@@ -235,6 +240,7 @@ def make_plan(
                          f"use `fsdpctl submit --slurm --profile {profile.name}`")
     train = _resolve_train(profile, overrides)
     env = _env(profile, overrides.debug, run_id)
+    env.update(overrides.extra_env)
     python = profile.python or (local_python if profile.backend == "local" else "python3")
     workdir = profile.workdir
     if profile.backend == "local" and not workdir.startswith(("/", "~")):
@@ -271,7 +277,9 @@ def make_plan(
         nproc = _node_nproc(profile, overrides, None)
 
     rdzv_backend = "standalone" if profile.backend == "local" else profile.rendezvous.backend
-    rdzv = {"num_nodes": num_nodes, "run_id": run_id, "rdzv_backend": rdzv_backend, "master_port": port}
+    rdzv = {"num_nodes": num_nodes, "run_id": run_id, "rdzv_backend": rdzv_backend, "master_port": port,
+            "entry": (overrides.entry_module, overrides.entry_args) if overrides.entry_module
+            else (WORKLOAD_MODULE, tuple(train_config.to_argv(train)))}
     nodes = []
     for rank, (host, address, explicit_addr) in enumerate(hosts):
         gpus = profile.hosts[rank].gpus if profile.backend == "ssh" else None
@@ -280,7 +288,7 @@ def make_plan(
             node_rank=rank, host=host, address=address, nproc=node_nproc,
             script_path=join_path(run_dir, f"node{rank}.sh"),
             torchrun_args=_torchrun_args(**rdzv, master_addr=master_addr, node_rank=str(rank),
-                                         local_addr=explicit_addr, nproc=node_nproc, train=train),
+                                         local_addr=explicit_addr, nproc=node_nproc),
         ))
     counts = [n.nproc for n in nodes] if nodes else [nproc] * num_nodes
     world_size = sum(int(c) for c in counts) if all(c.isdigit() for c in counts) else None
@@ -288,8 +296,7 @@ def make_plan(
     slurm_plan = None
     if for_slurm:
         step_args = _torchrun_args(**rdzv, master_addr=NodeExpr('"$FSDPCTL_HEAD_ADDR"'),
-                                   node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc,
-                                   train=train)
+                                   node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc)
         slurm_plan = _slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args)
     return LaunchPlan(
         run_id=run_id, profile_name=profile.name, profile_source=profile_source,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -20,6 +21,8 @@ def doctor(
     timeout: float = typer.Option(20.0, "--timeout", min=1.0, help="Seconds a host's probe may take once "
                                                                   "connected (after ssh.connect_timeout)."),
     no_port_check: bool = typer.Option(False, "--no-port-check", help="Skip the rendezvous port check."),
+    collectives: bool = typer.Option(False, "--collectives", help="Then, through the launch path, time "
+                                     "all-reduce and all-gather over every node (bus bandwidth per size)."),
 ) -> None:
     """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs, interface, InfiniBand, ports, disk."""
     from ..connect import close_all, master_of, node_python, open_transports
@@ -47,8 +50,68 @@ def doctor(
                             concurrency=concurrency, on_host=progress)
     finally:
         close_all(transports)
+    result = report.to_json(strict)
+    if collectives:
+        if report.ok():
+            result["collectives"] = _collectives(profile, prof)
+        else:
+            result["collectives"] = {"skipped": "the checks above failed"}
     if as_json:
-        typer.echo(json.dumps(report.to_json(strict), indent=2))
+        typer.echo(json.dumps(result, indent=2))
     else:
         print_report(report, strict)
-    raise typer.Exit(0 if report.ok(strict) else 1)
+        if collectives:
+            _print_collectives(result["collectives"])
+    failed = collectives and "results" not in result["collectives"]
+    raise typer.Exit(0 if report.ok(strict) and not failed else 1)
+
+
+def _collectives(profile_name: str, prof) -> dict:
+    """Launch the collective smoke test like a training run; return its figures (or why not)."""
+    from .. import runner
+    from ..connect import close_all, open_transports
+    from ..plan import Overrides
+    from ..render import render_all
+    from ..runs import RunPaths
+
+    device = "cpu" if prof.device == "cpu" else prof.device
+    overrides = Overrides(entry_module=runner.COLLECTIVES_MODULE, entry_args=("--device", device),
+                          extra_env=runner.COLLECTIVES_ENV)
+    loaded, plan = common.build_plan(profile_name, overrides, for_slurm=False)
+    scripts = render_all(plan)
+    paths = RunPaths(Path(plan.local_run_dir))
+    lines: list[str] = []
+    transports = open_transports(prof)
+    typer.echo(f"doctor: collective smoke test as run {plan.run_id}", err=True)
+    try:
+        runner.prepare(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
+        runs = runner.start(paths, plan, scripts, transports, detached=False)
+        outcome = runner.supervise(paths, plan, runs, lambda rank, host, line: lines.append(line))
+    finally:
+        close_all(transports)
+    found = runner.collectives_result(lines)
+    if outcome.exit_code or found is None:
+        return {"run_id": plan.run_id, "error": f"the smoke test exited {outcome.exit_code}",
+                "last_lines": lines[-15:]}
+    return {"run_id": plan.run_id, **found}
+
+
+def _print_collectives(data: dict) -> None:
+    if "results" not in data:
+        typer.secho(f"collectives: {data.get('skipped') or data.get('error')}", fg="red")
+        for line in data.get("last_lines", []):
+            typer.echo(f"  {line}")
+        return
+    typer.echo(f"collectives: backend {data['backend']}, world size {data['world_size']}, "
+               f"transport {', '.join(data['transport'])} (run {data['run_id']})")
+    typer.echo(f"  {'op':11s} {'size':>9s} {'time ms':>9s} {'algbw GB/s':>11s} {'busbw GB/s':>11s}")
+    for row in data["results"]:
+        typer.echo(f"  {row['op']:11s} {_size(row['bytes']):>9s} {row['seconds'] * 1e3:9.3f} "
+                   f"{row['algbw_gbps']:11.3f} {row['busbw_gbps']:11.3f}")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if count >= scale and count % scale == 0:
+            return f"{count // scale}{unit}"
+    return str(count)

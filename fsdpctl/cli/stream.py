@@ -13,8 +13,9 @@ _METRIC = re.compile(r"\bstep=(\d+)\s+loss=([0-9.]+)(?:.*?tok/s=([0-9.]+))?")
 PROGRESS_SECONDS = 5.0
 
 
-def prefix(node_rank: int, host: str) -> str:
-    return typer.style(f"[{host} r{node_rank}]", fg=COLOURS[node_rank % len(COLOURS)])
+def prefix(node_rank: int, host: str, colour: bool = True) -> str:
+    text = f"[{host} r{node_rank}]"
+    return typer.style(text, fg=COLOURS[node_rank % len(COLOURS)]) if colour else text
 
 
 class LinePrinter:
@@ -23,6 +24,7 @@ class LinePrinter:
     def __init__(self, total_steps: int | None = None, quiet_progress: bool = False):
         self.total = total_steps
         self.quiet = quiet_progress or not sys.stderr.isatty()
+        self.colour = sys.stdout.isatty()  # no escape codes into pipes and files
         self.step: str | None = None
         self.loss: str | None = None
         self.rate: str | None = None
@@ -33,11 +35,16 @@ class LinePrinter:
         metric = _METRIC.search(line)
         if metric:
             self.step, self.loss, self.rate = metric.group(1), metric.group(2), metric.group(3) or self.rate
-            line = typer.style(line, bold=True)
-        typer.echo(f"{prefix(node_rank, host)} {line}")
+            line = typer.style(line, bold=True) if self.colour else line
+        # No flush per line: the supervisor flushes once per batch of lines (see flush).
+        sys.stdout.write(f"{prefix(node_rank, host, self.colour)} {line}\n")
         if metric and not self.quiet and time.monotonic() - self.shown > PROGRESS_SECONDS:
+            sys.stdout.flush()
             self.shown = time.monotonic()
             typer.echo(typer.style(f"fsdpctl: {self.progress()}", dim=True), err=True)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
 
     def progress(self) -> str:
         total = f"/{self.total}" if self.total else ""

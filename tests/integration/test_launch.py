@@ -195,3 +195,14 @@ def test_unreachable_host_is_refused_by_the_preflight(lab, tmp_path):
     assert "no answer from" in result.stdout + result.stderr
     assert "preflight failed; nothing was started" in result.stderr
     assert not list((tmp_path / "runs").glob("*/run.json"))
+
+
+def test_doctor_collectives_across_the_namespaces(lab, tmp_path):
+    result = run(lab, tmp_path, "doctor", "-p", str(write_profile(lab, tmp_path)), "--collectives", "--json")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = json.loads(result.stdout)["collectives"]
+    assert data["backend"] == "gloo" and data["world_size"] == 2
+    assert {row["op"] for row in data["results"]} == {"all_reduce", "all_gather"}
+    assert all(row["busbw_gbps"] > 0 for row in data["results"])
+    merged = (tmp_path / "runs" / data["run_id"] / "logs" / "merged.log").read_text()
+    assert "on n1 " in merged and "on n2 " in merged  # over eth0, between the two hosts

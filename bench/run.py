@@ -1,0 +1,108 @@
+"""Run fsdpctl's benchmarks and print every goal with where it stands.
+
+    .venv/bin/python bench/run.py [--only NAME[,NAME]] [--summary-only] [--markdown]
+
+Each benchmark measures against a baseline in the same run (interleaved repeats, medians) and
+writes bench/results/<name>.json; this collects them into one table. Absolute times depend on the
+machine; the ratios are what to compare. The testbed benchmarks (doctor, launch, logs) need root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+BENCHMARKS = {
+    "cli": ["cli_startup.py"],
+    "workload": ["workload_step.py"],
+    "doctor": ["doctor_fanout.py"],
+    "launch": ["launch_overhead.py"],
+    "logs": ["log_latency.py"],
+    "gpu": ["gpu_workload.py"],
+}
+
+
+def load(name: str) -> dict:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def rows() -> list[tuple[str, str, str, str]]:
+    """(figure, measured, goal, verdict) for every goal the issues set."""
+    out: list[tuple[str, str, str, str]] = []
+
+    def add(figure: str, value: float | None, goal: float, fmt: str = "{:.3f}", lower: bool = True,
+            note: str = "") -> None:
+        if value is None:
+            out.append((figure, "not measured", f"{'<=' if lower else '>='} {goal}", "-"))
+            return
+        ok = value <= goal if lower else value >= goal
+        out.append((figure, fmt.format(value) + note, f"{'<=' if lower else '>='} {goal}", "met" if ok else "MISSED"))
+
+    cli = load("cli_startup").get("cases", {})
+    add("`fsdpctl --help` / `import torch`", cli.get("fsdpctl --help", {}).get("ratio_to_baseline"), 0.1)
+    fan = load("doctor_fanout_32")
+    if fan:
+        cases = fan["cases"]
+        add("doctor, 32 hosts / parallel OpenSSH (xargs -P 32)", cases["doctor"]["ratio_to_baseline"], 1.0)
+        add("doctor, 32 hosts / sequential ssh loop", fan["doctor_vs_sequential"], 0.5)
+        out.append(("doctor: SSH connections, remote execs per host",
+                    f"{fan['connections_per_host']}, {fan['execs_per_host']}", "exactly 1, 1",
+                    "met" if fan["connections_per_host"] == [1] and fan["execs_per_host"] == [1] else "MISSED"))
+        out.append(("doctor: client CPU per host (32 hosts)", f"{fan['client_cpu_s_per_host'] * 1e3:.0f} ms", "-", "-"))
+    else:
+        add("doctor, 32 hosts / parallel OpenSSH", None, 1.0)
+    launch = load("launch_overhead").get("cases", {})
+    add("launch: time to first step / hand-typed torchrun", launch.get("fsdpctl launch", {}).get("ratio_to_baseline"),
+        1.2)
+    work = load("workload").get("ratios", {})
+    add("workload step / bare FSDP2 loop", work.get("workload_over_bare_fsdp2"), 1.05)
+    add("per-rank state bytes, world 2 / world 1 (full)", work.get("state_bytes_world2_over_world1_fsdp2_full"), 0.55)
+    logs = load("log_latency").get("cases", {})
+    ours = logs.get("fsdpctl launch", {})
+    add("log p99 latency / `ssh tail -F`", ours.get("p99_ratio_to_baseline"), 1.5)
+    add("log p99 latency (s), lines lost", ours.get("p99_s"), 1.0, "{:.3f}",
+        note=f", {ours.get('lost')} lost" if ours else "")
+    gpu = load("gpu")
+    if gpu.get("skipped") or not gpu:
+        out.append(("GPU: MFU of gpt2-124m, bf16", gpu.get("skipped", "not measured"), ">= 40%", "-"))
+    else:
+        best = max((r.get("mfu") or 0) for r in gpu["runs"].values())
+        add("GPU: best MFU of gpt2-124m, bf16", best * 100, 40, "{:.1f}%", lower=False)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="comma-separated: " + ", ".join(BENCHMARKS))
+    parser.add_argument("--summary-only", action="store_true", help="only print the table of saved results")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (for README)")
+    args = parser.parse_args()
+    chosen = [n for n in args.only.split(",") if n] or list(BENCHMARKS)
+    unknown = [n for n in chosen if n not in BENCHMARKS]
+    if unknown:
+        sys.exit(f"bench: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if not args.summary_only:
+        for name in chosen:
+            print(f"\n=== {name} ===", flush=True)
+            done = subprocess.run([sys.executable, str(HERE / BENCHMARKS[name][0])], check=False)
+            if done.returncode != 0:
+                print(f"bench: {name} exited {done.returncode}", flush=True)
+    table = rows()
+    print()
+    if args.markdown:
+        print("| figure | measured | goal | |\n|---|---|---|---|")
+        for row in table:
+            print("| " + " | ".join(row) + " |")
+    else:
+        for figure, value, goal, verdict in table:
+            print(f"{figure:52s} {value:>26s} {goal:>14s}  {verdict}")
+
+
+if __name__ == "__main__":
+    main()
