@@ -9,7 +9,8 @@ interleaved (A B C D, B C D A, ...) and summarised by medians:
 * step time FSDP1 / FSDP2 (workload, 2 ranks)
 * step time world 2 / world 1 (workload FSDP2, same per-rank batch: weak scaling)
 * per-rank parameter + gradient + optimizer bytes (fp32 AdamW) at world 1, 2, 4 against the
-  16 bytes/param/N rule; world 2 / world 1 with --sharding full; goal <= 0.55
+  16 bytes/param/N rule; world 2 / world 1 with --sharding full; goal <= 0.55; and each rank's peak
+  memory (resident set on CPU, max_memory_allocated on a GPU)
 
 Writes bench/results/workload.json. Not a test: nothing here asserts a time.
 """
@@ -126,9 +127,12 @@ def measure(args, scratch: Path) -> None:
             memory[f"fsdp{fsdp}_w{world}"] = {"max_state_bytes_per_rank": per_rank,
                                               "rule_16_bytes_per_param_over_n": rule,
                                               "vs_rule": per_rank / rule,
-                                              "per_rank": summary["state_bytes_per_rank"]}
+                                              "per_rank": summary["state_bytes_per_rank"],
+                                              # peak RSS on CPU, max_memory_allocated on a GPU
+                                              "peak_memory_mb_per_rank": summary["peak_memory_mb_per_rank"]}
             print(f"fsdp{fsdp} world {world}: {per_rank / 2**20:7.2f} MiB/rank "
-                  f"(rule {rule / 2**20:7.2f} MiB, x{per_rank / rule:.3f})", flush=True)
+                  f"(rule {rule / 2**20:7.2f} MiB, x{per_rank / rule:.3f}), peak memory "
+                  f"{max(summary['peak_memory_mb_per_rank']):.0f} MB/rank", flush=True)
 
     result = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),

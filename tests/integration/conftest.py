@@ -37,7 +37,7 @@ def fake_torch(root: Path) -> Path:
     return site
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     """Four hosts: n1 and n2 alike, n3 with another torch, n4 whose eth0 is named eth1."""
     require_netns()
