@@ -360,6 +360,8 @@ class Supervisor:
             return RunResult(130, self.first_failure, True)
         if self.first_failure is not None:
             code = self.first_failure["exit_code"]
+            if isinstance(code, int) and code < 0:  # torchrun reports a worker killed by signal N as -N
+                code = 128 - code
             return RunResult(code if isinstance(code, int) and code > 0 else 1, self.first_failure, False)
         return RunResult(0, None, False)
 

@@ -79,12 +79,29 @@ def start(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], transports
 def supervise(paths: RunPaths, plan: LaunchPlan, runs: list[NodeRun], sink) -> RunResult:
     """Follow the run to its end (fail-fast, Ctrl-C), collect the nodes' logs, record the outcome."""
     result = Supervisor(plan, runs, paths.logs, sink).run()
+    if result.first_failure and result.first_failure.get("error_file"):
+        result.first_failure["error"] = read_error_file(runs[result.first_failure["node_rank"]].transport,
+                                                        result.first_failure["error_file"])
     if Path(plan.run_dir).expanduser().resolve() != paths.root.resolve():
         fetch_logs(plan, runs, paths.root)
     state = "interrupted" if result.interrupted else ("failed" if result.exit_code else "succeeded")
     record(paths, plan, runs, state, finished_at=now(), exit_code=result.exit_code,
            first_failure=result.first_failure)
     return result
+
+
+def read_error_file(transport: Transport, path: str) -> str | None:
+    """The message of a failed rank's torchelastic error file (written by @record), read on its node."""
+    from .errors import HostError
+    from .shell import after_mark, marked, quote_path
+
+    try:
+        _, out, _ = transport.run(marked(f"cat {quote_path(path)} 2>/dev/null"), 30)
+        message = json.loads(after_mark(out)).get("message", {})
+    except (HostError, ValueError, AttributeError):
+        return None
+    text = message.get("message") if isinstance(message, dict) else message
+    return str(text).strip().splitlines()[-1] if text else None
 
 
 def load_run(run_dir: Path) -> tuple[LaunchPlan, ClusterProfile, dict[str, Any]]:

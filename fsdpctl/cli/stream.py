@@ -64,8 +64,10 @@ class LinePrinter:
         failure = result.first_failure
         who = f"rank {failure['rank']} (local rank {failure['local_rank']}) on " if failure.get("rank") is not None \
             else ""
+        code = failure["exit_code"]
+        code = 128 - code if isinstance(code, int) and code < 0 else code  # a signal, as a shell says it
         typer.secho(f"fsdpctl: run {run_id} FAILED: {who}{failure['host']} (node {failure['node_rank']}) exited "
-                    f"{failure['exit_code']} [{failure['state']}]; every other node was stopped", err=True, fg="red")
+                    f"{code} [{failure['state']}]; every other node was stopped", err=True, fg="red")
         if failure.get("error_file"):
             typer.echo(f"  error file (on {failure['host']}): {failure['error_file']}", err=True)
         if failure.get("error"):

@@ -142,6 +142,23 @@ def test_kill_9_on_one_node_ends_the_run_everywhere(lab, tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["state"] == "failed"
 
 
+def test_a_killed_worker_is_named_with_its_global_rank(lab, tmp_path):
+    launcher = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=5000)))
+    run_dir = run_dir_of(tmp_path)
+    wait_for_line(run_dir / "logs" / "merged.log", r"step=\d+ loss=")
+    workers = [p for p in processes_of(run_dir.name, node_rank=1)
+               if b"fsdpctl.workload.train" in Path(f"/proc/{p}/cmdline").read_bytes()
+               and b"torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(workers) == 1, workers
+    os.kill(workers[0], signal.SIGKILL)
+    code, out, err = launcher.finish(timeout=90)
+    assert code == 128 + signal.SIGKILL, err[-2000:]
+    assert f"FAILED: rank 1 (local rank 0) on {lab.hosts['n2'].address} (node 1) exited 137" in err, err[-2000:]
+    failure = json.loads((run_dir / "run.json").read_text())["first_failure"]
+    assert failure["rank"] == 1 and failure["local_rank"] == 0
+    assert not processes_of(run_dir.name)
+
+
 def test_ctrl_c_stops_every_node_and_exits_130(lab, tmp_path):
     launcher = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=5000)))
     run_dir = run_dir_of(tmp_path)
