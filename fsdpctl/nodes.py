@@ -194,6 +194,10 @@ def _follow(run: NodeRun, run_dir: str, lines: queue.Queue) -> None:
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ERROR_FILE = re.compile(r"error_file\s*:\s*(\S+)")
+_FAILED_AT = re.compile(r"time\s*:\s*(\S+)")
+# What a rank says when another one died under it: such a failure is a consequence, not the cause.
+_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote worker|remote process exited|"
+                        r"communicator was aborted|Broken pipe", re.IGNORECASE)
 
 
 def first_failure_of(run: NodeRun, log_lines: Sequence[str]) -> dict[str, Any]:
@@ -210,13 +214,22 @@ def first_failure_of(run: NodeRun, log_lines: Sequence[str]) -> dict[str, Any]:
             failure["exit_code"] = int(match.group(1))
         if match := _ERROR_FILE.search(block):
             failure["error_file"] = None if match.group(1) == "<N/A>" else match.group(1)
+        if match := _FAILED_AT.search(block):
+            failure["failed_at"] = match.group(1)
     if failure["rank"] is not None:
         prefix = f"[rank{failure['rank']}]:"
         own = [line for line in log_lines if line.startswith(prefix)]
         failure["last_lines"] = (own or list(log_lines))[-TAIL_LINES:]
     else:
         failure["last_lines"] = list(log_lines)[-TAIL_LINES:]
+    failure["peer_gone"] = any(_PEER_GONE.search(line) for line in failure["last_lines"])
     return failure
+
+
+def root_cause(failures: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The failure that caused the others: the earliest (by torchrun's own failure time), and among
+    equals one that is not a rank reporting that a peer went away; then the lowest node rank."""
+    return min(failures, key=lambda f: (f.get("failed_at") or "9999", f["peer_gone"], f["node_rank"]))
 
 
 class Supervisor:
@@ -351,11 +364,19 @@ class Supervisor:
             return
         self._drain(0.5)  # torchrun's last lines (its failure summary) may still be on their way
         self.first_failure = first_failure_of(run, self.node_logs[run.rank])
+        if "failed_at" not in self.first_failure:  # torchrun itself died: it failed now
+            self.first_failure["failed_at"] = time.strftime("%Y-%m-%d_%H:%M:%S")
         others = [r for r in self.runs if r is not run and r.state == "running"]
         if others:
             stop_run(self.plan.run_id, [r.transport for r in others], self.grace)
 
     def _result(self, interrupted: bool) -> RunResult:
+        if self.first_failure is not None:
+            # The first node seen failing may only have lost a peer: decide once every node has ended.
+            failed = [self.first_failure] + [first_failure_of(r, self.node_logs[r.rank]) for r in self.runs
+                                             if r.state in ("failed", "lost")
+                                             and r.rank != self.first_failure["node_rank"]]
+            self.first_failure = root_cause(failed)
         if interrupted:
             return RunResult(130, self.first_failure, True)
         if self.first_failure is not None:

@@ -148,3 +148,15 @@ def test_ctrl_c_stops_everything_and_exits_130(tmp_path):
         assert not alive(pid), pid
     record = json.loads(next((tmp_path / "runs").glob("*/run.json")).read_text())
     assert record["state"] == "interrupted"
+
+
+def test_root_cause_is_the_earliest_failure_and_not_a_lost_peer():
+    from fsdpctl.nodes import root_cause
+
+    victim = {"node_rank": 0, "failed_at": "2026-11-21_13:05:01", "peer_gone": True, "exit_code": 1}
+    killed = {"node_rank": 1, "failed_at": "2026-11-21_13:05:01", "peer_gone": False, "exit_code": -9}
+    later = {"node_rank": 2, "failed_at": "2026-11-21_13:05:07", "peer_gone": False, "exit_code": 143}
+    assert root_cause([victim, killed, later]) is killed
+    earlier_victim = {**victim, "failed_at": "2026-11-21_13:05:00"}
+    assert root_cause([earlier_victim, killed]) is earlier_victim  # time first: a reset before the kill is news
+    assert root_cause([later, {"node_rank": 3, "peer_gone": False, "exit_code": 1}]) is later
