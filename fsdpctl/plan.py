@@ -326,6 +326,8 @@ def _slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_
     directives.append(("output", join_path(run_dir, "slurm-%j.out")))
     directives += [tuple(d[2:].split("=", 1)) if "=" in d else (d[2:], "") for d in slurm.directives]
     # srun runs this in every node's own shell, where $SLURM_NODEID and the head address expand.
+    # Each node writes its own node<R>.log in the run directory, as over SSH: logs reads them alike.
     command = ('cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && '
-               f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}')
+               f'{{ echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD"; '
+               f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}; }} > node"$SLURM_NODEID".log 2>&1')
     return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes)

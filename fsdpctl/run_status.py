@@ -18,6 +18,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     from .runner import load_run
 
     plan, profile, record = load_run(run_dir)
+    if record.get("backend") == "slurm":
+        return _slurm_status(run_dir, plan, record)
     nodes = record.get("nodes") or [{"node_rank": n.node_rank, "host": n.host, "state": "unknown",
                                      "exit_code": None, "pid": 0} for n in plan.nodes]
     info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state", "unknown"), "nodes": nodes,
@@ -46,6 +48,27 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         info["last_metrics"] = _last_metrics(run_dir, plan, transports)
     finally:
         close_all(transports)
+    return info
+
+
+def _slurm_status(run_dir: Path, plan, record: dict[str, Any]) -> dict[str, Any]:
+    """A Slurm run: the job's state from Slurm (squeue, then scontrol), each node from its log."""
+    from .slurm import job_state
+    from .slurm_logs import NodeLogs
+
+    info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state"), "job_id": record.get("job_id"),
+                            "exit_code": record.get("exit_code"), "first_failure": None}
+    if record.get("state") in ("submitted", "running"):
+        state = job_state(record["job_id"])
+        info["slurm_state"] = state.state
+        info["state"] = "running" if not state.finished else (
+            "succeeded" if state.state == "COMPLETED" and not state.exit_code else "failed")
+        info["exit_code"] = state.exit_code
+    logs = NodeLogs(Path(plan.run_dir).expanduser(), plan.num_nodes)
+    logs.read_new(lambda rank, host, line: None)
+    info["nodes"] = [{"node_rank": rank, "host": logs.hosts[rank], "state": info["state"],
+                      "exit_code": info["exit_code"]} for rank in range(plan.num_nodes)]
+    info["last_metrics"] = _last_metrics(run_dir, plan, [])
     return info
 
 

@@ -122,6 +122,12 @@ def load_run(run_dir: Path) -> tuple[LaunchPlan, ClusterProfile, dict[str, Any]]
 def stop(run_dir: Path, transports: Sequence[Transport]) -> dict[str, str]:
     """End every process of a run on every node and record it as stopped."""
     plan, _, data = load_run(run_dir)
+    if data.get("backend") == "slurm":
+        from .slurm import cancel
+
+        cancel(data["job_id"])
+        record(RunPaths(run_dir), plan, None, "stopped", stopped_at=now())
+        return {f"Slurm job {data['job_id']}": ""}
     remaining = stop_run(plan.run_id, transports)
     nodes = [{**n, "state": "stopped"} if n.get("state") in ("running", "starting") else n
              for n in data.get("nodes", [])]
@@ -153,3 +159,25 @@ def collectives_result(lines: Sequence[str]) -> dict[str, Any] | None:
         else:
             result["transport"] = sorted(transports) or ["unknown (no NCCL transport line seen)"]
     return result
+
+
+def submit_slurm(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str) -> str:
+    """Write the run directory (shared by the nodes: the batch script, the workload package) and
+    ``sbatch`` the script; returns Slurm's job id, recorded in run.json."""
+    import io
+    import tarfile
+
+    from .nodes import workload_bundle
+    from .slurm import submit_batch
+
+    prepare(paths, plan, scripts, profile_text)
+    run_dir = Path(plan.run_dir).expanduser()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(workload_bundle("sbatch.sh", scripts["sbatch.sh"])), mode="r:gz") as tar:
+        tar.extractall(run_dir, filter="data")
+    job_id = submit_batch(str(run_dir / "sbatch.sh"), str(run_dir))
+    record(paths, plan, None, "submitted", submitted_at=now(), job_id=job_id,
+           slurm_output=str(run_dir / f"slurm-{job_id}.out"),
+           nodes=[{"node_rank": r, "host": f"slurm node {r}", "state": "pending", "exit_code": None}
+                  for r in range(plan.num_nodes)])
+    return job_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -37,6 +38,10 @@ def logs(
         if wanted(node_host, text):
             typer.echo(f"{prefix(node_rank, node_host)} {text}")
 
+    from ..runs import read_json
+
+    if read_json(run_dir / "run.json").get("backend") == "slurm":
+        raise typer.Exit(follow_slurm(run_dir, show) if follow else _read_slurm(run_dir, show))
     if follow:
         raise typer.Exit(_follow(run_dir, show))
     merged = run_dir / "logs" / "merged.log"
@@ -48,6 +53,35 @@ def logs(
                     show(int(match["node"]), match["host"], match["text"])
         return
     _fetch_from_nodes(run_dir, show)
+
+
+def _read_slurm(run_dir, show) -> int:
+    from ..runner import load_run
+    from ..slurm_logs import NodeLogs
+
+    plan, _, _ = load_run(run_dir)
+    NodeLogs(Path(plan.run_dir), plan.num_nodes).read_new(show)
+    return 0
+
+
+def follow_slurm(run_dir, show=None) -> int:
+    """Follow a Slurm run's node logs until the job ends; record how it ended; its exit code."""
+    from .. import runner
+    from ..runs import RunPaths
+    from ..slurm_logs import follow
+    from .stream import LinePrinter
+
+    plan, _, record = runner.load_run(run_dir)
+    try:
+        state = follow(Path(plan.run_dir), plan.num_nodes, record["job_id"], show or LinePrinter())
+    except KeyboardInterrupt:
+        typer.echo(f"fsdpctl: stopped following; Slurm job {record['job_id']} goes on", err=True)
+        return 130
+    code = state.exit_code if state.exit_code is not None else (0 if state.state == "COMPLETED" else 1)
+    runner.record(RunPaths(run_dir), plan, None, "succeeded" if state.state == "COMPLETED" and code == 0
+                  else state.state.lower(), exit_code=code, slurm_state=state.state, finished_at=runner.now())
+    typer.echo(f"fsdpctl: Slurm job {record['job_id']} {state.state} (exit {code})", err=True)
+    return code
 
 
 def _fetch_from_nodes(run_dir, show) -> None:

@@ -39,8 +39,8 @@ def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."))
     from ..runs import find_run
 
     run_dir = find_run(run_id)
-    _, profile, _ = runner.load_run(run_dir)
-    transports = open_transports(profile)
+    _, profile, record = runner.load_run(run_dir)
+    transports = open_transports(profile) if record.get("backend") != "slurm" else []
     try:
         remaining = runner.stop(run_dir, transports)
     finally:

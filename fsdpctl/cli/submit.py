@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -29,8 +30,9 @@ def submit(
     debug: bool = common.DebugOpt,
     dry_run: bool = common.DryRunOpt,
     as_json: bool = common.JsonOpt,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
 ) -> None:
-    """Submit the bundled FSDP/FSDP2 GPT training as a Slurm job."""
+    """Submit the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch)."""
     from ..plan import Overrides
     from ..render import render_all
     from .show import print_dry_run
@@ -43,13 +45,25 @@ def submit(
                                    mixed_precision=mixed_precision, settings=settings)
     overrides = Overrides(train=train, nproc_per_node=nproc_per_node, master_port=master_port, debug=debug,
                           slurm_nodes=nodes, slurm_time=time, slurm_partition=partition)
-    _, plan = common.build_plan(profile, overrides, for_slurm=True)
+    loaded, plan = common.build_plan(profile, overrides, for_slurm=True)
     scripts = render_all(plan)
     if dry_run:
         print_dry_run(plan, scripts, as_json)
         return
-    raise UsageError("submitting to Slurm is not available in this version",
-                     "use --dry-run and submit the printed script with sbatch")
+    from .. import runner
+    from ..runs import RunPaths
+
+    if as_json:
+        raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
+    paths = RunPaths(Path(plan.local_run_dir))
+    job_id = runner.submit_slurm(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
+    typer.echo(plan.run_id)
+    typer.echo(f"fsdpctl: run {plan.run_id} submitted as Slurm job {job_id}; run directory {plan.run_dir}; "
+               f"follow with `fsdpctl logs -f {plan.run_id}`", err=True)
+    if follow:
+        from .logs import follow_slurm
+
+        raise typer.Exit(follow_slurm(paths.root))
 
 
 def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str]) -> None:

@@ -1,0 +1,102 @@
+"""fsdpctl submit --slurm on a real Slurm cluster in the namespace lab (munge, slurmctld, two slurmd)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.test_launch import processes_of, wait_for_line
+from tests.testbed.slurm import SlurmCluster, slurm_available
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def slurm(lab):
+    reason = slurm_available()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the Slurm testbed must run in CI, but it {reason}")
+        pytest.skip(f"Slurm testbed: {reason}")
+    cluster = SlurmCluster(lab, ["n1", "n2"]).up()
+    yield cluster
+    cluster.down()
+
+
+def profile(lab, tmp_path: Path, steps: int, extra_train: str = "") -> Path:
+    path = tmp_path / "slurmlab.yaml"
+    path.write_text(
+        f"name: slurmlab\nbackend: slurm\ndevice: cpu\nnproc_per_node: 1\npython: {sys.executable}\n"
+        f"workdir: {tmp_path}/work\nnetwork:\n  interface: eth0\nslurm:\n  nodes: 2\n  time: \"10\"\n"
+        f"train:\n  preset: tiny\n  steps: {steps}\n  batch_size: 4\n  seq_len: 64\n  log_interval: 2\n"
+        f"  eval_interval: 0\n  eval_steps: 2\n  vocab_size: 2000\n{extra_train}")
+    return path
+
+
+def fsdpctl(lab, slurm, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, **slurm.env, "HOME": str(tmp_path), "FSDPCTL_RUNS_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": str(REPO)}
+    return subprocess.run(lab.in_client([sys.executable, "-m", "fsdpctl", *args]), env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def queue(slurm) -> str:
+    return subprocess.run(slurm.client(["squeue", "-h"]), capture_output=True, text=True, timeout=30).stdout
+
+
+def test_two_node_job_through_sbatch_completes(lab, slurm, tmp_path):
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--follow")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    run_id = result.stdout.strip().splitlines()[0]
+    assert re.fullmatch(r"slurmlab-\d{8}-\d{6}-[0-9a-f]{4}", run_id)
+    assert "COMPLETED (exit 0)" in result.stderr
+    logs = fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
+    assert re.search(r"\[n1 r0\] fsdpctl: node 0 of 2 on n1 ", logs), logs[-2000:]
+    assert re.search(r"\[n2 r1\] fsdpctl: node 1 of 2 on n2 ", logs), logs[-2000:]
+    losses = [float(x) for x in re.findall(r"step=\d+ loss=([0-9.]+)", logs)]
+    assert len(losses) >= 3 and losses[-1] < losses[0]
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
+    assert status["state"] == "succeeded" and status["job_id"]
+    assert [n["host"] for n in status["nodes"]] == ["n1", "n2"]
+
+
+def test_dry_run_submits_nothing(lab, slurm, tmp_path):
+    before = queue(slurm)
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--dry-run")
+    assert result.returncode == 0 and "#SBATCH --nodes=2" in result.stdout
+    assert queue(slurm) == before and not (tmp_path / "runs").exists() and not (tmp_path / "work").exists()
+
+
+def test_stop_mid_run_ends_every_process_on_both_nodes(lab, slurm, tmp_path):
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 5000)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_id = result.stdout.strip()
+    run_dir = next((tmp_path / "work" / "runs").glob(f"{run_id}"))
+    wait_for_line(run_dir / "node0.log", r"step=\d+ loss=")
+    assert processes_of(run_id, node_rank=0) and processes_of(run_id, node_rank=1)
+    stopped = fsdpctl(lab, slurm, tmp_path, "stop", run_id)
+    assert stopped.returncode == 0, stopped.stderr
+    deadline = time.monotonic() + 30
+    while processes_of(run_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_of(run_id)
+    assert json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)["state"] == "stopped"
+
+
+def test_a_failing_job_reports_failed_with_its_exit_code(lab, slurm, tmp_path):
+    bad = profile(lab, tmp_path, 8, extra_train="  dataset: /nonexistent/corpus\n")
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(bad), "--follow")
+    assert result.returncode != 0
+    assert "FAILED" in result.stderr, result.stderr[-2000:]
+    run_id = result.stdout.strip().splitlines()[0]
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
+    assert status["state"] == "failed" and status["exit_code"] == result.returncode
+    assert "/nonexistent/corpus" in fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
