@@ -150,8 +150,6 @@ class SSHTransport:
         self.host = self.target.alias
         self.client: paramiko.SSHClient | None = None
         self.jump: SSHTransport | None = None
-        self.connections = 0
-        self.execs = 0
 
     def _client(self, target: Target) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -197,7 +195,6 @@ class SSHTransport:
         except Exception as exc:  # paramiko and socket errors of every kind become one SSHError
             raise _classify(target, exc, timeout) from None
         self.client = client
-        self.connections += 1
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(KEEPALIVE_SECONDS)  # notice a host that stops answering
@@ -212,7 +209,6 @@ class SSHTransport:
         if transport is None or not transport.is_active():
             raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
         channel = transport.open_session(timeout=timeout)
-        self.execs += 1
         deadline = time.monotonic() + timeout
         out = bytearray()
         try:
@@ -251,7 +247,6 @@ class SSHTransport:
         if transport is None or not transport.is_active():
             raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
         channel = transport.open_session(timeout=self.spec.connect_timeout)
-        self.execs += 1
         channel.set_combine_stderr(True)
         channel.exec_command(command)
         channel.shutdown_write()
