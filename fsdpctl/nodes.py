@@ -227,9 +227,11 @@ def first_failure_of(run: NodeRun, log_lines: Sequence[str]) -> dict[str, Any]:
 
 
 def root_cause(failures: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The failure that caused the others: the earliest (by torchrun's own failure time), and among
-    equals one that is not a rank reporting that a peer went away; then the lowest node rank."""
-    return min(failures, key=lambda f: (f.get("failed_at") or "9999", f["peer_gone"], f["node_rank"]))
+    """The failure that caused the others: one that is not a rank reporting that a peer went away,
+    then the earliest by torchrun's failure time, then the lowest node rank. Time alone misleads:
+    torchrun stamps a worker killed by a signal when its monitor notices, which can be after its
+    peers' "connection reset" exceptions were stamped (seen under load: a second later)."""
+    return min(failures, key=lambda f: (f["peer_gone"], f.get("failed_at") or "9999", f["node_rank"]))
 
 
 class Supervisor:

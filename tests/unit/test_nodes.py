@@ -157,6 +157,9 @@ def test_root_cause_is_the_earliest_failure_and_not_a_lost_peer():
     killed = {"node_rank": 1, "failed_at": "2026-11-21_13:05:01", "peer_gone": False, "exit_code": -9}
     later = {"node_rank": 2, "failed_at": "2026-11-21_13:05:07", "peer_gone": False, "exit_code": 143}
     assert root_cause([victim, killed, later]) is killed
+    # torchrun may stamp the killed worker after its victim's exception: a lost peer still loses.
     earlier_victim = {**victim, "failed_at": "2026-11-21_13:05:00"}
-    assert root_cause([earlier_victim, killed]) is earlier_victim  # time first: a reset before the kill is news
+    assert root_cause([earlier_victim, killed]) is killed
+    both_lost = {**killed, "peer_gone": True}  # e.g. the network between them failed: earliest wins
+    assert root_cause([both_lost, earlier_victim]) is earlier_victim
     assert root_cause([later, {"node_rank": 3, "peer_gone": False, "exit_code": 1}]) is later
