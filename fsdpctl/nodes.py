@@ -39,6 +39,9 @@ GRACE_SECONDS = 10.0
 POLL_SECONDS = 2.0
 COMMAND_TIMEOUT = 30.0
 TAIL_LINES = 30
+# Lines kept per node for the failure summary: torchrun's Root Cause block and the failing rank's
+# traceback are at the end; older lines are in the log files, not in memory.
+KEEP_LINES = 2000
 LineSink = Callable[[int, str, str], None]  # (node rank, host, line)
 _PACKAGE_ROOT = Path(__file__).resolve().parent
 
@@ -81,9 +84,9 @@ def start_command(run_dir: str, rank: int) -> str:
             f"for _ in $(seq 200); do [ -s node{rank}.pid ] && break; sleep 0.01; done; cat node{rank}.pid")
 
 
-def follow_command(run_dir: str, rank: int, pid: int, from_line: int = 1) -> str:
-    """Print node<R>.log from ``from_line`` on, and keep following it until the wrapper ends."""
-    return marked(f"cd {quote_path(run_dir)} && exec tail -n +{from_line} -F --pid={pid} node{rank}.log 2>/dev/null")
+def follow_command(run_dir: str, rank: int, pid: int) -> str:
+    """Print node<R>.log from its start, and keep following it until the wrapper ends."""
+    return marked(f"cd {quote_path(run_dir)} && exec tail -n +1 -F --pid={pid} node{rank}.log 2>/dev/null")
 
 
 def poll_command(run_dir: str, rank: int, pid: int) -> str:
@@ -119,7 +122,7 @@ class NodeRun:
     pid: int = 0
     exit_code: int | None = None
     state: str = "starting"  # starting, running, succeeded, failed, lost
-    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    tail: deque = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
 
     @property
     def rank(self) -> int:
@@ -244,7 +247,6 @@ class Supervisor:
         self.stop_on_interrupt = stop_on_interrupt  # Ctrl-C on `logs -f` ends the following, not the run
         self.lines: queue.Queue = queue.Queue()
         self.first_failure: dict[str, Any] | None = None
-        self.node_logs: dict[int, list[str]] = {run.rank: [] for run in runs}
         self.open_streams = len(runs)
         self.files: dict[int, Any] = {}
         self.merged: Any = None
@@ -309,7 +311,6 @@ class Supervisor:
             self.open_streams -= 1
             return
         run.tail.append(line)
-        self.node_logs[run.rank].append(line)
         self.files[run.rank].write(line + "\n")
         self.merged.write(f"[{run.node.host} r{run.rank}] {line}\n")
         self.sink(run.rank, run.node.host, line)
@@ -365,7 +366,7 @@ class Supervisor:
         if self.first_failure is not None:
             return
         self._drain(0.5)  # torchrun's last lines (its failure summary) may still be on their way
-        self.first_failure = first_failure_of(run, self.node_logs[run.rank])
+        self.first_failure = first_failure_of(run, list(run.tail))
         if "failed_at" not in self.first_failure:  # torchrun itself died: it failed now
             self.first_failure["failed_at"] = time.strftime("%Y-%m-%d_%H:%M:%S")
         others = [r for r in self.runs if r is not run and r.state == "running"]
@@ -375,7 +376,7 @@ class Supervisor:
     def _result(self, interrupted: bool) -> RunResult:
         if self.first_failure is not None:
             # The first node seen failing may only have lost a peer: decide once every node has ended.
-            failed = [self.first_failure] + [first_failure_of(r, self.node_logs[r.rank]) for r in self.runs
+            failed = [self.first_failure] + [first_failure_of(r, list(r.tail)) for r in self.runs
                                              if r.state in ("failed", "lost")
                                              and r.rank != self.first_failure["node_rank"]]
             self.first_failure = root_cause(failed)

@@ -132,10 +132,6 @@ class _SSHStream:
         with self.channel.makefile("rb") as output:
             yield from read_lines(output)
 
-    def wait(self) -> int | None:
-        status = self.channel.recv_exit_status()
-        return None if status == -1 else status  # -1: the server never said (connection lost)
-
     def close(self) -> None:
         self.channel.close()
 

@@ -16,13 +16,10 @@ from .errors import HostError
 
 
 class Stream(Protocol):
-    """A running command's output, line by line, and how it ended."""
+    """A running command's output, line by line."""
 
     def lines(self) -> Iterator[str]:
         """Output lines (stdout and stderr together) until the command ends."""
-
-    def wait(self) -> int | None:
-        """The exit status, or None when the connection to the node was lost."""
 
     def close(self) -> None:
         """Stop reading (the command is ended if it still runs)."""
@@ -56,9 +53,6 @@ class _LocalStream:
     def lines(self) -> Iterator[str]:
         assert self.process.stdout is not None
         yield from read_lines(self.process.stdout)
-
-    def wait(self) -> int | None:
-        return self.process.wait()
 
     def close(self) -> None:
         if self.process.poll() is None:
