@@ -44,6 +44,10 @@ class Overrides:
     slurm_nodes: Optional[int] = None
     slurm_time: Optional[str] = None
     slurm_partition: Optional[str] = None
+    slurm_requeue: Optional[bool] = None
+    """``--requeue`` / ``--no-requeue`` (over ``slurm.requeue``)."""
+    slurm_via: Optional[str] = None
+    """``--via sbatch|submitit`` (over ``slurm.via``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +76,11 @@ class SlurmPlan:
     step_command: str
     """Shell text run by ``srun`` on every node; ``$SLURM_NODEID`` and the head address expand there."""
     nodes: int
+    requeue: bool
+    """Checkpoint on SIGUSR2 (``signal_seconds`` before the time limit) and requeue the job."""
+    signal_seconds: int
+    via: str
+    """``sbatch`` (fsdpctl's batch script) or ``submitit`` (submitit's executor runs the step command)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +141,8 @@ def join_path(base: str, *parts: str) -> str:
     return text
 
 
-def _resolve_train(profile: ClusterProfile, overrides: Overrides) -> dict[str, Any]:
+def _resolve_train(profile: ClusterProfile, overrides: Overrides, *, for_slurm: bool,
+                   requeue: bool) -> dict[str, Any]:
     for name in _PLAN_OWNED_SETTINGS:
         if name in profile.train or name in overrides.train:
             raise UsageError(f"train.{name}: set by fsdpctl for every run",
@@ -140,6 +150,15 @@ def _resolve_train(profile: ClusterProfile, overrides: Overrides) -> dict[str, A
     settings: dict[str, Any] = {"device": profile.device, "cache_dir": "../../cache"}
     settings.update(profile.train)
     settings.update(overrides.train)
+    if for_slurm:
+        # Slurm runs the same script again when it requeues a job (preemption, node failure,
+        # --requeue): the run then continues from its newest checkpoint instead of refusing.
+        settings.setdefault("resume_if_present", True)
+    if requeue:
+        if settings.get("no_checkpoint"):
+            raise UsageError("requeue: a requeued job resumes from a checkpoint, and train.no_checkpoint is set",
+                             "drop no_checkpoint, or submit without --requeue")
+        settings["checkpoint_on_signal"] = True
     try:
         train_config.make_config(settings)
     except train_config.ConfigError as exc:
@@ -238,7 +257,11 @@ def make_plan(
     if not for_slurm and profile.backend == "slurm":
         raise UsageError(f"profile {profile.name}: is a Slurm profile",
                          f"use `fsdpctl submit --slurm --profile {profile.name}`")
-    train = _resolve_train(profile, overrides)
+    requeue = False
+    if for_slurm:
+        assert profile.slurm is not None
+        requeue = profile.slurm.requeue if overrides.slurm_requeue is None else overrides.slurm_requeue
+    train = _resolve_train(profile, overrides, for_slurm=for_slurm, requeue=requeue)
     env = _env(profile, overrides.debug, run_id)
     env.update(overrides.extra_env)
     python = profile.python or (local_python if profile.backend == "local" else "python3")
@@ -297,7 +320,7 @@ def make_plan(
     if for_slurm:
         step_args = _torchrun_args(**rdzv, master_addr=NodeExpr('"$FSDPCTL_HEAD_ADDR"'),
                                    node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc)
-        slurm_plan = _slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args)
+        slurm_plan = _slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args, requeue)
     return LaunchPlan(
         run_id=run_id, profile_name=profile.name, profile_source=profile_source,
         backend="slurm" if for_slurm else profile.backend, fsdpctl_version=__version__,
@@ -311,7 +334,7 @@ def make_plan(
 
 
 def _slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
-                num_nodes: int, step_args: tuple[str, ...]) -> SlurmPlan:
+                num_nodes: int, step_args: tuple[str, ...], requeue: bool) -> SlurmPlan:
     slurm = profile.slurm
     assert slurm is not None
     directives: list[tuple[str, str]] = [
@@ -324,10 +347,20 @@ def _slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_
     }
     directives += [(name, str(value)) for name, value in optional.items() if value is not None]
     directives.append(("output", join_path(run_dir, "slurm-%j.out")))
+    # A requeued job writes on after its first attempt's lines instead of over them.
+    directives.append(("open-mode", "append"))
+    if requeue:
+        directives += [("requeue", ""), ("signal", f"USR2@{slurm.signal_seconds}")]
     directives += [tuple(d[2:].split("=", 1)) if "=" in d else (d[2:], "") for d in slurm.directives]
     # srun runs this in every node's own shell, where $SLURM_NODEID and the head address expand.
-    # Each node writes its own node<R>.log in the run directory, as over SSH: logs reads them alike.
-    command = ('cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && '
-               f'{{ echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD"; '
-               f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}; }} > node"$SLURM_NODEID".log 2>&1')
-    return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes)
+    # Each node appends to its own node<R>.log in the run directory, as over SSH: logs reads them alike.
+    # Slurm signals every process of the step: torchrun must ignore SIGUSR2 (its default action
+    # is to die) and hand the ignoring on; the workers install their own handler for it.
+    ignore = "trap '' USR2 && " if requeue else ""
+    command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
+               f'{{ echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
+               f'attempt $((${{SLURM_RESTART_COUNT:-0}} + 1))"; '
+               f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}; }} >> node"$SLURM_NODEID".log 2>&1')
+    via = overrides.slurm_via or slurm.via
+    return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,
+                     signal_seconds=slurm.signal_seconds, via=via)

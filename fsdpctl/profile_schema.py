@@ -28,6 +28,9 @@ SLURM_TIME_PATTERN = re.compile(
     r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED)$"
 )
 SLURM_DIRECTIVE_PATTERN = re.compile(r"^--[a-z][a-z0-9-]*(?:=[^\s'\"`$\\;|&<>]+)?$")
+# Directives fsdpctl writes itself (the run's layout and requeue depend on them).
+SLURM_OWNED_DIRECTIVES = ("job-name", "nodes", "ntasks-per-node", "output", "error", "open-mode", "requeue",
+                          "no-requeue", "signal", "chdir")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +117,13 @@ class SlurmSpec:
     """Node features (``--constraint``)."""
     directives: tuple[str, ...] = ()
     """Extra ``#SBATCH`` options, each written as ``--name=value`` (e.g. ``--mem=0``)."""
+    requeue: bool = False
+    """Preemption-safe runs: SIGUSR2 comes ``signal_seconds`` before the time limit, the workload
+    saves a checkpoint, the job requeues itself and resumes from it; a preempted or requeued job resumes too."""
+    signal_seconds: int = 120
+    """With ``requeue``: seconds before the time limit that SIGUSR2 arrives (to finish a step and save)."""
+    via: Literal["sbatch", "submitit"] = "sbatch"
+    """How the job is submitted: fsdpctl's batch script through ``sbatch``, or submitit's Slurm executor."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,6 +45,8 @@ class JobState:
     state: str
     exit_code: int | None
     finished: bool
+    restarts: int = 0
+    """How often Slurm has requeued the job."""
 
 
 def job_state(job_id: str) -> JobState:
@@ -56,13 +58,17 @@ def job_state(job_id: str) -> JobState:
     shown = _slurm(["scontrol", "show", "job", job_id])
     found = re.search(r"JobState=(\S+)", shown.stdout)
     code = re.search(r"\bExitCode=(\d+):(\d+)", shown.stdout)
+    restarts = re.search(r"\bRestarts=(\d+)", shown.stdout)
     if not found:
         return JobState("UNKNOWN", None, True)  # purged from the controller (MinJobAge) and no accounting
     exit_code = None
     if code:
         status, signal = int(code.group(1)), int(code.group(2))
         exit_code = 128 + signal if signal else status
-    return JobState(found.group(1), exit_code, found.group(1) in FINISHED)
+    finished = found.group(1) in FINISHED
+    if found.group(1) in ("PREEMPTED", "NODE_FAIL") and re.search(r"\bRequeue=1\b", shown.stdout):
+        finished = False  # a requeueable job passes through these on its way back to PENDING
+    return JobState(found.group(1), exit_code, finished, int(restarts.group(1)) if restarts else 0)
 
 
 def cancel(job_id: str) -> None:

@@ -17,6 +17,10 @@ def submit(
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes to allocate (overrides slurm.nodes)."),
     time: Optional[str] = typer.Option(None, "--time", help="Time limit, e.g. 02:00:00 (overrides slurm.time)."),
     partition: Optional[str] = typer.Option(None, "--partition", help="Partition (overrides slurm.partition)."),
+    via: Optional[str] = typer.Option(None, "--via", help="sbatch (fsdpctl's batch script) or submitit "
+                                      "(overrides slurm.via)."),
+    requeue: Optional[bool] = typer.Option(None, "--requeue/--no-requeue", help="Checkpoint on SIGUSR2 before the "
+                                           "time limit and requeue; resume when requeued (overrides slurm.requeue)."),
     fsdp: Optional[int] = common.FsdpOpt,
     preset: Optional[str] = common.PresetOpt,
     steps: Optional[int] = common.StepsOpt,
@@ -32,19 +36,20 @@ def submit(
     as_json: bool = common.JsonOpt,
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
 ) -> None:
-    """Submit the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch)."""
+    """Submit the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or submitit)."""
     from ..plan import Overrides
     from ..render import render_all
     from .show import print_dry_run
 
     if not slurm:
         raise UsageError("submit needs a scheduler", "add --slurm")
-    _check_slurm_values(nodes, time, partition)
+    _check_slurm_values(nodes, time, partition, via)
     train = common.train_overrides(fsdp=fsdp, preset=preset, steps=steps, epochs=epochs,
                                    batch_size=batch_size, sharding=sharding,
                                    mixed_precision=mixed_precision, settings=settings)
     overrides = Overrides(train=train, nproc_per_node=nproc_per_node, master_port=master_port, debug=debug,
-                          slurm_nodes=nodes, slurm_time=time, slurm_partition=partition)
+                          slurm_nodes=nodes, slurm_time=time, slurm_partition=partition,
+                          slurm_requeue=requeue, slurm_via=via)
     loaded, plan = common.build_plan(profile, overrides, for_slurm=True)
     scripts = render_all(plan)
     if dry_run:
@@ -66,7 +71,8 @@ def submit(
         raise typer.Exit(follow_slurm(paths.root))
 
 
-def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str]) -> None:
+def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str],
+                        via: Optional[str]) -> None:
     from ..profile_schema import SLURM_TIME_PATTERN, SLURM_WORD_PATTERN
 
     if nodes is not None and nodes < 1:
@@ -75,3 +81,5 @@ def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Op
         raise UsageError(f"--time {time!r}: not a Slurm time limit", "write e.g. 90, 02:00:00 or 1-00:00")
     if partition is not None and not SLURM_WORD_PATTERN.match(partition):
         raise UsageError(f"--partition {partition!r}: not a partition name", "use letters, digits, _ - .")
+    if via is not None and via not in ("sbatch", "submitit"):
+        raise UsageError(f"--via {via!r}: unknown", "use --via sbatch or --via submitit")

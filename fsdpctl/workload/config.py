@@ -109,6 +109,11 @@ class TrainConfig:
     """Save no checkpoint at all (not even at the end)."""
     resume: bool = False
     """Continue from the newest complete checkpoint in run_dir/checkpoints."""
+    resume_if_present: bool = False
+    """Continue from the newest complete checkpoint if run_dir has one, else start afresh (a requeued job)."""
+    checkpoint_on_signal: bool = False
+    """On SIGUSR2 (Slurm's warning before the time limit) or SIGTERM, every rank ends its step, a
+    checkpoint is saved and the run exits; after SIGUSR2 it exits 0 and leaves run_dir/requeue-requested."""
     export_full: Optional[str] = None
     """At the end, write a consolidated state dict loadable into a plain GPT."""
 
@@ -209,6 +214,9 @@ def check_ranges(values: dict[str, Any]) -> None:
     if "val_fraction" in values and not 0 < values["val_fraction"] < 1:
         raise ConfigError("val_fraction", f"{values['val_fraction']} is outside (0, 1)",
                           "give a fraction such as 0.1")
+    if values.get("checkpoint_on_signal") and values.get("no_checkpoint"):
+        raise ConfigError("checkpoint_on_signal", "cannot save with --no-checkpoint",
+                          "drop one of --checkpoint-on-signal and --no-checkpoint")
     if values.get("vocab_size") is not None and values["vocab_size"] < 260:
         raise ConfigError("vocab_size", f"{values['vocab_size']} is below 260",
                           "a byte-level BPE needs at least 256 byte tokens plus specials")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from .metrics import Meter, RunLog, peak_memory_mb
 from .model import GPTConfig, count_params, flops_per_token, preset_config
 from .parallelize import PeerFailed, Runtime
 from .sampler import Sampler
+from .signals import StopSignals, clear_requeue_marker, write_requeue_marker
 
 PREFIX = "fsdpctl.workload"
 
@@ -55,13 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     start_time = time.perf_counter()
     try:
         cfg = parse_args(argv)
+        # As early as possible: a signal during start-up (imports, data, resume) is kept for step 1.
+        stop_signals = StopSignals() if cfg.checkpoint_on_signal else None
         _, world, _, local_world = par.env_ranks()
         device_type = par.resolve_device_type(cfg)
         par.check_combination(cfg, device_type, world, local_world)
     except ConfigError as error:
         _fail(error if local_rank_from_env() == 0 else None)  # identical on every rank
     try:
-        run(cfg, device_type, start_time)
+        run(cfg, device_type, start_time, stop_signals)
     except ConfigError as error:
         _fail(error)
     except PeerFailed:
@@ -108,6 +112,11 @@ def find_resume(cfg: TrainConfig, rt: Runtime, run_dir: Path, gpt_config: GPTCon
     """The checkpoint to resume from (None: start afresh); refuses ambiguous run dirs."""
     def check():
         latest = ckpt.latest_checkpoint(run_dir)
+        if cfg.resume_if_present and not cfg.resume:
+            if latest is not None and ckpt.read_trainer_state(latest)["model_config"] != gpt_config.to_dict():
+                raise ConfigError("resume_if_present", f"{latest.name} holds a different model",
+                                  "resume with the settings it was saved with, or use a fresh --run-dir")
+            return latest
         if cfg.resume and latest is None:
             raise ConfigError("resume", f"no complete checkpoint under {ckpt.checkpoints_dir(run_dir)}",
                               "drop --resume to start afresh, or point --run-dir at the earlier run")
@@ -139,7 +148,7 @@ def evaluate(model, cfg: TrainConfig, rt: Runtime, sampler: Sampler) -> tuple[fl
     return loss, math.exp(min(loss, 50.0))
 
 
-def run(cfg: TrainConfig, device_type: str, start_time: float) -> None:
+def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: StopSignals | None = None) -> None:
     rt = par.init_distributed(device_type)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir).expanduser()
@@ -163,6 +172,8 @@ def run(cfg: TrainConfig, device_type: str, start_time: float) -> None:
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
 
+    if rt.rank == 0 and cfg.checkpoint_on_signal:
+        clear_requeue_marker(run_dir)
     log = RunLog(run_dir, rt.rank, append=latest is not None)
     tokens_per_step = rt.world * cfg.batch_size * cfg.grad_accum * cfg.seq_len
     meter = Meter(rt.device, tokens_per_step, flops_per_token(gpt_config, n_params, cfg.seq_len),
@@ -188,6 +199,8 @@ def run(cfg: TrainConfig, device_type: str, start_time: float) -> None:
     last_saved = step
     model.train()
     while step < total_steps:
+        if stop_signals is not None and (received := stop_signals.agreed(rt.device)):
+            stop_on_signal(received, step, last_saved, save, run_dir, rt, log)
         lr = lr_at(step, cfg, total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -269,6 +282,27 @@ def run(cfg: TrainConfig, device_type: str, start_time: float) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def stop_on_signal(received: list[signal.Signals], step: int, last_saved: int, save, run_dir: Path,
+                   rt: Runtime, log: RunLog) -> None:
+    """Every rank agreed a stop signal came: save this step (unless just saved) and leave.
+
+    After SIGUSR2 (the time limit is near) exit 0 with the requeue marker; after SIGTERM alone
+    exit 143, as a terminated process would: whoever sent it is ending the job anyway."""
+    if step != last_saved:
+        save(step)
+    checkpoint = ckpt.latest_checkpoint(run_dir)
+    names = "+".join(sig.name for sig in received)
+    requeue = signal.SIGUSR2 in received
+    if requeue and rt.rank == 0:
+        write_requeue_marker(run_dir, step, checkpoint.name if checkpoint else None)
+    log.print(f"{PREFIX}: {names} received: stopped after step {step}, checkpoint "
+              f"{checkpoint.name if checkpoint else 'none'}" + ("; requeue requested" if requeue else ""))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if requeue else 128 + signal.SIGTERM)  # no interpreter shutdown after gloo (see run)
 
 
 if __name__ == "__main__":

@@ -100,3 +100,53 @@ def test_a_failing_job_reports_failed_with_its_exit_code(lab, slurm, tmp_path):
     status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
     assert status["state"] == "failed" and status["exit_code"] == result.returncode
     assert "/nonexistent/corpus" in fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
+
+
+REQUEUE_STEPS = 60
+
+
+def train_steps(run_dir: Path) -> list[int]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["step"] for row in rows if row["kind"] == "train"]
+
+
+def submit_requeueable(lab, slurm, tmp_path: Path) -> tuple[str, str, Path]:
+    """A 2-node job with --requeue, running past step 10; returns run id, job id and run directory."""
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, REQUEUE_STEPS)),
+                     "--requeue", "--set", "log_interval=1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run_id = result.stdout.strip()
+    job_id = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)["job_id"]
+    run_dir = tmp_path / "work" / "runs" / run_id
+    wait_for_line(run_dir / "node0.log", r"step=1\d loss=")
+    return run_id, job_id, run_dir
+
+
+def finish_and_check_exact(lab, slurm, tmp_path: Path, run_id: str, run_dir: Path, signal_name: str) -> int:
+    """Follow the requeued job to its end; every step ran exactly once across the two attempts."""
+    followed = fsdpctl(lab, slurm, tmp_path, "logs", "-f", run_id)
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
+    assert status["state"] == "succeeded", followed.stdout[-3000:] + followed.stderr[-2000:]
+    node0 = (run_dir / "node0.log").read_text()
+    stopped = re.search(rf"{signal_name}\S* received: stopped after step (\d+), checkpoint step_(\d+)", node0)
+    assert stopped, node0[-3000:]
+    step = int(stopped.group(1))
+    assert 10 <= step < REQUEUE_STEPS and int(stopped.group(2)) == step
+    assert "attempt 2" in node0 and f"resumed_from=step_{step:07d}" in node0
+    assert train_steps(run_dir) == list(range(1, REQUEUE_STEPS + 1))
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == REQUEUE_STEPS
+    return step
+
+
+def test_usr2_before_the_time_limit_checkpoints_requeues_and_finishes_the_exact_steps(lab, slurm, tmp_path):
+    run_id, job_id, run_dir = submit_requeueable(lab, slurm, tmp_path)
+    # What Slurm sends signal_seconds before the time limit (--signal=USR2@120), sent now.
+    subprocess.run(slurm.client(["scancel", "--signal=USR2", job_id]), check=True, timeout=30)
+    finish_and_check_exact(lab, slurm, tmp_path, run_id, run_dir, "SIGUSR2")
+    assert "requeueing it" in (run_dir / f"slurm-{job_id}.out").read_text()
+
+
+def test_scontrol_requeue_mid_run_resumes_from_the_checkpoint_and_finishes_the_exact_steps(lab, slurm, tmp_path):
+    run_id, job_id, run_dir = submit_requeueable(lab, slurm, tmp_path)
+    subprocess.run(slurm.client(["scontrol", "requeue", job_id]), check=True, timeout=30)
+    finish_and_check_exact(lab, slurm, tmp_path, run_id, run_dir, "SIGTERM")

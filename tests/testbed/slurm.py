@@ -94,12 +94,15 @@ class SlurmCluster:
         self.conf.write_text(
             f"ClusterName=fsdpctl\nSlurmctldHost={head.name}({head.address})\nSlurmUser=root\nSlurmdUser=root\n"
             f"SlurmctldPort=6817\nSlurmdPort=6818\nAuthType=auth/munge\nCredType=cred/munge\n"
-            f"AuthInfo=socket={self.socket}\nStateSaveLocation={self.dir}/state\nSlurmdSpoolDir={self.dir}/spool/%n\n"
+            f"AuthInfo=socket={self.socket},cred_expire=10\nStateSaveLocation={self.dir}/state\nSlurmdSpoolDir={self.dir}/spool/%n\n"
             f"SlurmctldPidFile={self.dir}/run/slurmctld.pid\nSlurmdPidFile={self.dir}/run/slurmd.%n.pid\n"
             f"SlurmctldLogFile={self.dir}/log/slurmctld.log\nSlurmdLogFile={self.dir}/log/slurmd.%n.log\n"
             "SlurmctldDebug=info\nSlurmdDebug=info\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
             f"JobAcctGatherType=jobacct_gather/none\nJobCompType=jobcomp/filetxt\nJobCompLoc={self.dir}/log/jobcomp.txt\n"
-            "AccountingStorageType=accounting_storage/none\nSchedulerType=sched/backfill\nSelectType=select/cons_tres\n"
+            "AccountingStorageType=accounting_storage/none\nSchedulerType=sched/backfill\n"
+            # A requeued job may start again cred_expire seconds later (default 120); backfill
+            # (every bf_interval s) is what starts it once that time has come.
+            "SchedulerParameters=bf_interval=1\nSelectType=select/cons_tres\n"
             "SelectTypeParameters=CR_Core\nMpiDefault=none\nReturnToService=2\nSlurmctldTimeout=30\n"
             "SlurmdTimeout=30\nInactiveLimit=0\nKillWait=5\nMinJobAge=600\n"
             f"{nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO\n")

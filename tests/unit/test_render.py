@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl.plan import make_plan
+from fsdpctl.plan import Overrides, make_plan
 from fsdpctl.profiles import load_profile, parse_profile
 from fsdpctl.render import render_all
 from fsdpctl.shell import quote_path
@@ -24,13 +24,15 @@ GOLDEN = Path(__file__).parent / "golden"
 CASES = {
     "two-node": dict(for_slurm=False),
     "slurm": dict(for_slurm=True),
+    "slurm-requeue": dict(for_slurm=True, overrides=Overrides(slurm_requeue=True)),
     "local": dict(for_slurm=False),
 }
 NASTY = """$(touch PWNED); `touch PWNED2` "x' y" ; rm -rf / #"""
 
 
 def rendered(name: str) -> dict[str, str]:
-    plan = make_plan(load_profile(name).profile, run_id=f"{name}-20261121-120000-abcd", local_run_dir="runs/x",
+    plan = make_plan(load_profile(name.split("-requeue")[0]).profile, run_id=f"{name}-20261121-120000-abcd",
+                     local_run_dir="runs/x",
                      local_python="/opt/venv/bin/python", home="/home/me", local_cwd="/home/me/project",
                      **CASES[name])
     return render_all(plan)

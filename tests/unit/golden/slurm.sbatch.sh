@@ -7,9 +7,10 @@
 #SBATCH --partition=gpu
 #SBATCH --time=02:00:00
 #SBATCH --output=/home/me/fsdpctl/runs/slurm-20261121-120000-abcd/slurm-%j.out
+#SBATCH --open-mode=append
 #SBATCH --exclusive
 # fsdpctl batch script: run slurm-20261121-120000-abcd on 2 nodes, profile slurm,
-# fsdpctl 0.1.0. Submit it again with `sbatch` to repeat the run.
+# fsdpctl 0.1.0. Submitted again with `sbatch`, it continues from its newest checkpoint.
 set -eo pipefail
 set -u
 export PYTHONUNBUFFERED=1
@@ -28,6 +29,6 @@ mkdir -p "$FSDPCTL_RUN_DIR"
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 FSDPCTL_HEAD_ADDR=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | sed -n 1p)
 export FSDPCTL_HEAD_ADDR="${FSDPCTL_HEAD_ADDR:-$head_node}"
-echo "fsdpctl: job $SLURM_JOB_ID head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
+echo "fsdpctl: job $SLURM_JOB_ID (attempt $((${SLURM_RESTART_COUNT:-0} + 1))) head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
 # One torchrun per node; any task failing ends the whole step.
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD"; exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir logs/node"$SLURM_NODEID" --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset gpt2-124m --fsdp 2 --steps 2000 --batch-size 16 --seq-len 1024 --mixed-precision bf16 --checkpoint-interval 200 --run-dir .; } > node"$SLURM_NODEID".log 2>&1'
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, attempt $((${SLURM_RESTART_COUNT:-0} + 1))"; exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir logs/node"$SLURM_NODEID" --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset gpt2-124m --fsdp 2 --steps 2000 --batch-size 16 --seq-len 1024 --mixed-precision bf16 --checkpoint-interval 200 --resume-if-present --run-dir .; } >> node"$SLURM_NODEID".log 2>&1'

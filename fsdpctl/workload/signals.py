@@ -1,0 +1,52 @@
+"""Stop cleanly on a scheduler's signal: remember it, agree across ranks at a step boundary.
+
+A signal reaches the ranks at slightly different moments (or only some of them, when a user sends
+it by hand), so no rank acts on it alone: at every step boundary the ranks sum what each has
+seen, and all of them stop after the same step. SIGUSR2 is Slurm's warning ahead of the time
+limit (``--signal=USR2@<s>``; SIGUSR1 is NCCL's); SIGTERM is what Slurm and torchrun send when a
+job is preempted, requeued or cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+REQUEUE_MARKER = "requeue-requested"
+"""Left in run_dir after a SIGUSR2 stop: the batch script (or submitit task) requeues the job."""
+_WATCHED = (signal.SIGUSR2, signal.SIGTERM)
+
+
+class StopSignals:
+    """Installs handlers for SIGUSR2 and SIGTERM that only take note (nothing unsafe in a handler)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, bool] = {sig: False for sig in _WATCHED}
+        for sig in _WATCHED:
+            signal.signal(sig, self._note)
+
+    def _note(self, signum: int, frame) -> None:
+        self.seen[signum] = True
+
+    def agreed(self, device: torch.device) -> list[signal.Signals]:
+        """The signals any rank has seen (a collective: every rank must call it at the same point)."""
+        flags = torch.tensor([int(self.seen[sig]) for sig in _WATCHED], dtype=torch.int32, device=device)
+        dist.all_reduce(flags)
+        return [sig for sig, count in zip(_WATCHED, flags.tolist(), strict=True) if count]
+
+
+def write_requeue_marker(run_dir: Path, step: int, checkpoint: str | None) -> None:
+    """Rank 0, after the checkpoint is complete: tell the job's script to requeue it."""
+    tmp = run_dir / f".{REQUEUE_MARKER}.tmp"
+    tmp.write_text(json.dumps({"step": step, "checkpoint": checkpoint}) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / REQUEUE_MARKER)
+
+
+def clear_requeue_marker(run_dir: Path) -> None:
+    """A (re)started run has taken up the marker's checkpoint; a stale marker must not requeue it again."""
+    (run_dir / REQUEUE_MARKER).unlink(missing_ok=True)
