@@ -69,9 +69,12 @@ class DoctorReport:
     hosts: list[HostReport]
     parity: list[ParityEntry]
     seconds: float
+    cluster: list[Check] = field(default_factory=list)
+    """Checks of the cluster as a whole (Slurm: controller, partition, allocation)."""
 
     def status(self, strict: bool = False) -> Status:
-        worst = _worst([h.status for h in self.hosts] + [p.status for p in self.parity])
+        worst = _worst([h.status for h in self.hosts] + [p.status for p in self.parity]
+                       + [c.status for c in self.cluster])
         return "fail" if strict and worst == "warn" else worst
 
     def ok(self, strict: bool = False) -> bool:
@@ -84,6 +87,7 @@ class DoctorReport:
             "hosts": [{"host": h.host, "node_rank": h.node_rank, "status": h.status, "seconds": round(h.seconds, 3),
                        "facts": h.facts, "checks": [asdict(c) for c in h.checks]} for h in self.hosts],
             "parity": [asdict(p) for p in self.parity],
+            "cluster": [asdict(c) for c in self.cluster],
         }
 
 

@@ -356,11 +356,12 @@ def _slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_
     # Each node appends to its own node<R>.log in the run directory, as over SSH: logs reads them alike.
     # Slurm signals every process of the step: torchrun must ignore SIGUSR2 (its default action
     # is to die) and hand the ignoring on; the workers install their own handler for it.
-    ignore = "trap '' USR2 && " if requeue else ""
+    via = overrides.slurm_via or slurm.via
+    # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
+    ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
     command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
                f'{{ echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
                f'attempt $((${{SLURM_RESTART_COUNT:-0}} + 1))"; '
                f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}; }} >> node"$SLURM_NODEID".log 2>&1')
-    via = overrides.slurm_via or slurm.via
     return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,
                      signal_seconds=slurm.signal_seconds, via=via)

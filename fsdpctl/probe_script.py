@@ -279,6 +279,8 @@ def main():
         facts["listen"] = listen(args["listen"])
     if args.get("connect"):
         facts["connect"] = connect(args["connect"])
+    if args.get("shared_file"):  # written by the submitting machine: is this node's view the same?
+        facts["shared_file"] = os.path.isfile(os.path.expanduser(args["shared_file"]))
     facts["probe_seconds"] = round(time.time() - started, 3)
     sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN, json.dumps(facts), END))
     sys.stdout.flush()

@@ -18,6 +18,7 @@ from .shell import quote_path, shell_join
 
 NODE_TEMPLATE = "torchrun.sh.j2"
 SBATCH_TEMPLATE = "sbatch.sh.j2"
+SUBMITIT_SETUP_TEMPLATE = "submitit_setup.sh.j2"
 
 
 def _environment(template_dir: Path) -> jinja2.Environment:
@@ -54,8 +55,17 @@ def render_sbatch_script(plan: LaunchPlan, template_dir: Path | None = None) -> 
     return env.get_template(SBATCH_TEMPLATE).render(**_context(plan), slurm=plan.slurm)
 
 
+def render_submitit_setup(plan: LaunchPlan, template_dir: Path | None = None) -> str:
+    """The lines submitit's batch script runs before its ``srun`` (environment, head address)."""
+    env = _environment(template_dir or shipped_dir("templates"))
+    return env.get_template(SUBMITIT_SETUP_TEMPLATE).render(**_context(plan), slurm=plan.slurm)
+
+
 def render_all(plan: LaunchPlan, template_dir: Path | None = None) -> dict[str, str]:
-    """Every script of the plan by file name: ``node<R>.sh`` per node, or ``sbatch.sh``."""
+    """Every script of the plan by file name: ``node<R>.sh`` per node, ``sbatch.sh``, or for
+    ``--via submitit`` ``submitit-setup.sh`` (the setup lines of submitit's own batch script)."""
+    if plan.slurm is not None and plan.slurm.via == "submitit":
+        return {"submitit-setup.sh": render_submitit_setup(plan, template_dir)}
     if plan.slurm is not None:
         return {"sbatch.sh": render_sbatch_script(plan, template_dir)}
     return {f"node{n.node_rank}.sh": render_node_script(plan, n, template_dir) for n in plan.nodes}

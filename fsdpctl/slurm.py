@@ -18,19 +18,22 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPT
             "BOOT_FAIL", "DEADLINE"}
 
 
-def _slurm(argv: list[str]) -> subprocess.CompletedProcess:
+def run_client(argv: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    """Run one Slurm client command (an argument list, never a shell line) and capture its output."""
     if shutil.which(argv[0]) is None:
-        raise UsageError(f"{argv[0]} not found", "run fsdpctl submit on a machine that can submit Slurm jobs")
+        raise UsageError(f"{argv[0]} not found", "run fsdpctl on a machine that can submit Slurm jobs")
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise FsdpctlError(f"{argv[0]} did not answer within {TIMEOUT:g} s",
+        raise FsdpctlError(f"{argv[0]} did not answer within {timeout:g} s",
                            "is slurmctld up? (scontrol ping)") from None
+
+
 
 
 def submit_batch(script: str, cwd: str) -> str:
     """``sbatch`` the script; returns the job id."""
-    done = _slurm(["sbatch", "--parsable", f"--chdir={cwd}", script])
+    done = run_client(["sbatch", "--parsable", f"--chdir={cwd}", script])
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job_id.isdigit():
         message = (done.stderr.strip().splitlines() or ["no answer"])[-1]
@@ -51,11 +54,11 @@ class JobState:
 
 def job_state(job_id: str) -> JobState:
     """From squeue while the job is queued or running, then scontrol (until Slurm forgets the job)."""
-    queued = _slurm(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    queued = run_client(["squeue", "-h", "-j", job_id, "-o", "%T"])
     state = queued.stdout.strip().split("\n")[0] if queued.returncode == 0 else ""
     if state and state not in FINISHED:
         return JobState(state, None, False)
-    shown = _slurm(["scontrol", "show", "job", job_id])
+    shown = run_client(["scontrol", "show", "job", job_id])
     found = re.search(r"JobState=(\S+)", shown.stdout)
     code = re.search(r"\bExitCode=(\d+):(\d+)", shown.stdout)
     restarts = re.search(r"\bRestarts=(\d+)", shown.stdout)
@@ -73,6 +76,118 @@ def job_state(job_id: str) -> JobState:
 
 def cancel(job_id: str) -> None:
     """``scancel`` the job (every step on every node)."""
-    done = _slurm(["scancel", job_id])
+    done = run_client(["scancel", job_id])
     if done.returncode != 0:
         raise FsdpctlError(f"scancel {job_id} failed: {done.stderr.strip()}", "check squeue -j " + job_id)
+
+
+# --via submitit: submitit's Slurm executor writes and submits its own batch script, which starts
+# one submitit task per node; each task runs the node's step command (fsdpctl.workload.slurm_task).
+# submitit is imported here only, and only for such a submission.
+SUBMITIT_PACKAGES = ("submitit", "cloudpickle", "typing_extensions")
+"""What submitit's task needs on the nodes; shipped into the run directory's ``pkg`` with the workload."""
+_SUBMITIT_NAMED = {"job-name": "job_name", "nodes": "nodes", "ntasks-per-node": "ntasks_per_node",
+                   "gpus-per-node": "gpus_per_node", "cpus-per-task": "cpus_per_task", "partition": "partition",
+                   "account": "account", "qos": "qos", "time": "time", "constraint": "constraint"}
+_SUBMITIT_OWNED = ("output", "open-mode", "signal")  # submitit writes these itself (open-mode is append)
+_INTEGER_PARAMETERS = ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task")
+
+
+def time_limit_minutes(text: str) -> int | None:
+    """A Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in whole minutes,
+    rounded up; None for UNLIMITED."""
+    if text.upper() == "UNLIMITED":
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts
+    else:  # MM, MM:SS, HH:MM:SS
+        hours, minutes, seconds = {1: [0, *parts, 0], 2: [0, *parts], 3: parts}[len(parts)]
+    total_seconds = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total_seconds // 60)
+
+
+def submitit_parameters(directives: tuple[tuple[str, str], ...], setup: list[str],
+                        signal_seconds: int) -> dict[str, object]:
+    """The plan's ``#SBATCH`` directives as submitit SlurmExecutor parameters."""
+    params: dict[str, object] = {"setup": setup, "signal_delay_s": signal_seconds, "stderr_to_stdout": True,
+                                 "srun_args": ["--kill-on-bad-exit=1"]}
+    extra: dict[str, object] = {}
+    for name, value in directives:
+        if name in _SUBMITIT_OWNED:
+            continue
+        key = _SUBMITIT_NAMED.get(name)
+        if key == "time":
+            # submitit keeps the limit in minutes (it compares run time against it on SIGUSR2).
+            minutes = time_limit_minutes(value)
+            if minutes is None:
+                extra["time"] = value
+            else:
+                params["time"] = minutes
+        elif key is None:
+            extra[name] = value or True  # True: a flag without a value (--requeue, --exclusive)
+        else:
+            params[key] = int(value) if key in _INTEGER_PARAMETERS else value
+    if extra:
+        params["additional_parameters"] = extra
+    return params
+
+
+def _import_submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise UsageError("--via submitit: the submitit package is not installed here",
+                         "pip install submitit, or use --via sbatch") from None
+    return submitit
+
+
+def submitit_preview(folder: str, python: str, params: dict[str, object]) -> str:
+    """The batch script submitit would submit (its own writer, so the preview is exact)."""
+    import shlex
+
+    _import_submitit()
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    command = f"{python} -u -m submitit.core._submit {shlex.quote(folder)}"
+    return _make_sbatch_string(command=command, folder=folder, **params)  # type: ignore[arg-type]
+
+
+def ship_submitit(pkg_dir: str) -> None:
+    """Copy submitit and its pure-Python dependencies into the run's ``pkg``: a node needs only
+    Python and torch, as with the other ways of running, and runs the submitter's version."""
+    import importlib
+    import shutil
+    from pathlib import Path
+
+    _import_submitit()
+    for name in SUBMITIT_PACKAGES:
+        source = Path(importlib.import_module(name).__file__)  # type: ignore[arg-type]
+        if source.name == "__init__.py":
+            shutil.copytree(source.parent, Path(pkg_dir) / name, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "test_*.py", "conftest.py"))
+        else:
+            shutil.copy2(source, Path(pkg_dir) / source.name)
+
+
+def submit_with_submitit(folder: str, python: str, params: dict[str, object], task: object) -> str:
+    """Submit ``task`` (one per node) through submitit's SlurmExecutor; returns the job id."""
+    import subprocess
+
+    submitit = _import_submitit()
+    if shutil.which("srun") is None or shutil.which("sbatch") is None:
+        raise UsageError("srun/sbatch not found", "run fsdpctl submit on a machine that can submit Slurm jobs")
+    try:
+        executor = submitit.SlurmExecutor(folder=folder, python=python)
+        executor.update_parameters(**params)
+        job = executor.submit(task)
+    except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError) as exc:
+        detail = getattr(exc, "stderr", None) or getattr(exc, "output", None) or str(exc)
+        if isinstance(detail, bytes):
+            detail = detail.decode(errors="replace")
+        lines = str(detail).strip().splitlines() or ["no answer"]
+        raise FsdpctlError(f"sbatch (through submitit) refused the job: {lines[-1]}",
+                           "check the profile's slurm section and sinfo") from None
+    return str(job.job_id)

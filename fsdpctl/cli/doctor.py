@@ -24,7 +24,9 @@ def doctor(
     collectives: bool = typer.Option(False, "--collectives", help="Then, through the launch path, time "
                                      "all-reduce and all-gather over every node (bus bandwidth per size)."),
 ) -> None:
-    """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs, interface, InfiniBand, ports, disk."""
+    """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs, interface, InfiniBand, ports, disk.
+
+    For a Slurm profile: the controller and partition, then the same checks on allocated nodes (srun)."""
     from ..connect import close_all, master_of, node_python, open_transports
     from ..doctor import make_jobs, run_doctor
     from ..plan import auto_port
@@ -33,23 +35,31 @@ def doctor(
 
     loaded = load_profile(profile)
     prof = loaded.profile
-    if prof.backend == "slurm":
-        from ..errors import UsageError
-
-        raise UsageError(f"profile {prof.name}: doctor for Slurm profiles is not available in this version",
-                         "run doctor on an ssh profile listing the same nodes")
-    transports = open_transports(prof)
-    master_rank, master_addr = master_of(prof)
     port = prof.rendezvous.port if isinstance(prof.rendezvous.port, int) else auto_port(new_run_id(prof.name))
-    port_check = prof.backend == "ssh" and not no_port_check
-    jobs = make_jobs(prof, transports, master_rank, master_addr, port, deep, port_check)
     nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else None
-    typer.echo(f"doctor: probing {len(jobs)} host(s) of {prof.name}", err=True)
-    try:
-        report = run_doctor(prof, jobs, python=node_python(prof), timeout=timeout, nproc=nproc,
-                            concurrency=concurrency, on_host=progress)
-    finally:
-        close_all(transports)
+    if prof.backend == "slurm":
+        if collectives:
+            from ..errors import UsageError
+
+            raise UsageError("--collectives: not available for Slurm profiles",
+                             "submit a short job instead: fsdpctl submit --slurm --steps 5 --follow")
+        from ..slurm_doctor import run_slurm_doctor
+
+        typer.echo(f"doctor: asking Slurm, then probing {prof.slurm.nodes} allocated node(s) of {prof.name}",
+                   err=True)
+        report = run_slurm_doctor(prof, python=node_python(prof), port=port, deep=deep, timeout=timeout,
+                                  nproc=nproc, on_host=progress)
+    else:
+        transports = open_transports(prof)
+        master_rank, master_addr = master_of(prof)
+        port_check = prof.backend == "ssh" and not no_port_check
+        jobs = make_jobs(prof, transports, master_rank, master_addr, port, deep, port_check)
+        typer.echo(f"doctor: probing {len(jobs)} host(s) of {prof.name}", err=True)
+        try:
+            report = run_doctor(prof, jobs, python=node_python(prof), timeout=timeout, nproc=nproc,
+                                concurrency=concurrency, on_host=progress)
+        finally:
+            close_all(transports)
     result = report.to_json(strict)
     if collectives:
         if report.ok():

@@ -19,6 +19,9 @@ def print_report(report, strict: bool = False) -> None:
     from rich.table import Table
 
     console = Console()
+    for check in report.cluster:
+        word, colour = _MARK[check.status]
+        console.print(f"[{colour}]{word}[/] slurm {check.name}: {check.detail}", highlight=False)
     names: list[str] = []
     for host in report.hosts:
         for check in host.checks:
@@ -50,6 +53,7 @@ def print_report(report, strict: bool = False) -> None:
         console.print(parity)
     problems = [(h.host, c) for h in report.hosts for c in h.checks if c.status != "pass"]
     problems += [("all hosts", p) for p in report.parity if p.status != "pass"]
+    problems += [("slurm", c) for c in report.cluster if c.status != "pass" and c.hint]
     for host, item in problems:
         word, colour = _MARK[item.status]
         name = getattr(item, "name", None) or getattr(item, "fact", "")

@@ -52,10 +52,16 @@ def submit(
                           slurm_requeue=requeue, slurm_via=via)
     loaded, plan = common.build_plan(profile, overrides, for_slurm=True)
     scripts = render_all(plan)
+    from .. import runner
+
     if dry_run:
+        if plan.slurm is not None and plan.slurm.via == "submitit":
+            from ..slurm import submitit_preview
+
+            folder, python, params = runner.submitit_job(plan, Path(plan.run_dir), scripts["submitit-setup.sh"])
+            scripts["submitit.sbatch (as submitit will write it)"] = submitit_preview(folder, python, params)
         print_dry_run(plan, scripts, as_json)
         return
-    from .. import runner
     from ..runs import RunPaths
 
     if as_json:

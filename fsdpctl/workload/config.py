@@ -13,6 +13,9 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Optional, get_args, get_origin
 
+REQUEUE_MARKER = "requeue-requested"
+"""Left in run_dir by a run that saved on SIGUSR2: the job's script (or submitit task) requeues it."""
+
 Preset = Literal["tiny", "small", "gpt2-124m"]
 FsdpVersion = Literal[1, 2]
 Sharding = Literal["full", "grad-op", "no-shard", "hybrid"]

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-REQUEUE_MARKER = "requeue-requested"
-"""Left in run_dir after a SIGUSR2 stop: the batch script (or submitit task) requeues the job."""
+from .config import REQUEUE_MARKER
+
 _WATCHED = (signal.SIGUSR2, signal.SIGTERM)
 
 

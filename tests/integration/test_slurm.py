@@ -52,10 +52,17 @@ def queue(slurm) -> str:
     return subprocess.run(slurm.client(["squeue", "-h"]), capture_output=True, text=True, timeout=30).stdout
 
 
-def test_two_node_job_through_sbatch_completes(lab, slurm, tmp_path):
-    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--follow")
+@pytest.mark.parametrize("via", ["sbatch", "submitit"])
+def test_two_node_job_completes(lab, slurm, tmp_path, via):
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--via", via,
+                     "--follow")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     run_id = result.stdout.strip().splitlines()[0]
+    run_dir = tmp_path / "work" / "runs" / run_id
+    if via == "submitit":  # submitit's own batch script, in the run's own folder
+        assert "submitit.core._submit" in next((run_dir / "submitit").glob("*_submission.sh")).read_text()
+    else:
+        assert (run_dir / "sbatch.sh").is_file() and not (run_dir / "submitit").exists()
     assert re.fullmatch(r"slurmlab-\d{8}-\d{6}-[0-9a-f]{4}", run_id)
     assert "COMPLETED (exit 0)" in result.stderr
     logs = fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
@@ -110,10 +117,10 @@ def train_steps(run_dir: Path) -> list[int]:
     return [row["step"] for row in rows if row["kind"] == "train"]
 
 
-def submit_requeueable(lab, slurm, tmp_path: Path) -> tuple[str, str, Path]:
+def submit_requeueable(lab, slurm, tmp_path: Path, via: str = "sbatch") -> tuple[str, str, Path]:
     """A 2-node job with --requeue, running past step 10; returns run id, job id and run directory."""
     result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, REQUEUE_STEPS)),
-                     "--requeue", "--set", "log_interval=1")
+                     "--requeue", "--set", "log_interval=1", "--via", via)
     assert result.returncode == 0, result.stderr[-2000:]
     run_id = result.stdout.strip()
     job_id = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)["job_id"]
@@ -138,15 +145,58 @@ def finish_and_check_exact(lab, slurm, tmp_path: Path, run_id: str, run_dir: Pat
     return step
 
 
-def test_usr2_before_the_time_limit_checkpoints_requeues_and_finishes_the_exact_steps(lab, slurm, tmp_path):
-    run_id, job_id, run_dir = submit_requeueable(lab, slurm, tmp_path)
+@pytest.mark.parametrize("via", ["sbatch", "submitit"])
+def test_usr2_before_the_time_limit_checkpoints_requeues_and_finishes_the_exact_steps(lab, slurm, tmp_path, via):
+    run_id, job_id, run_dir = submit_requeueable(lab, slurm, tmp_path, via)
     # What Slurm sends signal_seconds before the time limit (--signal=USR2@120), sent now.
     subprocess.run(slurm.client(["scancel", "--signal=USR2", job_id]), check=True, timeout=30)
     finish_and_check_exact(lab, slurm, tmp_path, run_id, run_dir, "SIGUSR2")
-    assert "requeueing it" in (run_dir / f"slurm-{job_id}.out").read_text()
+    if via == "sbatch":
+        assert "requeueing it" in (run_dir / f"slurm-{job_id}.out").read_text()
+    else:  # submitit's task 0 waited for the checkpoint, then requeued
+        assert f"Requeued job {job_id}" in (run_dir / "submitit" / f"{job_id}_0_log.out").read_text()
 
 
 def test_scontrol_requeue_mid_run_resumes_from_the_checkpoint_and_finishes_the_exact_steps(lab, slurm, tmp_path):
     run_id, job_id, run_dir = submit_requeueable(lab, slurm, tmp_path)
     subprocess.run(slurm.client(["scontrol", "requeue", job_id]), check=True, timeout=30)
     finish_and_check_exact(lab, slurm, tmp_path, run_id, run_dir, "SIGTERM")
+
+
+def doctor(lab, slurm, tmp_path: Path, path: Path) -> tuple[int, dict]:
+    result = fsdpctl(lab, slurm, tmp_path, "doctor", "-p", str(path), "--json", timeout=120)
+    assert result.stdout.strip(), result.stderr[-2000:]
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_doctor_on_a_slurm_profile_checks_the_cluster_and_probes_allocated_nodes(lab, slurm, tmp_path):
+    code, report = doctor(lab, slurm, tmp_path, profile(lab, tmp_path, 8))
+    assert code == 0 and report["ok"], json.dumps(report, indent=1)[-3000:]
+    checks = {c["name"]: c for c in report["cluster"]}
+    assert checks["controller"]["status"] == "pass" and "UP" in checks["controller"]["detail"]
+    assert checks["partition"]["detail"] == "debug: up, 2 node(s), 2 idle, 2 needed"
+    assert checks["allocation"]["status"] == "pass"
+    assert sorted(h["host"] for h in report["hosts"]) == ["n1", "n2"]  # probed on the nodes themselves
+    for host in report["hosts"]:
+        by_name = {c["name"]: c for c in host["checks"]}
+        assert by_name["storage"]["status"] == "pass" and by_name["interface"]["status"] == "pass"
+        assert by_name["port"]["status"] == "pass"  # node 1 reached node 0's rendezvous port
+    assert {p["fact"]: p["status"] for p in report["parity"]}["torch"] == "pass"
+    assert not list((tmp_path / "work").glob(".fsdpctl-doctor-*"))  # its marker file is gone again
+    assert "fsdpctl-doctor" not in queue(slurm)
+    shown = fsdpctl(lab, slurm, tmp_path, "doctor", "-p", str(profile(lab, tmp_path, 8)))
+    assert shown.returncode == 0 and "ok slurm controller: Slurmctld(primary) at n1 is UP" in shown.stdout
+
+
+def test_doctor_names_a_missing_partition_and_too_many_nodes(lab, slurm, tmp_path):
+    path = profile(lab, tmp_path, 8)
+    path.write_text(path.read_text().replace("  nodes: 2\n", "  nodes: 2\n  partition: gpu\n"))
+    code, report = doctor(lab, slurm, tmp_path, path)
+    assert code == 1
+    assert [c["detail"] for c in report["cluster"] if c["name"] == "partition"] == [
+        "partition gpu does not exist (has: debug)"]
+    assert report["hosts"] == []
+    path.write_text(path.read_text().replace("  partition: gpu\n", "").replace("  nodes: 2\n", "  nodes: 3\n"))
+    code, report = doctor(lab, slurm, tmp_path, path)
+    partition = next(c for c in report["cluster"] if c["name"] == "partition")
+    assert code == 1 and partition["status"] == "fail" and "3 needed" in partition["detail"]

@@ -1,0 +1,185 @@
+"""``fsdpctl doctor`` for a Slurm profile: the controller, the partition, then the same probe as
+over SSH on nodes allocated through ``srun`` (one task per node), with the rendezvous port tried
+between them and a check that they see the submitting machine's workdir.
+
+The probe runs inside a real allocation, so it sees what a job will see: the nodes Slurm picks,
+their environment after the profile's setup lines, their network between each other.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Optional
+
+from . import slurm
+from .doctor import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
+from .probe import ProbeOutputError, parse_probe_output, probe_source
+from .probe_script import BEGIN, END
+from .profile_schema import ClusterProfile
+from .shell import quote_path
+
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
+
+
+def controller_check() -> Check:
+    """Does slurmctld answer?"""
+    done = slurm.run_client(["scontrol", "ping"])
+    text = " ".join(done.stdout.split())
+    if done.returncode == 0 and "UP" in text:
+        return Check("controller", "pass", text)
+    return Check("controller", "fail", text or (done.stderr.strip().splitlines() or ["no answer"])[-1],
+                 "start slurmctld, or point SLURM_CONF at this cluster's slurm.conf")
+
+
+def partition_check(partition: Optional[str], nodes: int) -> Check:
+    """The partition exists, is up, has enough nodes, and (warn) enough of them idle now."""
+    argv = ["sinfo", "-h", "-o", "%P|%a|%D|%T"] + (["-p", partition] if partition else [])
+    done = slurm.run_client(argv)
+    rows = [line.split("|") for line in done.stdout.split("\n") if line.count("|") == 3]
+    if partition is None:
+        rows = [r for r in rows if r[0].endswith("*")]  # the default partition is starred
+    if done.returncode != 0 or not rows:
+        known = [p.rstrip("*") for p in slurm.run_client(["sinfo", "-h", "-o", "%P"]).stdout.split()]
+        name = partition or "(default)"
+        return Check("partition", "fail", f"partition {name} does not exist (has: {', '.join(known) or 'none'})",
+                     "set slurm.partition (or --partition) to one sinfo lists")
+    name, avail = rows[0][0].rstrip("*"), rows[0][1]
+    total = sum(int(r[2]) for r in rows)
+    idle = sum(int(r[2]) for r in rows if r[3] == "idle")
+    detail = f"{name}: {avail}, {total} node(s), {idle} idle, {nodes} needed"
+    if avail != "up":
+        return Check("partition", "fail", detail, f"the partition is {avail}; ask the admins or pick another")
+    if total < nodes:
+        return Check("partition", "fail", detail, "ask for fewer nodes (slurm.nodes / --nodes) or another partition")
+    if idle < nodes:
+        return Check("partition", "warn", detail, "the job will wait in the queue until nodes free up")
+    return Check("partition", "pass", detail)
+
+
+def node_probe_script(profile: ClusterProfile, python: str, nodes: int, port: int, deep: bool,
+                      shared_file: str) -> str:
+    """The shell each srun task runs: the profile's setup, then the probe; node 0 listens on the
+    rendezvous port and the others connect to it at the head node's Slurm address."""
+    base = {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep,
+            "shared_file": shared_file}
+    listen = json.dumps({**base, "listen": {"port": port, "expect": nodes - 1, "window": PORT_WINDOW_SECONDS}})
+    # %s: the head's address, filled in by printf on the node (an address has no % or quotes).
+    connect = json.dumps({**base, "connect": {"addr": "ADDR", "port": port, "window": PORT_WINDOW_SECONDS}})
+    connect = connect.replace("%", "%%").replace('"ADDR"', '"%s"')
+    probe = f"{quote_path(python)} -c {shlex.quote(probe_source())}"
+    lines = [*profile.setup,
+             'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
+             "addr=$(scontrol show node \"$head\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | sed -n 1p)",
+             f'if [ "$SLURM_NODEID" = 0 ]; then args={shlex.quote(listen)}; '
+             f'else args=$(printf {shlex.quote(connect)} "${{addr:-$head}}"); fi',
+             f'exec {probe} "$args"']
+    return "\n".join(lines)
+
+
+def srun_argv(profile: ClusterProfile, nodes: int, partition: Optional[str], wait_seconds: int,
+              script: str) -> list[str]:
+    """One task per node, labelled output, given up when the nodes are not free within ``wait_seconds``."""
+    spec = profile.slurm
+    assert spec is not None
+    argv = ["srun", "--job-name=fsdpctl-doctor", f"--nodes={nodes}", "--ntasks-per-node=1", "--label",
+            f"--immediate={wait_seconds}", "--time=5", "--kill-on-bad-exit=0"]
+    for flag, value in (("partition", partition), ("account", spec.account), ("qos", spec.qos),
+                        ("constraint", spec.constraint), ("gpus-per-node", spec.gpus_per_node)):
+        if value is not None:
+            argv.append(f"--{flag}={value}")
+    return [*argv, "bash", "-c", script]
+
+
+def split_tasks(stdout: str) -> dict[int, str]:
+    """srun --label output, back into each task's own text.
+
+    srun cuts long lines into labelled pieces; the probe's JSON has no newline of its own (json.dumps
+    escapes them), so between the sentinels the pieces are joined back without one."""
+    tasks: dict[int, list[str]] = {}
+    for line in stdout.split("\n"):
+        if match := _LABEL.match(line):
+            tasks.setdefault(int(match.group(1)), []).append(match.group(2))
+    joined = {}
+    for task, lines in tasks.items():
+        text = "\n".join(lines)
+        start = text.rfind(BEGIN)
+        end = text.find(END, start + 1) if start >= 0 else -1
+        if end > 0:
+            text = text[:start + len(BEGIN)] + text[start + len(BEGIN):end].replace("\n", "") + text[end:]
+        joined[task] = text
+    return joined
+
+
+def storage_check(facts: dict, workdir: str) -> Check:
+    if facts.get("shared_file"):
+        return Check("storage", "pass", f"sees this machine's {workdir}")
+    return Check("storage", "warn", f"does not see the file this machine wrote in {workdir}",
+                 "put workdir on storage every node shares (NFS, Lustre...): the batch script, the workload, "
+                 "logs and checkpoints live in the run directory")
+
+
+def run_slurm_doctor(profile: ClusterProfile, *, python: str, port: int, deep: bool, timeout: float,
+                     nodes: Optional[int] = None, partition: Optional[str] = None, nproc: Optional[int] = None,
+                     on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+    """The cluster checks, then the probe on ``nodes`` allocated nodes, judged and diffed as over SSH."""
+    assert profile.slurm is not None
+    started = time.monotonic()
+    nodes = nodes or profile.slurm.nodes
+    partition = partition or profile.slurm.partition
+    cluster = [controller_check()]
+    reports: list[HostReport] = []
+    if cluster[0].status == "pass":
+        cluster.append(partition_check(partition, nodes))
+    if cluster[-1].status != "fail":
+        reports = _probe_allocation(profile, python, nodes, partition, port, deep, timeout, nproc, cluster,
+                                    on_host)
+    return DoctorReport(profile=profile.name, hosts=reports, parity=judge_parity(profile, reports),
+                        seconds=time.monotonic() - started, cluster=cluster)
+
+
+def _probe_allocation(profile: ClusterProfile, python: str, nodes: int, partition: Optional[str], port: int,
+                      deep: bool, timeout: float, nproc: Optional[int], cluster: list[Check],
+                      on_host: Callable[[HostReport], None] | None) -> list[HostReport]:
+    workdir = Path(profile.workdir).expanduser()
+    workdir.mkdir(parents=True, exist_ok=True)
+    token = workdir / f".fsdpctl-doctor-{secrets.token_hex(4)}"
+    token.write_text("fsdpctl doctor: is this file visible on the nodes?\n", encoding="utf-8")
+    started = time.monotonic()
+    try:
+        script = node_probe_script(profile, python, nodes, port, deep, str(token))
+        done = slurm.run_client(srun_argv(profile, nodes, partition, int(timeout), script), timeout=timeout + 60)
+    finally:
+        token.unlink(missing_ok=True)
+    tasks = split_tasks(done.stdout)
+    if not tasks:
+        last = (done.stderr.strip().splitlines() or [f"srun exited {done.returncode}"])[-1]
+        cluster.append(Check("allocation", "fail", f"srun on {nodes} node(s): {last}",
+                             "check squeue for what holds the nodes, or the partition's limits"))
+        return []
+    cluster.append(Check("allocation", "pass", f"srun on {nodes} node(s) answered in "
+                                               f"{time.monotonic() - started:.1f} s"))
+    reports = []
+    for task in range(nodes):
+        report = HostReport(host=f"task {task}", node_rank=task, seconds=time.monotonic() - started)
+        try:
+            facts = parse_probe_output(tasks.get(task, ""))
+        except ProbeOutputError as exc:
+            report.checks = [Check("probe", "fail", f"{exc}: {tasks.get(task, '(no output)')[-200:]}",
+                                   "run the profile's python on that node to see why")]
+        else:
+            facts["_received"] = time.time()
+            report.host = facts.get("hostname") or report.host
+            report.checks = [Check("reachable", "pass", "srun task ran"),
+                             *judge_host(profile, facts, nproc), storage_check(facts, str(workdir))]
+            facts.pop("_received", None)
+            report.facts = facts
+        reports.append(report)
+        if on_host:
+            on_host(report)
+    return reports

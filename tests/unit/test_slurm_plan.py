@@ -1,0 +1,98 @@
+"""Slurm specifics that need no cluster: requeue in the plan, submitit's parameters, the shipped
+submitit, time limits, and the sbatch options a profile may not set."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from fsdpctl.errors import ProfileError, UsageError
+from fsdpctl.plan import Overrides, make_plan
+from fsdpctl.profiles import load_profile, parse_profile
+from fsdpctl.slurm import ship_submitit, submitit_parameters, time_limit_minutes
+
+RUN_ID = "slurm-20261121-120000-abcd"
+
+
+def slurm_plan(**overrides):
+    return make_plan(load_profile("slurm").profile, run_id=RUN_ID, local_run_dir="r", home="/home/me",
+                     for_slurm=True, overrides=Overrides(**overrides))
+
+
+def test_every_slurm_run_resumes_if_requeued_and_requeue_adds_signal_and_checkpointing():
+    plain = slurm_plan()
+    assert plain.train["resume_if_present"] is True and "checkpoint_on_signal" not in plain.train
+    assert "requeue" not in dict(plain.slurm.directives) and "trap" not in plain.slurm.step_command
+    requeued = slurm_plan(slurm_requeue=True)
+    directives = dict(requeued.slurm.directives)
+    assert directives["requeue"] == "" and directives["signal"] == "USR2@120" and directives["open-mode"] == "append"
+    assert requeued.train["checkpoint_on_signal"] is True
+    assert "--checkpoint-on-signal" in requeued.slurm.step_command
+    assert "trap '' USR2 && " in requeued.slurm.step_command  # torchrun must outlive the warning
+
+
+def test_requeue_without_checkpoints_is_refused():
+    with pytest.raises(UsageError, match="requeue: a requeued job resumes from a checkpoint"):
+        slurm_plan(slurm_requeue=True, train={"no_checkpoint": True})
+
+
+def test_submitit_runs_ignore_usr2_in_torchrun_even_without_requeue():
+    assert "trap '' USR2" in slurm_plan(slurm_via="submitit").slurm.step_command
+
+
+@pytest.mark.parametrize("text,minutes", [("10", 10), ("1:30", 2), ("02:00:00", 120), ("1-00", 1440),
+                                          ("1-2:30", 1590), ("1-0:0:1", 1441), ("UNLIMITED", None)])
+def test_time_limits_in_minutes(text, minutes):
+    assert time_limit_minutes(text) == minutes
+
+
+def test_submitit_parameters_from_the_directives():
+    plan = slurm_plan(slurm_requeue=True)
+    params = submitit_parameters(plan.slurm.directives, ["echo setup"], plan.slurm.signal_seconds)
+    assert params["nodes"] == 2 and params["ntasks_per_node"] == 1 and params["gpus_per_node"] == 8
+    assert params["time"] == 120 and params["partition"] == "gpu" and params["signal_delay_s"] == 120
+    assert params["additional_parameters"] == {"requeue": True, "exclusive": True}
+    assert params["srun_args"] == ["--kill-on-bad-exit=1"] and params["setup"] == ["echo setup"]
+    assert "output" not in params and "signal" not in params  # submitit writes its own
+
+
+def test_shipped_submitit_imports_without_site_packages(tmp_path):
+    ship_submitit(str(tmp_path))
+    # -S: no site-packages, so only the shipped copies (and the standard library) can be imported.
+    probe = ("import submitit, cloudpickle, submitit.core._submit, submitit.helpers; "
+             "print(submitit.__file__)")
+    done = subprocess.run([sys.executable, "-S", "-c", probe], env={"PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(str(tmp_path))
+
+
+@pytest.mark.parametrize("directive,fix", [("--signal=USR1@60", "use requeue: true and signal_seconds"),
+                                           ("--requeue", "use requeue: true"), ("--output=x", "remove it")])
+def test_directives_fsdpctl_writes_are_refused(directive, fix):
+    text = f"name: s\nbackend: slurm\nslurm:\n  nodes: 2\n  directives: ['{directive}']\n"
+    with pytest.raises(ProfileError, match=f"slurm.directives\\[0\\]: .* is written by fsdpctl; {fix}"):
+        parse_profile(text, "s.yaml")
+
+
+def test_srun_label_pieces_of_a_long_probe_line_are_joined_back():
+    from fsdpctl.probe import parse_probe_output
+    from fsdpctl.probe_script import BEGIN, END
+    from fsdpctl.slurm_doctor import split_tasks
+
+    answer = '{"hostname": "n2", "ok": true, "note": "a\\\\nb"}'
+    out = f"1: welcome\n0: \n0: {BEGIN}\n0: {answer[:20]}\n1: {BEGIN}\n0: {answer[20:]}\n1: {{\"hostname\": \"n1\"}}\n"
+    out += f"0: {END}\n1: {END}\n"
+    tasks = split_tasks(out)
+    assert parse_probe_output(tasks[0]) == {"hostname": "n2", "ok": True, "note": "a\\nb"}
+    assert parse_probe_output(tasks[1]) == {"hostname": "n1"} and tasks[1].startswith("welcome")
+
+
+def test_a_node_that_does_not_see_the_workdir_is_warned_about():
+    from fsdpctl.slurm_doctor import storage_check
+
+    assert storage_check({"shared_file": True}, "/shared/w").status == "pass"
+    check = storage_check({"shared_file": False}, "/local/w")
+    assert check.status == "warn" and "/local/w" in check.detail and "shares" in check.hint
