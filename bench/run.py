@@ -22,6 +22,7 @@ BENCHMARKS = {
     "workload": ["workload_step.py"],
     "doctor": ["doctor_fanout.py"],
     "launch": ["launch_overhead.py"],
+    "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
     "gpu": ["gpu_workload.py"],
 }
@@ -60,6 +61,11 @@ def rows() -> list[tuple[str, str, str, str]]:
     launch = load("launch_overhead").get("cases", {})
     add("launch: time to first step / hand-typed torchrun", launch.get("fsdpctl launch", {}).get("ratio_to_baseline"),
         1.2)
+    slurm = load("slurm_submit").get("cases", {})
+    for case, label in (("fsdpctl submit --slurm", "sbatch"), ("fsdpctl submit --slurm --via submitit", "submitit")):
+        ratio = slurm.get(case, {}).get("ratio_to_baseline")
+        out.append((f"Slurm submit to first step ({label}) / hand-written sbatch script",
+                    f"{ratio:.3f}" if ratio else "not measured", "no goal set", "-"))
     work = load("workload").get("ratios", {})
     add("workload step / bare FSDP2 loop", work.get("workload_over_bare_fsdp2"), 1.05)
     add("per-rank state bytes, world 2 / world 1 (full)", work.get("state_bytes_world2_over_world1_fsdp2_full"), 0.55)

@@ -61,6 +61,7 @@ def _slurm_status(run_dir: Path, plan, record: dict[str, Any]) -> dict[str, Any]
     if record.get("state") in ("submitted", "running"):
         state = job_state(record["job_id"])
         info["slurm_state"] = state.state
+        info["restarts"] = state.restarts  # how often Slurm requeued it (preemption, --requeue)
         info["state"] = "running" if not state.finished else (
             "succeeded" if state.state == "COMPLETED" and not state.exit_code else "failed")
         info["exit_code"] = state.exit_code
