@@ -16,12 +16,31 @@ def progress(report) -> None:
 def print_report(report, strict: bool = False) -> None:
     """The hosts x checks table, the parity table, every problem with its hint, and the verdict."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     for check in report.cluster:
         word, colour = _MARK[check.status]
         console.print(f"[{colour}]{word}[/] slurm {check.name}: {check.detail}", highlight=False)
+        if check.status != "pass" and check.hint:
+            console.print(f"     hint: {check.hint}", highlight=False)
+    if report.hosts:
+        _print_tables(console, report)
+    problems = [(h.host, c) for h in report.hosts for c in h.checks if c.status != "pass"]
+    problems += [("all hosts", p) for p in report.parity if p.status != "pass"]
+    for host, item in problems:
+        word, colour = _MARK[item.status]
+        name = getattr(item, "name", None) or getattr(item, "fact", "")
+        console.print(f"[{colour}]{word}[/] {host} {name}: {item.detail}", highlight=False)
+        if item.hint:
+            console.print(f"     hint: {item.hint}", highlight=False)
+    verdict = report.status(strict)
+    word, colour = _MARK[verdict]
+    console.print(f"[{colour}]{word}[/]: {len(report.hosts)} host(s) in {report.seconds:.2f} s", highlight=False)
+
+
+def _print_tables(console, report) -> None:
+    from rich.table import Table
+
     names: list[str] = []
     for host in report.hosts:
         for check in host.checks:
@@ -51,15 +70,3 @@ def print_report(report, strict: bool = False) -> None:
             word, colour = _MARK[entry.status]
             parity.add_row(entry.fact, f"[{colour}]{word}[/]", entry.detail)
         console.print(parity)
-    problems = [(h.host, c) for h in report.hosts for c in h.checks if c.status != "pass"]
-    problems += [("all hosts", p) for p in report.parity if p.status != "pass"]
-    problems += [("slurm", c) for c in report.cluster if c.status != "pass" and c.hint]
-    for host, item in problems:
-        word, colour = _MARK[item.status]
-        name = getattr(item, "name", None) or getattr(item, "fact", "")
-        console.print(f"[{colour}]{word}[/] {host} {name}: {item.detail}", highlight=False)
-        if item.hint:
-            console.print(f"     hint: {item.hint}", highlight=False)
-    verdict = report.status(strict)
-    word, colour = _MARK[verdict]
-    console.print(f"[{colour}]{word}[/]: {len(report.hosts)} host(s) in {report.seconds:.2f} s", highlight=False)

@@ -115,8 +115,7 @@ class TrainConfig:
     resume_if_present: bool = False
     """Continue from the newest complete checkpoint if run_dir has one, else start afresh (a requeued job)."""
     checkpoint_on_signal: bool = False
-    """On SIGUSR2 (Slurm's warning before the time limit) or SIGTERM, every rank ends its step, a
-    checkpoint is saved and the run exits; after SIGUSR2 it exits 0 and leaves run_dir/requeue-requested."""
+    """On SIGUSR2/SIGTERM every rank stops after the same step and saves; SIGUSR2 exits 0 with a requeue marker."""
     export_full: Optional[str] = None
     """At the end, write a consolidated state dict loadable into a plain GPT."""
 

@@ -124,6 +124,8 @@ def test_workload_modules_import_only_torch_numpy_tokenizers_stdlib():
                 top = name.split(".")[0]
                 if name == "datasets":  # optional, imported only to fetch wikitext2
                     continue
+                if path.name == "slurm_task.py" and top == "submitit":  # runs only inside submitit's task
+                    continue
                 assert top in ALLOWED_TOP or top in sys.stdlib_module_names, (path.name, name)
 
 
