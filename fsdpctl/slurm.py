@@ -52,8 +52,28 @@ class JobState:
     """How often Slurm has requeued the job."""
 
 
+def _exit_code(text: str) -> int | None:
+    """Slurm's ``status:signal`` as a shell reports it (128+N when a signal ended it)."""
+    match = re.search(r"(\d+):(\d+)", text)
+    if not match:
+        return None
+    status, signal = int(match.group(1)), int(match.group(2))
+    return 128 + signal if signal else status
+
+
+def parse_sacct(text: str) -> JobState | None:
+    """The job's line of ``sacct -X -n -P -o State,ExitCode`` (``CANCELLED by 0`` -> CANCELLED)."""
+    for line in text.strip().splitlines():
+        fields = line.split("|")
+        if len(fields) >= 2 and fields[0]:
+            state = fields[0].split()[0]
+            return JobState(state, _exit_code(fields[1]), state in FINISHED)
+    return None
+
+
 def job_state(job_id: str) -> JobState:
-    """From squeue while the job is queued or running, then scontrol (until Slurm forgets the job)."""
+    """From squeue while the job is queued or running, then scontrol (until Slurm forgets the job,
+    MinJobAge after it ends), then the accounting database (sacct) where the cluster keeps one."""
     queued = run_client(["squeue", "-h", "-j", job_id, "-o", "%T"])
     state = queued.stdout.strip().split("\n")[0] if queued.returncode == 0 else ""
     if state and state not in FINISHED:
@@ -63,11 +83,10 @@ def job_state(job_id: str) -> JobState:
     code = re.search(r"\bExitCode=(\d+):(\d+)", shown.stdout)
     restarts = re.search(r"\bRestarts=(\d+)", shown.stdout)
     if not found:
-        return JobState("UNKNOWN", None, True)  # purged from the controller (MinJobAge) and no accounting
-    exit_code = None
-    if code:
-        status, signal = int(code.group(1)), int(code.group(2))
-        exit_code = 128 + signal if signal else status
+        accounted = run_client(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"])
+        known = parse_sacct(accounted.stdout) if accounted.returncode == 0 else None
+        return known or JobState("UNKNOWN", None, True)  # forgotten, and no accounting to ask
+    exit_code = _exit_code(code.group(0)) if code else None
     finished = found.group(1) in FINISHED
     if found.group(1) in ("PREEMPTED", "NODE_FAIL") and re.search(r"\bRequeue=1\b", shown.stdout):
         finished = False  # a requeueable job passes through these on its way back to PENDING

@@ -75,15 +75,20 @@ def test_two_node_job_completes(lab, slurm, tmp_path, via):
     assert [n["host"] for n in status["nodes"]] == ["n1", "n2"]
 
 
-def test_dry_run_submits_nothing(lab, slurm, tmp_path):
+@pytest.mark.parametrize("via", ["sbatch", "submitit"])
+def test_dry_run_submits_nothing(lab, slurm, tmp_path, via):
     before = queue(slurm)
-    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--dry-run")
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--dry-run",
+                     "--via", via)
     assert result.returncode == 0 and "#SBATCH --nodes=2" in result.stdout
+    if via == "submitit":  # the script submitit would write, with fsdpctl's setup lines in it
+        assert "-m submitit.core._submit" in result.stdout and 'cd "$FSDPCTL_RUN_DIR"' in result.stdout
     assert queue(slurm) == before and not (tmp_path / "runs").exists() and not (tmp_path / "work").exists()
 
 
-def test_stop_mid_run_ends_every_process_on_both_nodes(lab, slurm, tmp_path):
-    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 5000)))
+@pytest.mark.parametrize("via", ["sbatch", "submitit"])
+def test_stop_mid_run_ends_every_process_on_both_nodes(lab, slurm, tmp_path, via):
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 5000)), "--via", via)
     assert result.returncode == 0, result.stderr[-2000:]
     run_id = result.stdout.strip()
     run_dir = next((tmp_path / "work" / "runs").glob(f"{run_id}"))

@@ -96,3 +96,13 @@ def test_a_node_that_does_not_see_the_workdir_is_warned_about():
     assert storage_check({"shared_file": True}, "/shared/w").status == "pass"
     check = storage_check({"shared_file": False}, "/local/w")
     assert check.status == "warn" and "/local/w" in check.detail and "shares" in check.hint
+
+
+def test_sacct_lines_give_the_final_state_once_the_controller_forgot_the_job():
+    from fsdpctl.slurm import JobState, parse_sacct
+
+    assert parse_sacct("COMPLETED|0:0\n") == JobState("COMPLETED", 0, True)
+    assert parse_sacct("CANCELLED by 0|0:15\n") == JobState("CANCELLED", 143, True)
+    assert parse_sacct("FAILED|2:0\n") == JobState("FAILED", 2, True)
+    assert parse_sacct("RUNNING|0:0\n").finished is False
+    assert parse_sacct("") is None
