@@ -76,10 +76,11 @@ class SlurmPlan:
     step_command: str
     """Shell text run by ``srun`` on every node; ``$SLURM_NODEID`` and the head address expand there."""
     nodes: int
-    requeue: bool
+    # Defaults: plan.json files written before these fields existed still load (logs, status, stop).
+    requeue: bool = False
     """Checkpoint on SIGUSR2 (``signal_seconds`` before the time limit) and requeue the job."""
-    signal_seconds: int
-    via: str
+    signal_seconds: int = 120
+    via: str = "sbatch"
     """``sbatch`` (fsdpctl's batch script) or ``submitit`` (submitit's executor runs the step command)."""
 
 

@@ -59,9 +59,21 @@ def _read_slurm(run_dir, show) -> int:
     from ..runner import load_run
     from ..slurm_logs import NodeLogs
 
-    plan, _, _ = load_run(run_dir)
-    NodeLogs(Path(plan.run_dir), plan.num_nodes).read_new(show)
+    plan, _, record = load_run(run_dir)
+    if not NodeLogs(Path(plan.run_dir), plan.num_nodes).read_new(show):
+        _batch_output(record, "no node has written a log yet")
     return 0
+
+
+def _batch_output(record: dict, why: str, lines: int = 20) -> None:
+    """The tail of the batch script's own output (where Slurm and the setup lines report errors)."""
+    path = Path(record.get("slurm_output") or "")
+    if not path.is_file():
+        return
+    tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    typer.echo(f"fsdpctl: {why}; the end of the batch output ({path}):", err=True)
+    for line in tail:
+        typer.echo(f"  {line}", err=True)
 
 
 def follow_slurm(run_dir, show=None) -> int:
@@ -78,6 +90,8 @@ def follow_slurm(run_dir, show=None) -> int:
         typer.echo(f"fsdpctl: stopped following; Slurm job {record['job_id']} goes on", err=True)
         return 130
     code = state.exit_code if state.exit_code is not None else (0 if state.state == "COMPLETED" else 1)
+    if state.state != "COMPLETED" or code:
+        _batch_output(record, f"job {record['job_id']} ended {state.state}")
     runner.record(RunPaths(run_dir), plan, None, "succeeded" if state.state == "COMPLETED" and code == 0
                   else state.state.lower(), exit_code=code, slurm_state=state.state, finished_at=runner.now())
     typer.echo(f"fsdpctl: Slurm job {record['job_id']} {state.state} (exit {code})", err=True)

@@ -205,3 +205,14 @@ def test_doctor_names_a_missing_partition_and_too_many_nodes(lab, slurm, tmp_pat
     code, report = doctor(lab, slurm, tmp_path, path)
     partition = next(c for c in report["cluster"] if c["name"] == "partition")
     assert code == 1 and partition["status"] == "fail" and "3 needed" in partition["detail"]
+
+
+def test_a_batch_script_that_fails_before_any_node_starts_shows_its_own_output(lab, slurm, tmp_path):
+    path = profile(lab, tmp_path, 8)
+    path.write_text(path.read_text() + "setup:\n  - module load cuda/99.9\n")  # no `module` on these nodes
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(path), "--follow")
+    assert result.returncode == 127, result.stderr[-2000:]
+    assert "ended FAILED; the end of the batch output" in result.stderr
+    assert "module: command not found" in result.stderr
+    shown = fsdpctl(lab, slurm, tmp_path, "logs", result.stdout.strip().splitlines()[0])
+    assert "no node has written a log yet" in shown.stderr and "module: command not found" in shown.stderr
