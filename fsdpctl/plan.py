@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from . import __version__
 from .errors import UsageError
-from .profile_schema import ClusterProfile
+from .profile_schema import SLURM_OWNED_DIRECTIVES, ClusterProfile
 from .shell import NodeExpr, shell_join
 from .workload import config as train_config
 
@@ -321,7 +321,8 @@ def make_plan(
     if for_slurm:
         step_args = _torchrun_args(**rdzv, master_addr=NodeExpr('"$FSDPCTL_HEAD_ADDR"'),
                                    node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc)
-        slurm_plan = _slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args, requeue)
+        slurm_plan = _slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args, requeue,
+                                 profile_source)
     return LaunchPlan(
         run_id=run_id, profile_name=profile.name, profile_source=profile_source,
         backend="slurm" if for_slurm else profile.backend, fsdpctl_version=__version__,
@@ -334,8 +335,48 @@ def make_plan(
     )
 
 
+def time_limit_minutes(text: str) -> int | None:
+    """A Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in whole minutes,
+    rounded up; None for UNLIMITED."""
+    if text.upper() == "UNLIMITED":
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts
+    else:  # MM, MM:SS, HH:MM:SS
+        hours, minutes, seconds = {1: [0, *parts, 0], 2: [0, *parts], 3: parts}[len(parts)]
+    total_seconds = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total_seconds // 60)
+
+
+def _check_slurm_submission(profile: ClusterProfile, source: str, time_limit: Optional[str], requeue: bool,
+                            via: str) -> None:
+    """What can only go wrong when submitting: options fsdpctl writes, and time limits that
+    requeue or submitit cannot work with."""
+    slurm = profile.slurm
+    assert slurm is not None
+    where = f"{source or profile.name}: "
+    for i, directive in enumerate(slurm.directives):
+        name = directive[2:].split("=", 1)[0]
+        if name in SLURM_OWNED_DIRECTIVES:
+            fix = {"requeue": "use slurm.requeue: true (or --requeue)", "signal": "use slurm.requeue: true and "
+                   "slurm.signal_seconds", "nodes": "use slurm.nodes (or --nodes)",
+                   "no-requeue": "leave slurm.requeue false"}.get(name, "remove it")
+            raise UsageError(f"{where}slurm.directives[{i}]: --{name} is written by fsdpctl", fix)
+    minutes = time_limit_minutes(time_limit) if time_limit else None
+    if via == "submitit" and time_limit is None:
+        raise UsageError(f"{where}slurm.time: --via submitit needs a time limit (submitit would ask for 5 minutes)",
+                         "set slurm.time or pass --time, e.g. --time 02:00:00")
+    if requeue and minutes is not None and minutes * 60 < 2 * slurm.signal_seconds:
+        raise UsageError(f"{where}slurm.signal_seconds: SIGUSR2 {slurm.signal_seconds} s before a {time_limit} "
+                         f"time limit leaves too little time to train between requeues",
+                         "raise the time limit to at least twice signal_seconds, or lower signal_seconds")
+
+
 def _slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
-                num_nodes: int, step_args: tuple[str, ...], requeue: bool) -> SlurmPlan:
+                num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str) -> SlurmPlan:
     slurm = profile.slurm
     assert slurm is not None
     directives: list[tuple[str, str]] = [
@@ -358,6 +399,7 @@ def _slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_
     # Slurm signals every process of the step: torchrun must ignore SIGUSR2 (its default action
     # is to die) and hand the ignoring on; the workers install their own handler for it.
     via = overrides.slurm_via or slurm.via
+    _check_slurm_submission(profile, source, overrides.slurm_time or slurm.time, requeue, via)
     # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
     ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
     command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'

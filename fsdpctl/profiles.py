@@ -311,11 +311,6 @@ def _slurm_rules(slurm: schema.SlurmSpec):
         if not schema.SLURM_DIRECTIVE_PATTERN.match(directive):
             return (f"directives[{i}]", f"{directive!r} is not a --name=value sbatch option",
                     "write e.g. --mem=0 (no spaces, quotes or shell characters)")
-        name = directive[2:].split("=", 1)[0]
-        if name in schema.SLURM_OWNED_DIRECTIVES:
-            fix = {"requeue": "use requeue: true", "signal": "use requeue: true and signal_seconds",
-                   "nodes": "use nodes:", "no-requeue": "leave requeue: false"}.get(name, "remove it")
-            return f"directives[{i}]", f"--{name} is written by fsdpctl", fix
     if not 1 <= slurm.signal_seconds <= 65535:
         return "signal_seconds", f"{slurm.signal_seconds} is outside 1-65535", "give the seconds, e.g. 120"
     return None

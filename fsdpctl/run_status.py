@@ -59,7 +59,7 @@ def _slurm_status(run_dir: Path, plan, record: dict[str, Any]) -> dict[str, Any]
     info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state"), "job_id": record.get("job_id"),
                             "exit_code": record.get("exit_code"), "first_failure": None}
     if record.get("state") in ("submitted", "running"):
-        state = job_state(record["job_id"])
+        state = job_state(record["job_id"], requeueable=bool(plan.slurm and plan.slurm.requeue))
         info["slurm_state"] = state.state
         info["restarts"] = state.restarts  # how often Slurm requeued it (preemption, --requeue)
         info["state"] = "running" if not state.finished else (

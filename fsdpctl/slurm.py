@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .errors import FsdpctlError, UsageError
+from .plan import time_limit_minutes
 
 TIMEOUT = 60.0
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -71,26 +72,22 @@ def parse_sacct(text: str) -> JobState | None:
     return None
 
 
-def job_state(job_id: str) -> JobState:
-    """From squeue while the job is queued or running, then scontrol (until Slurm forgets the job,
-    MinJobAge after it ends), then the accounting database (sacct) where the cluster keeps one."""
-    queued = run_client(["squeue", "-h", "-j", job_id, "-o", "%T"])
-    state = queued.stdout.strip().split("\n")[0] if queued.returncode == 0 else ""
-    if state and state not in FINISHED:
-        return JobState(state, None, False)
+def job_state(job_id: str, requeueable: bool = False) -> JobState:
+    """From the controller (``scontrol show job``) while it remembers the job (MinJobAge after it
+    ends), then the accounting database (sacct) where the cluster keeps one. ``requeueable``: the
+    job was submitted to be requeued, so PREEMPTED or NODE_FAIL are on its way back to PENDING."""
     shown = run_client(["scontrol", "show", "job", job_id])
-    found = re.search(r"JobState=(\S+)", shown.stdout)
-    code = re.search(r"\bExitCode=(\d+):(\d+)", shown.stdout)
-    restarts = re.search(r"\bRestarts=(\d+)", shown.stdout)
+    found = re.search(r"JobState=(\S+)", shown.stdout) if shown.returncode == 0 else None
     if not found:
         accounted = run_client(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,ExitCode"])
         known = parse_sacct(accounted.stdout) if accounted.returncode == 0 else None
         return known or JobState("UNKNOWN", None, True)  # forgotten, and no accounting to ask
-    exit_code = _exit_code(code.group(0)) if code else None
-    finished = found.group(1) in FINISHED
-    if found.group(1) in ("PREEMPTED", "NODE_FAIL") and re.search(r"\bRequeue=1\b", shown.stdout):
-        finished = False  # a requeueable job passes through these on its way back to PENDING
-    return JobState(found.group(1), exit_code, finished, int(restarts.group(1)) if restarts else 0)
+    state = found.group(1)
+    code = re.search(r"\bExitCode=(\d+:\d+)", shown.stdout)
+    restarts = re.search(r"\bRestarts=(\d+)", shown.stdout)
+    finished = state in FINISHED and not (requeueable and state in ("PREEMPTED", "NODE_FAIL"))
+    return JobState(state, _exit_code(code.group(1)) if code and finished else None, finished,
+                    int(restarts.group(1)) if restarts else 0)
 
 
 def cancel(job_id: str) -> None:
@@ -110,22 +107,6 @@ _SUBMITIT_NAMED = {"job-name": "job_name", "nodes": "nodes", "ntasks-per-node": 
                    "account": "account", "qos": "qos", "time": "time", "constraint": "constraint"}
 _SUBMITIT_OWNED = ("output", "open-mode", "signal")  # submitit writes these itself (open-mode is append)
 _INTEGER_PARAMETERS = ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task")
-
-
-def time_limit_minutes(text: str) -> int | None:
-    """A Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in whole minutes,
-    rounded up; None for UNLIMITED."""
-    if text.upper() == "UNLIMITED":
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        parts += [0] * (3 - len(parts))
-        hours, minutes, seconds = parts
-    else:  # MM, MM:SS, HH:MM:SS
-        hours, minutes, seconds = {1: [0, *parts, 0], 2: [0, *parts], 3: parts}[len(parts)]
-    total_seconds = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-    return -(-total_seconds // 60)
 
 
 def submitit_parameters(directives: tuple[tuple[str, str], ...], setup: list[str],
@@ -199,7 +180,8 @@ def submit_with_submitit(folder: str, python: str, params: dict[str, object], ta
     if shutil.which("srun") is None or shutil.which("sbatch") is None:
         raise UsageError("srun/sbatch not found", "run fsdpctl submit on a machine that can submit Slurm jobs")
     try:
-        executor = submitit.SlurmExecutor(folder=folder, python=python)
+        # max_num_timeout: requeue as often as the time limit comes, like the batch script does.
+        executor = submitit.SlurmExecutor(folder=folder, python=python, max_num_timeout=1_000_000)
         executor.update_parameters(**params)
         job = executor.submit(task)
     except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError) as exc:

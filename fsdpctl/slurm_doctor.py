@@ -25,6 +25,11 @@ from .profile_schema import ClusterProfile
 from .shell import quote_path
 
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
+_HEAD_PLACEHOLDER = "FSDPCTL_HEAD_ADDRESS"
+# The profile's extra directives that shape which nodes a job gets; doctor's srun passes them on
+# (the others, like --mail-type, mean nothing to a probe or are sbatch-only).
+_ALLOCATION_OPTIONS = ("reservation", "gres", "mem", "mem-per-cpu", "mem-per-gpu", "exclusive", "nodelist",
+                       "exclude", "cpus-per-gpu", "gpus", "gres-flags", "clusters", "licenses")
 
 
 def controller_check() -> Check:
@@ -69,15 +74,15 @@ def node_probe_script(profile: ClusterProfile, python: str, nodes: int, port: in
     base = {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep,
             "shared_file": shared_file}
     listen = json.dumps({**base, "listen": {"port": port, "expect": nodes - 1, "window": PORT_WINDOW_SECONDS}})
-    # %s: the head's address, filled in by printf on the node (an address has no % or quotes).
-    connect = json.dumps({**base, "connect": {"addr": "ADDR", "port": port, "window": PORT_WINDOW_SECONDS}})
-    connect = connect.replace("%", "%%").replace('"ADDR"', '"%s"')
+    # The head's address is only known on the node: bash puts it in place of the placeholder.
+    connect = json.dumps({**base, "connect": {"addr": _HEAD_PLACEHOLDER, "port": port,
+                                              "window": PORT_WINDOW_SECONDS}})
     probe = f"{quote_path(python)} -c {shlex.quote(probe_source())}"
     lines = [*profile.setup,
              'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
              "addr=$(scontrol show node \"$head\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | sed -n 1p)",
              f'if [ "$SLURM_NODEID" = 0 ]; then args={shlex.quote(listen)}; '
-             f'else args=$(printf {shlex.quote(connect)} "${{addr:-$head}}"); fi',
+             f'else args={shlex.quote(connect)}; args="${{args//{_HEAD_PLACEHOLDER}/${{addr:-$head}}}}"; fi',
              f'exec {probe} "$args"']
     return "\n".join(lines)
 
@@ -93,6 +98,7 @@ def srun_argv(profile: ClusterProfile, nodes: int, partition: Optional[str], wai
                         ("constraint", spec.constraint), ("gpus-per-node", spec.gpus_per_node)):
         if value is not None:
             argv.append(f"--{flag}={value}")
+    argv += [d for d in spec.directives if d[2:].split("=", 1)[0] in _ALLOCATION_OPTIONS]
     return [*argv, "bash", "-c", script]
 
 

@@ -44,12 +44,12 @@ class NodeLogs:
         return count
 
 
-def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show) -> JobState:
-    """Show the node logs as they grow until Slurm says the job has ended."""
+def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show, requeueable: bool = False) -> JobState:
+    """Show the node logs as they grow until Slurm says the job has ended (a requeued job goes on)."""
     logs = NodeLogs(run_dir, num_nodes)
     while True:
         logs.read_new(show)
-        state = job_state(job_id)
+        state = job_state(job_id, requeueable)
         if state.finished:
             time.sleep(0.5)  # the nodes' last writes
             logs.read_new(show)

@@ -85,7 +85,8 @@ def follow_slurm(run_dir, show=None) -> int:
 
     plan, _, record = runner.load_run(run_dir)
     try:
-        state = follow(Path(plan.run_dir), plan.num_nodes, record["job_id"], show or LinePrinter())
+        state = follow(Path(plan.run_dir), plan.num_nodes, record["job_id"], show or LinePrinter(),
+                       requeueable=bool(plan.slurm and plan.slurm.requeue))
     except KeyboardInterrupt:
         typer.echo(f"fsdpctl: stopped following; Slurm job {record['job_id']} goes on", err=True)
         return 130

@@ -27,16 +27,23 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.seen: dict[int, bool] = {sig: False for sig in _WATCHED}
+        self.group = None
         for sig in _WATCHED:
             signal.signal(sig, self._note)
 
     def _note(self, signum: int, frame) -> None:
         self.seen[signum] = True
 
-    def agreed(self, device: torch.device) -> list[signal.Signals]:
+    def use_cpu_group(self, device: torch.device) -> None:
+        """Agree over a gloo group of host tensors when training on a GPU (a collective: every rank
+        calls it): the per-step check then never waits for the GPU to finish its queued work."""
+        if device.type != "cpu":
+            self.group = dist.new_group(backend="gloo")
+
+    def agreed(self) -> list[signal.Signals]:
         """The signals any rank has seen (a collective: every rank must call it at the same point)."""
-        flags = torch.tensor([int(self.seen[sig]) for sig in _WATCHED], dtype=torch.int32, device=device)
-        dist.all_reduce(flags)
+        flags = torch.tensor([int(self.seen[sig]) for sig in _WATCHED], dtype=torch.int32)
+        dist.all_reduce(flags, group=self.group)
         return [sig for sig, count in zip(_WATCHED, flags.tolist(), strict=True) if count]
 
 

@@ -9,6 +9,7 @@ the workload's torch stay out of the submitting process.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +29,13 @@ class NodeTask:
 
     def __call__(self) -> int:
         """Run the node's torchrun step; raises (submitit then reports the job failed) unless it exits 0."""
+        if not self.requeue:
+            # submitit always asks Slurm for SIGUSR2 ahead of the time limit and ends the job on it when
+            # the task cannot requeue; without --requeue the run goes on to its limit instead.
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        if os.environ.get("SLURM_PROCID") == "0":
+            # A marker left by an earlier attempt must not requeue this one before it has saved anything.
+            (Path(self.run_dir) / REQUEUE_MARKER).unlink(missing_ok=True)
         proc = subprocess.Popen(["bash", "-c", self.step_command])
         self._pid = proc.pid
         code = proc.wait()
@@ -41,9 +49,7 @@ class NodeTask:
 
         The workers got the same SIGUSR2 and are saving; requeueing now would kill them mid-save,
         so wait for the marker the workload leaves once the checkpoint is complete. Returning None
-        tells submitit not to requeue (no --requeue, or nothing was saved in time)."""
-        if not self.requeue:
-            return None
+        tells submitit not to requeue (nothing was saved in time)."""
         marker = Path(self.run_dir) / REQUEUE_MARKER
         deadline = time.monotonic() + self.save_seconds
         while not marker.exists() and time.monotonic() < deadline and not self._step_ended():

@@ -163,6 +163,8 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     optimizer = par.build_optimizer(cfg, model, rt)
     scaler = par.make_grad_scaler(precision, rt)
 
+    if stop_signals is not None:
+        stop_signals.use_cpu_group(rt.device)
     step = 0
     latest = find_resume(cfg, rt, run_dir, gpt_config)
     if latest is not None:
@@ -196,11 +198,11 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
 
     train_loss = val_loss = val_ppl = None
     state_bytes: dict[str, int] = {}
-    last_saved = step
+    last_saved = first_step = step
     model.train()
     while step < total_steps:
-        if stop_signals is not None and (received := stop_signals.agreed(rt.device)):
-            stop_on_signal(received, step, last_saved, save, run_dir, rt, log)
+        if stop_signals is not None and (received := stop_signals.agreed()):
+            stop_on_signal(received, step, step - first_step, last_saved, save, run_dir, rt, log)
         lr = lr_at(step, cfg, total_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -284,25 +286,30 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         os._exit(0)
 
 
-def stop_on_signal(received: list[signal.Signals], step: int, last_saved: int, save, run_dir: Path,
-                   rt: Runtime, log: RunLog) -> None:
+def stop_on_signal(received: list[signal.Signals], step: int, steps_this_run: int, last_saved: int, save,
+                   run_dir: Path, rt: Runtime, log: RunLog) -> None:
     """Every rank agreed a stop signal came: save this step (unless just saved) and leave.
 
     After SIGUSR2 (the time limit is near) exit 0 with the requeue marker; after SIGTERM alone
-    exit 143, as a terminated process would: whoever sent it is ending the job anyway."""
+    exit 143, as a terminated process would: whoever sent it is ending the job anyway. A SIGUSR2
+    before this run trained a single step asks for no requeue (exit 1): another attempt would
+    stop at the same point again, forever."""
     if step != last_saved:
         save(step)
     checkpoint = ckpt.latest_checkpoint(run_dir)
     names = "+".join(sig.name for sig in received)
-    requeue = signal.SIGUSR2 in received
+    requeue = signal.SIGUSR2 in received and steps_this_run > 0
     if requeue and rt.rank == 0:
         write_requeue_marker(run_dir, step, checkpoint.name if checkpoint else None)
+    note = ("; requeue requested" if requeue else "; no step ran in this attempt, so no requeue: leave more "
+            "time between the warning and the time limit" if signal.SIGUSR2 in received else "")
     log.print(f"{PREFIX}: {names} received: stopped after step {step}, checkpoint "
-              f"{checkpoint.name if checkpoint else 'none'}" + ("; requeue requested" if requeue else ""))
+              f"{checkpoint.name if checkpoint else 'none'}{note}")
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0 if requeue else 128 + signal.SIGTERM)  # no interpreter shutdown after gloo (see run)
+    code = 0 if requeue else 1 if signal.SIGUSR2 in received else 128 + signal.SIGTERM
+    os._exit(code)  # no interpreter shutdown after gloo (see run)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fsdpctl.errors import ProfileError, UsageError
+from fsdpctl.errors import UsageError
 from fsdpctl.plan import Overrides, make_plan
 from fsdpctl.profiles import load_profile, parse_profile
 from fsdpctl.slurm import ship_submitit, submitit_parameters, time_limit_minutes
@@ -69,12 +69,25 @@ def test_shipped_submitit_imports_without_site_packages(tmp_path):
     assert done.stdout.strip().startswith(str(tmp_path))
 
 
-@pytest.mark.parametrize("directive,fix", [("--signal=USR1@60", "use requeue: true and signal_seconds"),
-                                           ("--requeue", "use requeue: true"), ("--output=x", "remove it")])
-def test_directives_fsdpctl_writes_are_refused(directive, fix):
+@pytest.mark.parametrize("directive,fix", [("--signal=USR1@60", "use slurm.requeue: true and slurm.signal_seconds"),
+                                           ("--requeue", "use slurm.requeue: true (or --requeue)"),
+                                           ("--output=x", "remove it")])
+def test_directives_fsdpctl_writes_are_refused_at_submit(directive, fix):
     text = f"name: s\nbackend: slurm\nslurm:\n  nodes: 2\n  directives: ['{directive}']\n"
-    with pytest.raises(ProfileError, match=f"slurm.directives\\[0\\]: .* is written by fsdpctl; {fix}"):
-        parse_profile(text, "s.yaml")
+    profile = parse_profile(text, "s.yaml")  # loads: runs recorded with such a profile stay readable
+    with pytest.raises(UsageError, match="s.yaml: slurm.directives\\[0\\]: .* is written by fsdpctl") as caught:
+        make_plan(profile, run_id="s-20261121-120000-abcd", local_run_dir="r", for_slurm=True,
+                  profile_source="s.yaml")
+    assert caught.value.hint == fix
+
+
+def test_time_limits_that_requeue_or_submitit_cannot_work_with_are_refused():
+    untimed = parse_profile("name: s\nbackend: slurm\nslurm:\n  nodes: 2\n", "s.yaml")
+    with pytest.raises(UsageError, match="slurm.time: --via submitit needs a time limit"):
+        make_plan(untimed, run_id=RUN_ID, local_run_dir="r", for_slurm=True, overrides=Overrides(slurm_via="submitit"))
+    with pytest.raises(UsageError, match="slurm.signal_seconds: SIGUSR2 120 s before a 3 time limit"):
+        slurm_plan(slurm_requeue=True, slurm_time="3")
+    assert slurm_plan(slurm_requeue=True, slurm_time="4").slurm.requeue  # 240 s: twice the warning
 
 
 def test_srun_label_pieces_of_a_long_probe_line_are_joined_back():

@@ -33,11 +33,13 @@ FSDPCTL_HEAD_ADDR=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ 
 export FSDPCTL_HEAD_ADDR="${FSDPCTL_HEAD_ADDR:-$head_node}"
 echo "fsdpctl: job $SLURM_JOB_ID (attempt $((${SLURM_RESTART_COUNT:-0} + 1))) head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
 # One torchrun per node; any task failing ends the whole step.
+# A marker left by an earlier attempt must not requeue this one if it fails before training.
+rm -f "$FSDPCTL_RUN_DIR/requeue-requested"
 status=0
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && trap '"'"''"'"' USR2 && { echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, attempt $((${SLURM_RESTART_COUNT:-0} + 1))"; exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-requeue-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir logs/node"$SLURM_NODEID" --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset gpt2-124m --fsdp 2 --steps 2000 --batch-size 16 --seq-len 1024 --mixed-precision bf16 --checkpoint-interval 200 --resume-if-present --checkpoint-on-signal --run-dir .; } >> node"$SLURM_NODEID".log 2>&1' || status=$?
 # After SIGUSR2 (the time limit is 120 s away) the workload saved a checkpoint and left this
 # marker: requeue the job; it runs this script again and resumes from that checkpoint.
-if [ -e "$FSDPCTL_RUN_DIR/requeue-requested" ]; then
+if [ "$status" -eq 0 ] && [ -e "$FSDPCTL_RUN_DIR/requeue-requested" ]; then
   echo "fsdpctl: job $SLURM_JOB_ID saved a checkpoint ahead of its time limit; requeueing it"
   scontrol requeue "$SLURM_JOB_ID" || { echo "fsdpctl: scontrol requeue $SLURM_JOB_ID failed" >&2; exit 1; }
 fi
