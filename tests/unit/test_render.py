@@ -160,3 +160,46 @@ def test_sbatch_script_expands_node_rank_inside_each_step(tmp_path):
 
 def test_bash_is_available():
     assert shutil.which("bash"), "the rendered scripts are bash scripts"
+
+
+# scontrol that also records requeue calls; srun that plays the step's outcome (and marker) it is told.
+FAKE_SCONTROL_REQUEUE = FAKE_SCONTROL.replace('esac', '  "requeue "*) echo "$2" >> "$FAKE_OUT/requeued" ;;\nesac')
+FAKE_SRUN_OUTCOME = """\
+#!/usr/bin/env bash
+[ -n "${FAKE_MARKER:-}" ] && echo '{"step": 5}' > "$FSDPCTL_RUN_DIR/requeue-requested"
+exit "${FAKE_EXIT:-0}"
+"""
+
+
+@pytest.mark.parametrize("stale,marker,srun_exit,requeued,exit_code", [
+    (False, True, 0, True, 0),    # saved on SIGUSR2: requeue
+    (False, False, 0, False, 0),  # finished
+    (True, False, 0, False, 0),   # an earlier attempt's marker, and this attempt finished: no requeue
+    (True, False, 1, False, 1),   # an earlier attempt's marker, and this attempt failed: no requeue
+    (False, True, 1, False, 1),   # a marker but a failed step: no requeue
+])
+def test_requeue_batch_script_requeues_only_a_clean_stop_with_a_fresh_marker(tmp_path, stale, marker, srun_exit,
+                                                                                requeued, exit_code):
+    profile = parse_profile(f"name: q\nbackend: slurm\nworkdir: {tmp_path}/w\nslurm:\n  nodes: 2\n  time: '60'\n",
+                            "q.yaml")
+    plan = make_plan(profile, run_id="q-20261121-120000-abcd", local_run_dir="r", for_slurm=True,
+                     overrides=Overrides(slurm_requeue=True))
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    if stale:
+        (run_dir / "requeue-requested").write_text("{}")
+    script = tmp_path / "sbatch.sh"
+    script.write_text(render_all(plan)["sbatch.sh"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("scontrol", FAKE_SCONTROL_REQUEUE), ("srun", FAKE_SRUN_OUTCOME)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_OUT": str(tmp_path),
+           "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7", "FAKE_EXIT": str(srun_exit),
+           "FAKE_MARKER": "1" if marker else ""}
+    result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == exit_code, result.stderr
+    assert (tmp_path / "requeued").exists() == requeued
+    if requeued:
+        assert (tmp_path / "requeued").read_text() == "7\n" and "requeueing it" in result.stdout
