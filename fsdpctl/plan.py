@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from . import __version__
 from .errors import UsageError
-from .profile_schema import SLURM_OWNED_DIRECTIVES, ClusterProfile
+from .profile_schema import SLURM_OWNED_DIRECTIVES, ClusterProfile, slurm_directive_name
 from .shell import NodeExpr, shell_join
 from .workload import config as train_config
 
@@ -359,7 +359,7 @@ def _check_slurm_submission(profile: ClusterProfile, source: str, time_limit: Op
     assert slurm is not None
     where = f"{source or profile.name}: "
     for i, directive in enumerate(slurm.directives):
-        name = directive[2:].split("=", 1)[0]
+        name = slurm_directive_name(directive)
         if name in SLURM_OWNED_DIRECTIVES:
             fix = {"requeue": "use slurm.requeue: true (or --requeue)", "signal": "use slurm.requeue: true and "
                    "slurm.signal_seconds", "nodes": "use slurm.nodes (or --nodes)",

@@ -28,6 +28,13 @@ SLURM_TIME_PATTERN = re.compile(
     r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED)$"
 )
 SLURM_DIRECTIVE_PATTERN = re.compile(r"^--[a-z][a-z0-9-]*(?:=[^\s'\"`$\\;|&<>]+)?$")
+
+
+def slurm_directive_name(directive: str) -> str:
+    """``--mem=0`` -> ``mem`` (a directive as ``slurm.directives`` holds it)."""
+    return directive[2:].split("=", 1)[0]
+
+
 # Directives fsdpctl writes itself (the run's layout and requeue depend on them).
 SLURM_OWNED_DIRECTIVES = ("job-name", "nodes", "ntasks-per-node", "output", "error", "open-mode", "requeue",
                           "no-requeue", "signal", "chdir")

@@ -15,10 +15,12 @@ import jinja2
 from .plan import LaunchPlan, NodeSpec
 from .resources import shipped_dir
 from .shell import quote_path, shell_join
+from .workload.config import REQUEUE_MARKER
 
 NODE_TEMPLATE = "torchrun.sh.j2"
 SBATCH_TEMPLATE = "sbatch.sh.j2"
 SUBMITIT_SETUP_TEMPLATE = "submitit_setup.sh.j2"
+SLURM_HEAD_TEMPLATE = "slurm_head.sh.j2"
 
 
 def _environment(template_dir: Path) -> jinja2.Environment:
@@ -38,7 +40,9 @@ def _environment(template_dir: Path) -> jinja2.Environment:
 
 
 def _context(plan: LaunchPlan) -> dict[str, Any]:
-    return {"plan": plan, "env": plan.env, "setup": plan.setup}
+    # requeue_marker is the workload's own file name (a constant, never profile text): the one
+    # value written unquoted, inside the script's double quotes.
+    return {"plan": plan, "env": plan.env, "setup": plan.setup, "requeue_marker": REQUEUE_MARKER}
 
 
 def render_node_script(plan: LaunchPlan, node: NodeSpec, template_dir: Path | None = None) -> str:
@@ -53,6 +57,13 @@ def render_sbatch_script(plan: LaunchPlan, template_dir: Path | None = None) -> 
         raise ValueError("render_sbatch_script needs a plan made with for_slurm=True")
     env = _environment(template_dir or shipped_dir("templates"))
     return env.get_template(SBATCH_TEMPLATE).render(**_context(plan), slurm=plan.slurm)
+
+
+def render_slurm_head(template_dir: Path | None = None) -> str:
+    """Shell lines, run inside an allocation, that set ``head_node`` and export ``FSDPCTL_HEAD_ADDR``
+    (the first node's address as Slurm knows it); the batch preamble includes the same lines."""
+    env = _environment(template_dir or shipped_dir("templates"))
+    return env.get_template(SLURM_HEAD_TEMPLATE).render()
 
 
 def render_submitit_setup(plan: LaunchPlan, template_dir: Path | None = None) -> str:

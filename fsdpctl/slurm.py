@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import FsdpctlError, UsageError
 from .plan import time_limit_minutes
@@ -30,6 +31,11 @@ def run_client(argv: list[str], timeout: float = TIMEOUT) -> subprocess.Complete
                            "is slurmctld up? (scontrol ping)") from None
 
 
+def last_line(text: str | bytes | None, default: str) -> str:
+    """The last non-empty line of a command's output (where Slurm's clients put the error)."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return (str(text or "").strip().splitlines() or [default])[-1]
 
 
 def submit_batch(script: str, cwd: str) -> str:
@@ -37,8 +43,8 @@ def submit_batch(script: str, cwd: str) -> str:
     done = run_client(["sbatch", "--parsable", f"--chdir={cwd}", script])
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job_id.isdigit():
-        message = (done.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise FsdpctlError(f"sbatch refused the job: {message}", "check the profile's slurm section and sinfo")
+        raise FsdpctlError(f"sbatch refused the job: {last_line(done.stderr, 'no answer')}",
+                           "check the profile's slurm section and sinfo")
     return job_id
 
 
@@ -159,8 +165,6 @@ def ship_submitit(pkg_dir: str) -> None:
     """Copy submitit and its pure-Python dependencies into the run's ``pkg``: a node needs only
     Python and torch, as with the other ways of running, and runs the submitter's version."""
     import importlib
-    import shutil
-    from pathlib import Path
 
     _import_submitit()
     for name in SUBMITIT_PACKAGES:
@@ -174,8 +178,6 @@ def ship_submitit(pkg_dir: str) -> None:
 
 def submit_with_submitit(folder: str, python: str, params: dict[str, object], task: object) -> str:
     """Submit ``task`` (one per node) through submitit's SlurmExecutor; returns the job id."""
-    import subprocess
-
     submitit = _import_submitit()
     if shutil.which("srun") is None or shutil.which("sbatch") is None:
         raise UsageError("srun/sbatch not found", "run fsdpctl submit on a machine that can submit Slurm jobs")
@@ -185,10 +187,7 @@ def submit_with_submitit(folder: str, python: str, params: dict[str, object], ta
         executor.update_parameters(**params)
         job = executor.submit(task)
     except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError) as exc:
-        detail = getattr(exc, "stderr", None) or getattr(exc, "output", None) or str(exc)
-        if isinstance(detail, bytes):
-            detail = detail.decode(errors="replace")
-        lines = str(detail).strip().splitlines() or ["no answer"]
-        raise FsdpctlError(f"sbatch (through submitit) refused the job: {lines[-1]}",
+        detail = last_line(getattr(exc, "stderr", None) or getattr(exc, "output", None) or str(exc), "no answer")
+        raise FsdpctlError(f"sbatch (through submitit) refused the job: {detail}",
                            "check the profile's slurm section and sinfo") from None
     return str(job.job_id)

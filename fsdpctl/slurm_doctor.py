@@ -21,7 +21,8 @@ from . import slurm
 from .doctor import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
 from .probe import ProbeOutputError, parse_probe_output, probe_source
 from .probe_script import BEGIN, END
-from .profile_schema import ClusterProfile
+from .profile_schema import ClusterProfile, slurm_directive_name
+from .render import render_slurm_head
 from .shell import quote_path
 
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
@@ -38,7 +39,7 @@ def controller_check() -> Check:
     text = " ".join(done.stdout.split())
     if done.returncode == 0 and "UP" in text:
         return Check("controller", "pass", text)
-    return Check("controller", "fail", text or (done.stderr.strip().splitlines() or ["no answer"])[-1],
+    return Check("controller", "fail", text or slurm.last_line(done.stderr, "no answer"),
                  "start slurmctld, or point SLURM_CONF at this cluster's slurm.conf")
 
 
@@ -78,11 +79,9 @@ def node_probe_script(profile: ClusterProfile, python: str, nodes: int, port: in
     connect = json.dumps({**base, "connect": {"addr": _HEAD_PLACEHOLDER, "port": port,
                                               "window": PORT_WINDOW_SECONDS}})
     probe = f"{quote_path(python)} -c {shlex.quote(probe_source())}"
-    lines = [*profile.setup,
-             'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
-             "addr=$(scontrol show node \"$head\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | sed -n 1p)",
+    lines = [*profile.setup, render_slurm_head().rstrip("\n"),
              f'if [ "$SLURM_NODEID" = 0 ]; then args={shlex.quote(listen)}; '
-             f'else args={shlex.quote(connect)}; args="${{args//{_HEAD_PLACEHOLDER}/${{addr:-$head}}}}"; fi',
+             f'else args={shlex.quote(connect)}; args="${{args//{_HEAD_PLACEHOLDER}/$FSDPCTL_HEAD_ADDR}}"; fi',
              f'exec {probe} "$args"']
     return "\n".join(lines)
 
@@ -98,7 +97,7 @@ def srun_argv(profile: ClusterProfile, nodes: int, partition: Optional[str], wai
                         ("constraint", spec.constraint), ("gpus-per-node", spec.gpus_per_node)):
         if value is not None:
             argv.append(f"--{flag}={value}")
-    argv += [d for d in spec.directives if d[2:].split("=", 1)[0] in _ALLOCATION_OPTIONS]
+    argv += [d for d in spec.directives if slurm_directive_name(d) in _ALLOCATION_OPTIONS]
     return [*argv, "bash", "-c", script]
 
 
@@ -164,7 +163,7 @@ def _probe_allocation(profile: ClusterProfile, python: str, nodes: int, partitio
         token.unlink(missing_ok=True)
     tasks = split_tasks(done.stdout)
     if not tasks:
-        last = (done.stderr.strip().splitlines() or [f"srun exited {done.returncode}"])[-1]
+        last = slurm.last_line(done.stderr, f"srun exited {done.returncode}")
         cluster.append(Check("allocation", "fail", f"srun on {nodes} node(s): {last}",
                              "check squeue for what holds the nodes, or the partition's limits"))
         return []
