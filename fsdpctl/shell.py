@@ -19,6 +19,18 @@ def quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
+def join_path(base: str, *parts: str) -> str:
+    """Join node-side paths without touching the local filesystem (``~`` stays for the node)."""
+    text = base.rstrip("/") or "/"
+    for part in parts:
+        part = part.strip("/") if part not in ("", ".") else ""
+        if part.startswith("./"):
+            part = part[2:]
+        if part:
+            text = part if text == "." else f"{text.rstrip('/')}/{part}"
+    return text
+
+
 def shell_join(words: Sequence[str]) -> str:
     """Quote every word for a POSIX shell, except NodeExpr words, which are written as they are."""
     return " ".join(w if isinstance(w, NodeExpr) else shlex.quote(w) for w in words)

@@ -12,8 +12,8 @@ import typer
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from ..plan import LaunchPlan, Overrides
-    from ..profiles import LoadedProfile
+    from ..plan.types import LaunchPlan, Overrides
+    from ..profiles.loader import LoadedProfile
 
 PROFILE_HELP = "Profile name (./cluster_profiles, ~/.config/fsdpctl/profiles, shipped) or a .yaml path."
 
@@ -79,9 +79,9 @@ def _parse_setting(name: str, text: str) -> Any:
 
 def build_plan(profile_name: str, overrides: Overrides, *, for_slurm: bool) -> tuple[LoadedProfile, LaunchPlan]:
     """Load the profile and compute the plan with a fresh run id."""
-    from ..plan import make_plan
-    from ..profiles import load_profile
-    from ..runs import new_run_id, runs_root
+    from ..plan.make import make_plan
+    from ..profiles.loader import load_profile
+    from ..runs.paths import new_run_id, runs_root
 
     loaded = load_profile(profile_name)
     run_id = new_run_id(loaded.profile.name)

@@ -27,11 +27,11 @@ def doctor(
     """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs, interface, InfiniBand, ports, disk.
 
     For a Slurm profile: the controller and partition, then the same checks on allocated nodes (srun)."""
-    from ..connect import close_all, master_of, node_python, open_transports
-    from ..doctor import make_jobs, run_doctor
-    from ..plan import auto_port
-    from ..profiles import load_profile
-    from ..runs import new_run_id
+    from ..backends.connect import close_all, master_of, node_python, open_transports
+    from ..doctor.fanout import make_jobs, run_doctor
+    from ..plan.make import auto_port
+    from ..profiles.loader import load_profile
+    from ..runs.paths import new_run_id
 
     loaded = load_profile(profile)
     prof = loaded.profile
@@ -43,7 +43,7 @@ def doctor(
 
             raise UsageError("--collectives: not available for Slurm profiles",
                              "submit a short job instead: fsdpctl submit --slurm --steps 5 --follow")
-        from ..slurm_doctor import run_slurm_doctor
+        from ..backends.slurm.doctor import run_slurm_doctor
 
         typer.echo(f"doctor: asking Slurm, then probing {prof.slurm.nodes} allocated node(s) of {prof.name}",
                    err=True)
@@ -78,15 +78,17 @@ def doctor(
 
 def _collectives(profile_name: str, prof) -> dict:
     """Launch the collective smoke test like a training run; return its figures (or why not)."""
-    from .. import runner
-    from ..connect import close_all, open_transports
-    from ..plan import Overrides
-    from ..render import render_all
-    from ..runs import RunPaths
+    from ..backends import launcher
+    from ..backends.connect import close_all, open_transports
+    from ..doctor.collectives import COLLECTIVES_ENV, COLLECTIVES_MODULE, collectives_result
+    from ..plan.render import render_all
+    from ..plan.types import Overrides
+    from ..runs.paths import RunPaths
+    from ..runs.record import prepare
 
     device = "cpu" if prof.device == "cpu" else prof.device
-    overrides = Overrides(entry_module=runner.COLLECTIVES_MODULE, entry_args=("--device", device),
-                          extra_env=runner.COLLECTIVES_ENV)
+    overrides = Overrides(entry_module=COLLECTIVES_MODULE, entry_args=("--device", device),
+                          extra_env=COLLECTIVES_ENV)
     loaded, plan = common.build_plan(profile_name, overrides, for_slurm=False)
     scripts = render_all(plan)
     paths = RunPaths(Path(plan.local_run_dir))
@@ -94,12 +96,12 @@ def _collectives(profile_name: str, prof) -> dict:
     transports = open_transports(prof)
     typer.echo(f"doctor: collective smoke test as run {plan.run_id}", err=True)
     try:
-        runner.prepare(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
-        runs = runner.start(paths, plan, scripts, transports, detached=False)
-        outcome = runner.supervise(paths, plan, runs, lambda rank, host, line: lines.append(line))
+        prepare(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
+        runs = launcher.start(paths, plan, scripts, transports, detached=False)
+        outcome = launcher.supervise(paths, plan, runs, lambda rank, host, line: lines.append(line))
     finally:
         close_all(transports)
-    found = runner.collectives_result(lines)
+    found = collectives_result(lines)
     if outcome.exit_code or found is None:
         return {"run_id": plan.run_id, "error": f"the smoke test exited {outcome.exit_code}",
                 "last_lines": lines[-15:]}

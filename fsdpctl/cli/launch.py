@@ -33,8 +33,8 @@ def launch(
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip doctor's checks before starting."),
 ) -> None:
     """Start the bundled FSDP/FSDP2 GPT training on every node of PROFILE."""
-    from ..plan import Overrides
-    from ..render import render_all
+    from ..plan.render import render_all
+    from ..plan.types import Overrides
     from .show import print_dry_run
 
     train = common.train_overrides(fsdp=fsdp, preset=preset, steps=steps, epochs=epochs,
@@ -53,9 +53,10 @@ def launch(
 
 def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: bool) -> int:
     """Preflight, start and (unless detached) supervise the run; returns the job's exit code."""
-    from .. import runner
-    from ..connect import close_all, open_transports
-    from ..runs import RunPaths
+    from ..backends import launcher
+    from ..backends.connect import close_all, open_transports
+    from ..runs.paths import RunPaths
+    from ..runs.record import prepare
     from .report import print_report, progress
     from .stream import LinePrinter
 
@@ -63,15 +64,15 @@ def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: 
     try:
         if preflight:
             typer.echo(f"fsdpctl: preflight of {plan.num_nodes} node(s)", err=True)
-            report = runner.preflight(loaded.profile, plan, transports, on_host=progress)
+            report = launcher.preflight(loaded.profile, plan, transports, on_host=progress)
             if not report.ok():
                 print_report(report)
                 typer.secho("fsdpctl: preflight failed; nothing was started (--no-preflight skips it)",
                             err=True, fg="red")
                 return 1
         paths = RunPaths(Path(plan.local_run_dir))
-        runner.prepare(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
-        runs = runner.start(paths, plan, scripts, transports, detached=detach)
+        prepare(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
+        runs = launcher.start(paths, plan, scripts, transports, detached=detach)
         typer.echo(f"fsdpctl: run {plan.run_id} started on {plan.num_nodes} node(s), world size "
                    f"{plan.world_size or 'from GPU count'}; run directory {paths.root}", err=True)
         if detach:
@@ -80,7 +81,7 @@ def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: 
                        f"end with `fsdpctl stop {plan.run_id}`", err=True)
             return 0
         printer = LinePrinter(total_steps=plan.train.get("steps"))
-        result = runner.supervise(paths, plan, runs, printer)
+        result = launcher.supervise(paths, plan, runs, printer)
         printer.summary(plan.run_id, result, paths.root)
         return result.exit_code
     finally:

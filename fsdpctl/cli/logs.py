@@ -21,7 +21,7 @@ def logs(
     grep: Optional[str] = typer.Option(None, "--grep", help="Only lines matching this regular expression."),
 ) -> None:
     """Print a run's logs, merged across nodes, each line prefixed with [host rNODE]."""
-    from ..runs import find_run
+    from ..runs.paths import find_run
     from .stream import prefix
 
     try:
@@ -38,7 +38,7 @@ def logs(
         if wanted(node_host, text):
             typer.echo(f"{prefix(node_rank, node_host)} {text}")
 
-    from ..runs import read_json
+    from ..runs.paths import read_json
 
     if read_json(run_dir / "run.json").get("backend") == "slurm":
         raise typer.Exit(follow_slurm(run_dir, show) if follow else _read_slurm(run_dir, show))
@@ -56,8 +56,8 @@ def logs(
 
 
 def _read_slurm(run_dir, show) -> int:
-    from ..runner import load_run
-    from ..slurm_logs import NodeLogs
+    from ..backends.slurm.logs import NodeLogs
+    from ..runs.record import load_run
 
     plan, _, record = load_run(run_dir)
     if not NodeLogs(Path(plan.run_dir), plan.num_nodes).read_new(show):
@@ -78,12 +78,12 @@ def _batch_output(record: dict, why: str, lines: int = 20) -> None:
 
 def follow_slurm(run_dir, show=None) -> int:
     """Follow a Slurm run's node logs until the job ends; record how it ended; its exit code."""
-    from .. import runner
-    from ..runs import RunPaths
-    from ..slurm_logs import follow
+    from ..backends.slurm.logs import follow
+    from ..runs import record as runs_record
+    from ..runs.paths import RunPaths
     from .stream import LinePrinter
 
-    plan, _, record = runner.load_run(run_dir)
+    plan, _, record = runs_record.load_run(run_dir)
     try:
         state = follow(Path(plan.run_dir), plan.num_nodes, record["job_id"], show or LinePrinter(),
                        requeueable=bool(plan.slurm and plan.slurm.requeue))
@@ -93,17 +93,17 @@ def follow_slurm(run_dir, show=None) -> int:
     code = state.exit_code if state.exit_code is not None else (0 if state.state == "COMPLETED" else 1)
     if state.state != "COMPLETED" or code:
         _batch_output(record, f"job {record['job_id']} ended {state.state}")
-    runner.record(RunPaths(run_dir), plan, None, "succeeded" if state.state == "COMPLETED" and code == 0
-                  else state.state.lower(), exit_code=code, slurm_state=state.state, finished_at=runner.now())
+    runs_record.record(RunPaths(run_dir), plan, None, "succeeded" if state.state == "COMPLETED" and code == 0
+                  else state.state.lower(), exit_code=code, slurm_state=state.state, finished_at=runs_record.now())
     typer.echo(f"fsdpctl: Slurm job {record['job_id']} {state.state} (exit {code})", err=True)
     return code
 
 
 def _fetch_from_nodes(run_dir, show) -> None:
     """A run nobody followed (detached): read each node's log over its transport, once."""
-    from ..connect import close_all, open_transports
+    from ..backends.connect import close_all, open_transports
     from ..errors import HostError
-    from ..runner import load_run
+    from ..runs.record import load_run
     from ..shell import after_mark, marked, quote_path
 
     plan, profile, _ = load_run(run_dir)
@@ -124,12 +124,12 @@ def _fetch_from_nodes(run_dir, show) -> None:
 
 def _follow(run_dir, show) -> int:
     """Follow every node's log until the run ends, with the same fail-fast as launch."""
-    from .. import runner
-    from ..connect import close_all, open_transports
-    from ..nodes import NodeRun, Supervisor
-    from ..runs import RunPaths, read_json
+    from ..backends.connect import close_all, open_transports
+    from ..backends.supervisor import NodeRun, Supervisor, node_records
+    from ..runs import record as runs_record
+    from ..runs.paths import RunPaths, read_json
 
-    plan, profile, record = runner.load_run(run_dir)
+    plan, profile, record = runs_record.load_run(run_dir)
     if record.get("state") not in ("running", "starting"):
         typer.echo(f"fsdpctl: run {plan.run_id} is {record.get('state')}; showing its logs", err=True)
     pids = {n["node_rank"]: n.get("pid", 0) for n in record.get("nodes", [])}
@@ -145,9 +145,9 @@ def _follow(run_dir, show) -> int:
         # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
         # records how it ended.
         if record.get("detached") and read_json(run_dir / "run.json").get("state") == "running":
-            runner.record(RunPaths(run_dir), plan, runs, "interrupted" if result.interrupted else
+            runs_record.record(RunPaths(run_dir), plan, node_records(runs), "interrupted" if result.interrupted else
                           ("failed" if result.exit_code else "succeeded"), exit_code=result.exit_code,
-                          first_failure=result.first_failure, finished_at=runner.now())
+                          first_failure=result.first_failure, finished_at=runs_record.now())
         return result.exit_code
     finally:
         close_all(transports)

@@ -12,11 +12,11 @@ def profiles(
 ) -> None:
     """List the cluster profiles in the search path, in the order --profile looks."""
     if reference:
-        from ..profile_docs import reference_markdown
+        from ..profiles.reference import reference_markdown
 
         typer.echo(reference_markdown(), nl=False)
         return
-    from ..profiles import list_profiles, load_profile_file, profile_search_path
+    from ..profiles.loader import list_profiles, load_profile_file, profile_search_path
 
     entries = list_profiles()
     for origin, folder in profile_search_path():

@@ -20,9 +20,9 @@ def render(
     debug: bool = common.DebugOpt,
 ) -> None:
     """Write plan.json and every rendered script of PROFILE into a folder; print their paths."""
-    from ..plan import Overrides
-    from ..render import render_all
-    from ..runs import write_json_atomic
+    from ..plan.render import render_all
+    from ..plan.types import Overrides
+    from ..runs.paths import write_json_atomic
 
     _, plan = common.build_plan(profile, Overrides(debug=debug), for_slurm=slurm)
     folder = out or Path("rendered") / plan.run_id

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from ..plan import LaunchPlan
+    from ..plan.types import LaunchPlan
 
 
 def plan_summary(plan: LaunchPlan) -> str:

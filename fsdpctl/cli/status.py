@@ -13,8 +13,8 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Per node: running, succeeded or failed, exit codes, and the last step and loss."""
-    from ..run_status import run_status
-    from ..runs import find_run
+    from ..runs.paths import find_run
+    from ..runs.status import run_status
 
     info = run_status(find_run(run_id))
     if as_json:
@@ -34,15 +34,16 @@ def status(
 
 def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).")) -> None:
     """End every process of a run on every node (TERM, grace period, KILL)."""
-    from .. import runner
-    from ..connect import close_all, open_transports
-    from ..runs import find_run
+    from ..backends import launcher
+    from ..backends.connect import close_all, open_transports
+    from ..runs.paths import find_run
+    from ..runs.record import load_run
 
     run_dir = find_run(run_id)
-    _, profile, record = runner.load_run(run_dir)
+    _, profile, record = load_run(run_dir)
     transports = open_transports(profile) if record.get("backend") != "slurm" else []
     try:
-        remaining = runner.stop(run_dir, transports)
+        remaining = launcher.stop(run_dir, transports)
     finally:
         close_all(transports)
     left = {host: pids for host, pids in remaining.items() if pids}
@@ -55,7 +56,7 @@ def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."))
 
 def runs() -> None:
     """The run registry: every run in the runs directory, oldest first."""
-    from ..runs import list_runs, read_json
+    from ..runs.paths import list_runs, read_json
 
     for run_dir in list_runs():
         record = read_json(run_dir / "run.json")

@@ -37,8 +37,8 @@ def submit(
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
 ) -> None:
     """Submit the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or submitit)."""
-    from ..plan import Overrides
-    from ..render import render_all
+    from ..plan.render import render_all
+    from ..plan.types import Overrides
     from .show import print_dry_run
 
     if not slurm:
@@ -52,22 +52,22 @@ def submit(
                           slurm_requeue=requeue, slurm_via=via)
     loaded, plan = common.build_plan(profile, overrides, for_slurm=True)
     scripts = render_all(plan)
-    from .. import runner
+    from ..backends.slurm import submit as slurm_submit
 
     if dry_run:
         if plan.slurm is not None and plan.slurm.via == "submitit":
-            from ..slurm import submitit_preview
+            from ..backends.slurm.via_submitit import submitit_preview
 
-            folder, python, params = runner.submitit_job(plan, Path(plan.run_dir), scripts["submitit-setup.sh"])
+            folder, python, params = slurm_submit.submitit_job(plan, Path(plan.run_dir), scripts["submitit-setup.sh"])
             scripts["submitit.sbatch (as submitit will write it)"] = submitit_preview(folder, python, params)
         print_dry_run(plan, scripts, as_json)
         return
-    from ..runs import RunPaths
+    from ..runs.paths import RunPaths
 
     if as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
     paths = RunPaths(Path(plan.local_run_dir))
-    job_id = runner.submit_slurm(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
+    job_id = slurm_submit.submit_slurm(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
     typer.echo(plan.run_id)
     typer.echo(f"fsdpctl: run {plan.run_id} submitted as Slurm job {job_id}; run directory {plan.run_dir}; "
                f"follow with `fsdpctl logs -f {plan.run_id}`", err=True)
@@ -79,7 +79,7 @@ def submit(
 
 def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str],
                         via: Optional[str]) -> None:
-    from ..profile_schema import SLURM_TIME_PATTERN, SLURM_WORD_PATTERN
+    from ..profiles.schema import SLURM_TIME_PATTERN, SLURM_WORD_PATTERN
 
     if nodes is not None and nodes < 1:
         raise UsageError(f"--nodes {nodes}: not positive", "give 1 or more")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from fsdpctl.plan import auto_port
+from fsdpctl.plan.make import auto_port
 from tests.conftest import REPO, run_cli
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fsdpctl.profile_docs import reference_markdown
-from fsdpctl.profile_schema import ClusterProfile
+from fsdpctl.profiles.reference import reference_markdown
+from fsdpctl.profiles.schema import ClusterProfile
 from tests.conftest import REPO
 
 

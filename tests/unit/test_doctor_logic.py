@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from fsdpctl.doctor import HostReport, judge_host, judge_parity
-from fsdpctl.probe import ProbeOutputError, parse_probe_output, probe_command
-from fsdpctl.profiles import parse_profile
+from fsdpctl.doctor.checks import HostReport, judge_host, judge_parity
+from fsdpctl.doctor.probe import ProbeOutputError, parse_probe_output, probe_command
+from fsdpctl.profiles.loader import parse_profile
 
 
 def profile(extra: str = "", device: str = "cpu"):

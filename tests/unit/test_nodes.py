@@ -15,13 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from fsdpctl import runner
-from fsdpctl.nodes import stop_run
-from fsdpctl.plan import make_plan
-from fsdpctl.profiles import parse_profile
-from fsdpctl.render import render_all
-from fsdpctl.runs import RunPaths
-from fsdpctl.transport import LocalTransport
+from fsdpctl.backends import launcher
+from fsdpctl.backends.supervisor import stop_run
+from fsdpctl.backends.transport import LocalTransport
+from fsdpctl.plan.make import make_plan
+from fsdpctl.plan.render import render_all
+from fsdpctl.profiles.loader import parse_profile
+from fsdpctl.runs.paths import RunPaths
+from fsdpctl.runs.record import prepare
 
 STAND_IN = """\
 #!/usr/bin/env python3
@@ -61,11 +62,11 @@ def launch(tmp_path: Path, env: dict[str, str]):
     scripts = render_all(plan)
     paths = RunPaths(tmp_path / "local")
     transports = [LocalTransport(tmp_path) for _ in plan.nodes]  # two "nodes", both this machine
-    runner.prepare(paths, plan, scripts, text)
-    runs = runner.start(paths, plan, scripts, transports, detached=False)
+    prepare(paths, plan, scripts, text)
+    runs = launcher.start(paths, plan, scripts, transports, detached=False)
     seen: list[tuple[int, str]] = []
     started = time.monotonic()
-    result = runner.supervise(paths, plan, runs, lambda rank, host, line: seen.append((rank, line)))
+    result = launcher.supervise(paths, plan, runs, lambda rank, host, line: seen.append((rank, line)))
     return plan, paths, result, seen, time.monotonic() - started
 
 
@@ -151,7 +152,7 @@ def test_ctrl_c_stops_everything_and_exits_130(tmp_path):
 
 
 def test_root_cause_is_the_earliest_failure_and_not_a_lost_peer():
-    from fsdpctl.nodes import root_cause
+    from fsdpctl.backends.supervisor import root_cause
 
     victim = {"node_rank": 0, "failed_at": "2026-11-21_13:05:01", "peer_gone": True, "exit_code": 1}
     killed = {"node_rank": 1, "failed_at": "2026-11-21_13:05:01", "peer_gone": False, "exit_code": -9}

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsdpctl.errors import ProfileError
-from fsdpctl.profile_schema import ClusterProfile
-from fsdpctl.profiles import parse_profile
+from fsdpctl.profiles.loader import parse_profile
+from fsdpctl.profiles.schema import ClusterProfile
 
 BASE = {
     "name": "lab",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fsdpctl.errors import ProfileError, ProfileNotFound
-from fsdpctl.profile_schema import ClusterProfile
-from fsdpctl.profiles import find_profile, list_profiles, load_profile, parse_profile
+from fsdpctl.profiles.loader import find_profile, list_profiles, load_profile, parse_profile
+from fsdpctl.profiles.schema import ClusterProfile
 from fsdpctl.resources import shipped_dir
 
 SHIPPED = sorted(shipped_dir("cluster_profiles").glob("*.yaml"))

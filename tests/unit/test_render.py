@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl.plan import Overrides, make_plan
-from fsdpctl.profiles import load_profile, parse_profile
-from fsdpctl.render import render_all
+from fsdpctl.plan.make import make_plan
+from fsdpctl.plan.render import render_all
+from fsdpctl.plan.types import Overrides
+from fsdpctl.profiles.loader import load_profile, parse_profile
 from fsdpctl.shell import quote_path
 
 GOLDEN = Path(__file__).parent / "golden"

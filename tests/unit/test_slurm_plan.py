@@ -8,10 +8,12 @@ import sys
 
 import pytest
 
+from fsdpctl.backends.slurm.via_submitit import ship_submitit, submitit_parameters
 from fsdpctl.errors import UsageError
-from fsdpctl.plan import Overrides, make_plan
-from fsdpctl.profiles import load_profile, parse_profile
-from fsdpctl.slurm import ship_submitit, submitit_parameters, time_limit_minutes
+from fsdpctl.plan.make import make_plan
+from fsdpctl.plan.slurm import time_limit_minutes
+from fsdpctl.plan.types import Overrides
+from fsdpctl.profiles.loader import load_profile, parse_profile
 
 RUN_ID = "slurm-20261121-120000-abcd"
 
@@ -91,9 +93,9 @@ def test_time_limits_that_requeue_or_submitit_cannot_work_with_are_refused():
 
 
 def test_srun_label_pieces_of_a_long_probe_line_are_joined_back():
-    from fsdpctl.probe import parse_probe_output
-    from fsdpctl.probe_script import BEGIN, END
-    from fsdpctl.slurm_doctor import split_tasks
+    from fsdpctl.backends.slurm.doctor import split_tasks
+    from fsdpctl.doctor.probe import parse_probe_output
+    from fsdpctl.doctor.probe_script import BEGIN, END
 
     answer = '{"hostname": "n2", "ok": true, "note": "a\\\\nb"}'
     out = f"1: welcome\n0: \n0: {BEGIN}\n0: {answer[:20]}\n1: {BEGIN}\n0: {answer[20:]}\n1: {{\"hostname\": \"n1\"}}\n"
@@ -104,7 +106,7 @@ def test_srun_label_pieces_of_a_long_probe_line_are_joined_back():
 
 
 def test_a_node_that_does_not_see_the_workdir_is_warned_about():
-    from fsdpctl.slurm_doctor import storage_check
+    from fsdpctl.backends.slurm.doctor import storage_check
 
     assert storage_check({"shared_file": True}, "/shared/w").status == "pass"
     check = storage_check({"shared_file": False}, "/local/w")
@@ -112,7 +114,7 @@ def test_a_node_that_does_not_see_the_workdir_is_warned_about():
 
 
 def test_sacct_lines_give_the_final_state_once_the_controller_forgot_the_job():
-    from fsdpctl.slurm import JobState, parse_sacct
+    from fsdpctl.backends.slurm.client import JobState, parse_sacct
 
     assert parse_sacct("COMPLETED|0:0\n") == JobState("COMPLETED", 0, True)
     assert parse_sacct("CANCELLED by 0|0:15\n") == JobState("CANCELLED", 143, True)

@@ -93,7 +93,7 @@ def list_runs(root: Path | None = None) -> list[Path]:
 
 def find_run(run_id: str | None, root: Path | None = None) -> Path:
     """The directory of ``run_id`` (the latest run when None); raises UsageError when there is none."""
-    from .errors import UsageError
+    from ..errors import UsageError
 
     root = root or runs_root()
     runs = list_runs(root)

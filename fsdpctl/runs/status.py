@@ -6,16 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import HostError
-from .nodes import COMMAND_TIMEOUT, poll_command
-from .shell import after_mark, marked, quote_path
+from ..backends.node_commands import poll_command
+from ..backends.supervisor import COMMAND_TIMEOUT
+from ..errors import HostError
+from ..shell import after_mark, marked, quote_path
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:
     """run.json, with each node's state asked from the node while the run is marked running,
     and the last metrics line rank 0 wrote."""
-    from .connect import close_all, open_transports
-    from .runner import load_run
+    from ..backends.connect import close_all, open_transports
+    from .record import load_run
 
     plan, profile, record = load_run(run_dir)
     if record.get("backend") == "slurm":
@@ -53,8 +54,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
 
 def _slurm_status(run_dir: Path, plan, record: dict[str, Any]) -> dict[str, Any]:
     """A Slurm run: the job's state from Slurm (squeue, then scontrol), each node from its log."""
-    from .slurm import job_state
-    from .slurm_logs import NodeLogs
+    from ..backends.slurm.client import job_state
+    from ..backends.slurm.logs import NodeLogs
 
     info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state"), "job_id": record.get("job_id"),
                             "exit_code": record.get("exit_code"), "first_failure": None}

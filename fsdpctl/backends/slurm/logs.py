@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .slurm import JobState, job_state
+from .client import JobState, job_state
 
 POLL_SECONDS = 2.0
 _HOST = re.compile(r"^fsdpctl: node (\d+) of \d+ on (\S+)")

@@ -17,11 +17,11 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from . import profile_schema as schema
-from .errors import ProfileError, ProfileNotFound
-from .profile_schema import ClusterProfile, HostSpec
-from .resources import shipped_dir
-from .workload import config as train_config
+from ..errors import ProfileError, ProfileNotFound
+from ..resources import shipped_dir
+from ..workload import config as train_config
+from . import schema
+from .schema import ClusterProfile, HostSpec
 
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
 # Variables the profile's network section owns; setting them in env would silently disagree.

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..shell import command_line
 from .probe_script import BEGIN, END
-from .shell import command_line
 
 
 @functools.lru_cache(maxsize=1)

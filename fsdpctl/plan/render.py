@@ -12,10 +12,10 @@ from typing import Any
 
 import jinja2
 
-from .plan import LaunchPlan, NodeSpec
-from .resources import shipped_dir
-from .shell import quote_path, shell_join
-from .workload.config import REQUEUE_MARKER
+from ..resources import shipped_dir
+from ..shell import quote_path, shell_join
+from ..workload.config import REQUEUE_MARKER
+from .types import LaunchPlan, NodeSpec
 
 NODE_TEMPLATE = "torchrun.sh.j2"
 SBATCH_TEMPLATE = "sbatch.sh.j2"

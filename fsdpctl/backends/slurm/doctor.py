@@ -17,13 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from . import slurm
-from .doctor import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
-from .probe import ProbeOutputError, parse_probe_output, probe_source
-from .probe_script import BEGIN, END
-from .profile_schema import ClusterProfile, slurm_directive_name
-from .render import render_slurm_head
-from .shell import quote_path
+from ...doctor.checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
+from ...doctor.probe import ProbeOutputError, parse_probe_output, probe_source
+from ...doctor.probe_script import BEGIN, END
+from ...plan.render import render_slurm_head
+from ...profiles.schema import ClusterProfile, slurm_directive_name
+from ...shell import quote_path
+from . import client as slurm
 
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 _HEAD_PLACEHOLDER = "FSDPCTL_HEAD_ADDRESS"

@@ -7,119 +7,22 @@ same plan (and the same rendered scripts).
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import __version__
-from .errors import UsageError
-from .profile_schema import SLURM_OWNED_DIRECTIVES, ClusterProfile, slurm_directive_name
-from .shell import NodeExpr, shell_join
-from .workload import config as train_config
+from .. import __version__
+from ..errors import UsageError
+from ..profiles.schema import ClusterProfile
+from ..shell import NodeExpr, join_path
+from ..workload import config as train_config
+from .slurm import make_slurm_plan
+from .types import LaunchPlan, NodeSpec, Overrides
 
 WORKLOAD_MODULE = "fsdpctl.workload.train"
 SHIPPED_PACKAGE_DIR = "pkg"
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ALL", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 # Settings of the workload that fsdpctl owns: each node writes into its own run directory.
 _PLAN_OWNED_SETTINGS = ("run_dir",)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Overrides:
-    """Command-line values; each one beats the profile (CLI flag > profile > default)."""
-
-    train: Mapping[str, Any] = field(default_factory=dict)
-    """Workload settings given as flags (``--steps 20`` -> ``{"steps": 20}``)."""
-    nproc_per_node: Optional[int] = None
-    master_port: Optional[int] = None
-    debug: bool = False
-    """Add NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=ALL, TORCH_DISTRIBUTED_DEBUG=DETAIL."""
-    entry_module: Optional[str] = None
-    """Run this module of the workload package instead of the trainer (``doctor --collectives``)."""
-    entry_args: tuple[str, ...] = ()
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    """Variables added for this run only (after the profile's)."""
-    slurm_nodes: Optional[int] = None
-    slurm_time: Optional[str] = None
-    slurm_partition: Optional[str] = None
-    slurm_requeue: Optional[bool] = None
-    """``--requeue`` / ``--no-requeue`` (over ``slurm.requeue``)."""
-    slurm_via: Optional[str] = None
-    """``--via sbatch|submitit`` (over ``slurm.via``)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeSpec:
-    """One node of the run and the exact torchrun command it runs."""
-
-    node_rank: int
-    host: str
-    """How fsdpctl reaches the node (SSH target; ``localhost`` for local)."""
-    address: str
-    """How the other nodes reach it."""
-    nproc: str
-    """Processes on this node: a number, or ``gpu`` (torchrun counts the GPUs)."""
-    script_path: str
-    """The rendered node script, inside the run directory on the node."""
-    torchrun_args: tuple[str, ...]
-    """Arguments after ``python``: ``-m torch.distributed.run ... -m fsdpctl.workload.train ...``."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmPlan:
-    """What ``sbatch.sh`` says: its directives and the per-node step command."""
-
-    directives: tuple[tuple[str, str], ...]
-    """``#SBATCH --name=value`` pairs, in order (extra profile directives as name/"" pairs)."""
-    step_command: str
-    """Shell text run by ``srun`` on every node; ``$SLURM_NODEID`` and the head address expand there."""
-    nodes: int
-    # Defaults: plan.json files written before these fields existed still load (logs, status, stop).
-    requeue: bool = False
-    """Checkpoint on SIGUSR2 (``signal_seconds`` before the time limit) and requeue the job."""
-    signal_seconds: int = 120
-    via: str = "sbatch"
-    """``sbatch`` (fsdpctl's batch script) or ``submitit`` (submitit's executor runs the step command)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchPlan:
-    """Everything needed to start the run, computed before anything touches a host."""
-
-    run_id: str
-    profile_name: str
-    profile_source: str
-    backend: str
-    fsdpctl_version: str
-    num_nodes: int
-    nproc_per_node: str
-    world_size: Optional[int]
-    """Known when every node's process count is; ``None`` when torchrun counts GPUs at start."""
-    rdzv_backend: str
-    master_host: str
-    master_addr: str
-    master_port: int
-    master_addr_is_ip: bool
-    env: dict[str, str]
-    python: str
-    setup: tuple[str, ...]
-    workdir: str
-    run_dir: str
-    """The run's directory on the nodes (``<workdir>/runs/<run_id>``)."""
-    local_run_dir: str
-    """The run's directory here: plan, scripts, run.json and collected logs."""
-    train: dict[str, Any]
-    """Resolved workload settings (profile ``train`` overlaid with flags)."""
-    nodes: tuple[NodeSpec, ...]
-    slurm: Optional[SlurmPlan]
-    debug: bool
-    warnings: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
-        return dataclasses.asdict(self)
 
 
 def _is_ip(text: str) -> bool:
@@ -129,17 +32,6 @@ def _is_ip(text: str) -> bool:
         return False
     return True
 
-
-def join_path(base: str, *parts: str) -> str:
-    """Join node-side paths without touching the local filesystem (``~`` stays for the node)."""
-    text = base.rstrip("/") or "/"
-    for part in parts:
-        part = part.strip("/") if part not in ("", ".") else ""
-        if part.startswith("./"):
-            part = part[2:]
-        if part:
-            text = part if text == "." else f"{text.rstrip('/')}/{part}"
-    return text
 
 
 def _resolve_train(profile: ClusterProfile, overrides: Overrides, *, for_slurm: bool,
@@ -321,8 +213,8 @@ def make_plan(
     if for_slurm:
         step_args = _torchrun_args(**rdzv, master_addr=NodeExpr('"$FSDPCTL_HEAD_ADDR"'),
                                    node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc)
-        slurm_plan = _slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args, requeue,
-                                 profile_source)
+        slurm_plan = make_slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args, requeue,
+                                     profile_source)
     return LaunchPlan(
         run_id=run_id, profile_name=profile.name, profile_source=profile_source,
         backend="slurm" if for_slurm else profile.backend, fsdpctl_version=__version__,
@@ -334,77 +226,3 @@ def make_plan(
         warnings=tuple(warnings),
     )
 
-
-def time_limit_minutes(text: str) -> int | None:
-    """A Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in whole minutes,
-    rounded up; None for UNLIMITED."""
-    if text.upper() == "UNLIMITED":
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
-        parts += [0] * (3 - len(parts))
-        hours, minutes, seconds = parts
-    else:  # MM, MM:SS, HH:MM:SS
-        hours, minutes, seconds = {1: [0, *parts, 0], 2: [0, *parts], 3: parts}[len(parts)]
-    total_seconds = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-    return -(-total_seconds // 60)
-
-
-def _check_slurm_submission(profile: ClusterProfile, source: str, time_limit: Optional[str], requeue: bool,
-                            via: str) -> None:
-    """What can only go wrong when submitting: options fsdpctl writes, and time limits that
-    requeue or submitit cannot work with."""
-    slurm = profile.slurm
-    assert slurm is not None
-    where = f"{source or profile.name}: "
-    for i, directive in enumerate(slurm.directives):
-        name = slurm_directive_name(directive)
-        if name in SLURM_OWNED_DIRECTIVES:
-            fix = {"requeue": "use slurm.requeue: true (or --requeue)", "signal": "use slurm.requeue: true and "
-                   "slurm.signal_seconds", "nodes": "use slurm.nodes (or --nodes)",
-                   "no-requeue": "leave slurm.requeue false"}.get(name, "remove it")
-            raise UsageError(f"{where}slurm.directives[{i}]: --{name} is written by fsdpctl", fix)
-    minutes = time_limit_minutes(time_limit) if time_limit else None
-    if via == "submitit" and time_limit is None:
-        raise UsageError(f"{where}slurm.time: --via submitit needs a time limit (submitit would ask for 5 minutes)",
-                         "set slurm.time or pass --time, e.g. --time 02:00:00")
-    if requeue and minutes is not None and minutes * 60 < 2 * slurm.signal_seconds:
-        raise UsageError(f"{where}slurm.signal_seconds: SIGUSR2 {slurm.signal_seconds} s before a {time_limit} "
-                         f"time limit leaves too little time to train between requeues",
-                         "raise the time limit to at least twice signal_seconds, or lower signal_seconds")
-
-
-def _slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
-                num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str) -> SlurmPlan:
-    slurm = profile.slurm
-    assert slurm is not None
-    directives: list[tuple[str, str]] = [
-        ("job-name", f"fsdpctl-{run_id}"), ("nodes", str(num_nodes)), ("ntasks-per-node", "1"),
-    ]
-    optional = {
-        "gpus-per-node": slurm.gpus_per_node, "cpus-per-task": slurm.cpus_per_task,
-        "partition": overrides.slurm_partition or slurm.partition, "account": slurm.account,
-        "qos": slurm.qos, "time": overrides.slurm_time or slurm.time, "constraint": slurm.constraint,
-    }
-    directives += [(name, str(value)) for name, value in optional.items() if value is not None]
-    directives.append(("output", join_path(run_dir, "slurm-%j.out")))
-    # A requeued job writes on after its first attempt's lines instead of over them.
-    directives.append(("open-mode", "append"))
-    if requeue:
-        directives += [("requeue", ""), ("signal", f"USR2@{slurm.signal_seconds}")]
-    directives += [tuple(d[2:].split("=", 1)) if "=" in d else (d[2:], "") for d in slurm.directives]
-    # srun runs this in every node's own shell, where $SLURM_NODEID and the head address expand.
-    # Each node appends to its own node<R>.log in the run directory, as over SSH: logs reads them alike.
-    # Slurm signals every process of the step: torchrun must ignore SIGUSR2 (its default action
-    # is to die) and hand the ignoring on; the workers install their own handler for it.
-    via = overrides.slurm_via or slurm.via
-    _check_slurm_submission(profile, source, overrides.slurm_time or slurm.time, requeue, via)
-    # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
-    ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
-    command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
-               f'{{ echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
-               f'attempt $((${{SLURM_RESTART_COUNT:-0}} + 1))"; '
-               f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}; }} >> node"$SLURM_NODEID".log 2>&1')
-    return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,
-                     signal_seconds=slurm.signal_seconds, via=via)

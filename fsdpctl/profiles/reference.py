@@ -10,8 +10,8 @@ import dataclasses
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
 
-from . import profile_schema as schema
-from .workload import config as train_config
+from ..workload import config as train_config
+from . import schema
 
 SECTIONS: list[tuple[str, type]] = [
     ("", schema.ClusterProfile),
@@ -51,7 +51,7 @@ def _default_text(f: dataclasses.Field) -> str:
 def reference_markdown() -> str:
     """The whole profile reference: one table per section, then the workload settings."""
     out = ["# Cluster profile reference", "",
-           "Generated from `fsdpctl/profile_schema.py` (`fsdpctl profiles --reference`). Unknown keys, wrong",
+           "Generated from `fsdpctl/profiles/schema.py` (`fsdpctl profiles --reference`). Unknown keys, wrong",
            "types and unsafe values are refused with `file:line: field: problem; fix`.", ""]
     for prefix, cls in SECTIONS:
         docs = train_config.field_docs(cls)

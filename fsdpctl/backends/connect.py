@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .profile_schema import ClusterProfile
+from ..profiles.schema import ClusterProfile
 from .transport import Transport
 
 

@@ -1,6 +1,6 @@
 """What a cluster profile may say: frozen dataclasses whose field docstrings are the reference.
 
-The loader (``profiles.py``) reads YAML into these types strictly; ``docs/profiles.md`` is
+The loader (``loader.py``) reads YAML into these types strictly; ``docs/profiles.md`` is
 generated from the docstrings here, so the reference never drifts from the code.
 """
 

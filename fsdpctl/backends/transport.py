@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Protocol
 
-from .errors import HostError
+from ..errors import HostError
 
 
 class Stream(Protocol):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import paramiko
 
-from .errors import HostError
-from .profile_schema import HostSpec, SSHSpec
+from ..errors import HostError
+from ..profiles.schema import HostSpec, SSHSpec
 from .transport import read_lines
 
 _KNOWN_HOSTS_LOCK = threading.Lock()

@@ -1,0 +1,1 @@
+"""Where a job runs: this machine, SSH nodes, or a Slurm allocation."""

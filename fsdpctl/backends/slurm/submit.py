@@ -1,0 +1,59 @@
+"""Submitting a run to Slurm: the run directory on shared storage, then ``sbatch`` or submitit's executor."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from ...plan.make import SHIPPED_PACKAGE_DIR
+from ...plan.types import LaunchPlan
+from ...runs.paths import RunPaths
+from ...runs.record import now, prepare, record
+from ...shell import quote_path
+from ..node_commands import workload_bundle
+from . import client, via_submitit
+
+
+def submit_slurm(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str) -> str:
+    """Write the run directory (shared by the nodes: the scripts, the workload package) and submit
+    the job, through ``sbatch`` or submitit's executor; returns Slurm's job id, recorded in run.json."""
+    assert plan.slurm is not None
+    prepare(paths, plan, scripts, profile_text)
+    run_dir = Path(plan.run_dir).expanduser()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (script_name, script), = scripts.items()
+    with tarfile.open(fileobj=io.BytesIO(workload_bundle(script_name, script)), mode="r:gz") as tar:
+        tar.extractall(run_dir, filter="data")
+    if plan.slurm.via == "submitit":
+        job_id = _submit_with_submitit(plan, run_dir, script)
+        output = run_dir / "submitit" / f"{job_id}_0_log.out"
+    else:
+        job_id = client.submit_batch(str(run_dir / script_name), str(run_dir))
+        output = run_dir / f"slurm-{job_id}.out"
+    nodes = [{"node_rank": r, "host": f"slurm node {r}", "state": "pending", "exit_code": None}
+             for r in range(plan.num_nodes)]
+    record(paths, plan, nodes, "submitted", submitted_at=now(), job_id=job_id, via=plan.slurm.via,
+           slurm_output=str(output))
+    return job_id
+
+
+def submitit_job(plan: LaunchPlan, run_dir: Path, setup: str) -> tuple[str, str, dict[str, Any]]:
+    """submitit's folder (unique to the run: job ids restart when a cluster is reset), the node
+    Python command, and the executor parameters."""
+    assert plan.slurm is not None
+    params = via_submitit.submitit_parameters(plan.slurm.directives, setup.splitlines(), plan.slurm.signal_seconds)
+    return str(run_dir / "submitit"), quote_path(plan.python), params
+
+
+def _submit_with_submitit(plan: LaunchPlan, run_dir: Path, setup: str) -> str:
+    from ...workload.slurm_task import NodeTask
+
+    assert plan.slurm is not None
+    via_submitit.ship_submitit(str(run_dir / SHIPPED_PACKAGE_DIR))
+    folder, python, params = submitit_job(plan, run_dir, setup)
+    # Leave submitit's task most of the warning time to wait for the workers' checkpoint.
+    task = NodeTask(plan.slurm.step_command, str(run_dir), plan.slurm.requeue,
+                    save_seconds=max(5.0, plan.slurm.signal_seconds - 10.0))
+    return via_submitit.submit_with_submitit(folder, python, params, task)

@@ -1,0 +1,100 @@
+"""Probe every host of a profile in parallel, judge each one, and diff them against each other.
+
+One connection and one remote command per host: the probe also holds the rendezvous port open on
+the master while the other hosts' probes connect to it, so port reachability needs no extra round.
+A host that fails never stops the others; each failure carries its precise cause and a hint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..errors import HostError
+from ..profiles.schema import ClusterProfile
+from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
+from .probe import ProbeOutputError, parse_probe_output, probe_command
+
+
+@dataclass(frozen=True)
+class HostJob:
+    """What to probe on one host: its transport, rank and the probe's arguments."""
+
+    node_rank: int
+    transport: Any
+    args: dict[str, Any]
+
+
+def make_jobs(profile: ClusterProfile, transports: Sequence[Any], master_rank: int, master_addr: str,
+              port: int, deep: bool, port_check: bool, window: float = PORT_WINDOW_SECONDS) -> list[HostJob]:
+    """One probe per host; the master listens on the rendezvous port, the others connect to it."""
+    jobs = []
+    others = len(transports) - 1
+    for rank, transport in enumerate(transports):
+        args: dict[str, Any] = {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep}
+        if port_check:
+            if rank == master_rank:
+                args["listen"] = {"port": port, "expect": others, "window": window}
+            else:
+                args["connect"] = {"addr": master_addr, "port": port, "window": window}
+        jobs.append(HostJob(rank, transport, args))
+    return jobs
+
+
+def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfile,
+               nproc: Optional[int]) -> HostReport:
+    """Connect, probe and judge one host; never raises for a host-side problem. The connection stays
+    open for the caller (launch reuses it); the caller closes it."""
+    started = time.monotonic()
+    report = HostReport(host=job.transport.host, node_rank=job.node_rank)
+    try:
+        status, out, err = job.transport.run(probe_command(python, job.args), timeout)
+        if status == 127 or (status != 0 and "No such file" in err and python in err):
+            report.checks = [Check("reachable", "pass", "connected"),
+                             Check("python", "fail", f"{python} not found on this host",
+                                   "set `python:` in the profile to an interpreter that exists there")]
+        elif status != 0:
+            last = (err.strip().splitlines() or ["(no output)"])[-1]
+            report.checks = [Check("reachable", "pass", "connected"),
+                             Check("probe", "fail", f"probe exited {status}: {last}",
+                                   "run the profile's python by hand on this host to see why")]
+        else:
+            facts = parse_probe_output(out)
+            facts["_received"] = time.time()
+            report.facts = facts
+            report.checks = [Check("reachable", "pass", "connected"), *judge_host(profile, facts, nproc)]
+    except HostError as exc:
+        report.checks = [Check(_CAUSE_CHECK.get(exc.cause, "reachable"), "fail", exc.detail, exc.hint)]
+    except ProbeOutputError as exc:
+        report.checks = [Check("probe", "fail", str(exc), "the node's shell may print to stdout; check its rc files")]
+    finally:
+        report.seconds = time.monotonic() - started
+    if report.facts is not None:
+        report.facts.pop("_received", None)
+    return report
+
+
+# Which check a connection failure belongs to: the network, or the SSH trust/identity layer.
+_CAUSE_CHECK = {"auth": "authenticated", "unknown-host-key": "authenticated", "changed-host-key": "authenticated",
+                "timeout": "probe"}
+
+
+def run_doctor(profile: ClusterProfile, jobs: Sequence[HostJob], *, python: str, timeout: float,
+               nproc: Optional[int], concurrency: int = 32,
+               on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+    """Probe every host (at most ``concurrency`` at once) and build the report."""
+    started = time.monotonic()
+    reports: list[HostReport] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs)))) as pool:
+        futures = [pool.submit(probe_host, job, python, timeout, profile, nproc) for job in jobs]
+        for future in as_completed(futures):
+            report = future.result()
+            reports.append(report)
+            if on_host:
+                on_host(report)
+    reports.sort(key=lambda r: r.node_rank)
+    return DoctorReport(profile=profile.name, hosts=reports, parity=judge_parity(profile, reports),
+                        seconds=time.monotonic() - started)

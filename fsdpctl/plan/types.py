@@ -1,0 +1,119 @@
+"""The plan's types: what the command line overrides, each node's command, the Slurm batch, the whole plan.
+
+Frozen dataclasses, JSON-ready through ``to_json``; ``plan_from_json`` reads a run's ``plan.json`` back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overrides:
+    """Command-line values; each one beats the profile (CLI flag > profile > default)."""
+
+    train: Mapping[str, Any] = field(default_factory=dict)
+    """Workload settings given as flags (``--steps 20`` -> ``{"steps": 20}``)."""
+    nproc_per_node: Optional[int] = None
+    master_port: Optional[int] = None
+    debug: bool = False
+    """Add NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=ALL, TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    entry_module: Optional[str] = None
+    """Run this module of the workload package instead of the trainer (``doctor --collectives``)."""
+    entry_args: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added for this run only (after the profile's)."""
+    slurm_nodes: Optional[int] = None
+    slurm_time: Optional[str] = None
+    slurm_partition: Optional[str] = None
+    slurm_requeue: Optional[bool] = None
+    """``--requeue`` / ``--no-requeue`` (over ``slurm.requeue``)."""
+    slurm_via: Optional[str] = None
+    """``--via sbatch|submitit`` (over ``slurm.via``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    """One node of the run and the exact torchrun command it runs."""
+
+    node_rank: int
+    host: str
+    """How fsdpctl reaches the node (SSH target; ``localhost`` for local)."""
+    address: str
+    """How the other nodes reach it."""
+    nproc: str
+    """Processes on this node: a number, or ``gpu`` (torchrun counts the GPUs)."""
+    script_path: str
+    """The rendered node script, inside the run directory on the node."""
+    torchrun_args: tuple[str, ...]
+    """Arguments after ``python``: ``-m torch.distributed.run ... -m fsdpctl.workload.train ...``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmPlan:
+    """What ``sbatch.sh`` says: its directives and the per-node step command."""
+
+    directives: tuple[tuple[str, str], ...]
+    """``#SBATCH --name=value`` pairs, in order (extra profile directives as name/"" pairs)."""
+    step_command: str
+    """Shell text run by ``srun`` on every node; ``$SLURM_NODEID`` and the head address expand there."""
+    nodes: int
+    # Defaults: plan.json files written before these fields existed still load (logs, status, stop).
+    requeue: bool = False
+    """Checkpoint on SIGUSR2 (``signal_seconds`` before the time limit) and requeue the job."""
+    signal_seconds: int = 120
+    via: str = "sbatch"
+    """``sbatch`` (fsdpctl's batch script) or ``submitit`` (submitit's executor runs the step command)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """Everything needed to start the run, computed before anything touches a host."""
+
+    run_id: str
+    profile_name: str
+    profile_source: str
+    backend: str
+    fsdpctl_version: str
+    num_nodes: int
+    nproc_per_node: str
+    world_size: Optional[int]
+    """Known when every node's process count is; ``None`` when torchrun counts GPUs at start."""
+    rdzv_backend: str
+    master_host: str
+    master_addr: str
+    master_port: int
+    master_addr_is_ip: bool
+    env: dict[str, str]
+    python: str
+    setup: tuple[str, ...]
+    workdir: str
+    run_dir: str
+    """The run's directory on the nodes (``<workdir>/runs/<run_id>``)."""
+    local_run_dir: str
+    """The run's directory here: plan, scripts, run.json and collected logs."""
+    train: dict[str, Any]
+    """Resolved workload settings (profile ``train`` overlaid with flags)."""
+    nodes: tuple[NodeSpec, ...]
+    slurm: Optional[SlurmPlan]
+    debug: bool
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
+        return dataclasses.asdict(self)
+
+
+
+def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
+    """A ``plan.json`` (``LaunchPlan.to_json``) back as a LaunchPlan."""
+    data = dict(data)
+    nodes = tuple(NodeSpec(**{**n, "torchrun_args": tuple(n["torchrun_args"])}) for n in data.pop("nodes", []))
+    slurm = data.pop("slurm", None)
+    return LaunchPlan(**{**data, "nodes": nodes, "setup": tuple(data.get("setup", ())),
+                         "warnings": tuple(data.get("warnings", ())),
+                         "slurm": SlurmPlan(**{**slurm, "directives": tuple(map(tuple, slurm["directives"]))})
+                         if slurm else None})
