@@ -14,7 +14,7 @@ def open_transports(profile: ClusterProfile) -> list[Transport]:
         from .transport import LocalTransport
 
         return [LocalTransport()]
-    from .ssh import SSHTransport  # paramiko only when a profile really needs SSH
+    from .ssh_transport import SSHTransport  # paramiko only when a profile really needs SSH
 
     return [SSHTransport(host, profile.ssh) for host in profile.hosts]
 
