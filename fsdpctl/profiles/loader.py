@@ -21,6 +21,7 @@ from ..errors import ProfileError, ProfileNotFound
 from ..resources import shipped_dir
 from ..workload import config as train_config
 from . import schema
+from .rules import RULES
 from .schema import ClusterProfile, HostSpec
 
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
@@ -215,7 +216,7 @@ class _Reader:
     # --- per-type rules ----------------------------------------------------------------------
     def check(self, node: yaml.Node, field: str, value: Any) -> Any:
         """Range and safety rules of one section, reported at the section's line."""
-        rules = _RULES.get(type(value), ())
+        rules = RULES.get(type(value), ())
         for rule in rules:
             problem = rule(value)
             if problem:
@@ -245,116 +246,6 @@ def _describe(annotation: Any) -> str:
     if get_origin(annotation) is Literal:
         return " or ".join(repr(c) for c in get_args(annotation))
     return {int: "an integer", float: "a number", str: "text", bool: "true or false"}.get(annotation, "a value")
-
-
-def _port_problem(name: str, port: int | None):
-    if port is not None and not 1 <= port <= 65535:
-        return name, f"{port} is not a TCP port", "give a port between 1 and 65535"
-    return None
-
-
-def _host_rules(host: HostSpec):
-    if not schema.HOST_PATTERN.match(host.host):
-        return ("host", f"{host.host!r} is not a host name, alias or IP address",
-                "use letters, digits, '.', '-' and '_' only (no spaces or shell characters)")
-    if host.address is not None and not schema.HOST_PATTERN.match(host.address):
-        return ("address", f"{host.address!r} is not an IP address or host name",
-                "give the IP the other nodes reach this host at, e.g. 10.0.0.2")
-    if host.user is not None and not schema.USER_PATTERN.match(host.user):
-        return "user", f"{host.user!r} is not a valid user name", "use a plain login name"
-    if host.gpus is not None and host.gpus < 0:
-        return "gpus", f"{host.gpus} is negative", "give 0 or more"
-    return _port_problem("port", host.port)
-
-
-def _network_rules(net: schema.NetworkSpec):
-    if net.interface is not None and not schema.IFNAME_PATTERN.match(net.interface):
-        return ("interface", f"{net.interface!r} is not a network interface name",
-                "give the name `ip link` shows, e.g. eth0 (at most 15 characters)")
-    if net.ib_hca is not None and not net.ib:
-        return "ib_hca", "is set but ib is false", "set ib: true or remove ib_hca"
-    if net.ib_hca is not None and not schema.SLURM_WORD_PATTERN.match(net.ib_hca):
-        return "ib_hca", f"{net.ib_hca!r} is not a list of adapters", "write e.g. mlx5_0,mlx5_1"
-    return None
-
-
-def _rendezvous_rules(rdzv: schema.RendezvousSpec):
-    if rdzv.host is not None and not schema.HOST_PATTERN.match(rdzv.host):
-        return "host", f"{rdzv.host!r} is not a host name", "name one of the profile's hosts"
-    return _port_problem("port", rdzv.port if isinstance(rdzv.port, int) else None)
-
-
-def _ssh_rules(ssh: schema.SSHSpec):
-    if ssh.user is not None and not schema.USER_PATTERN.match(ssh.user):
-        return "user", f"{ssh.user!r} is not a valid user name", "use a plain login name"
-    if ssh.connect_timeout <= 0:
-        return "connect_timeout", f"{ssh.connect_timeout} is not positive", "give seconds, e.g. 10"
-    if ssh.proxy_jump is not None and not all(
-        schema.HOST_PATTERN.match(part.rsplit("@", 1)[-1].rsplit(":", 1)[0]) for part in ssh.proxy_jump.split(",")
-    ):
-        return "proxy_jump", f"{ssh.proxy_jump!r} is not [user@]host[:port]", "write e.g. me@bastion:22"
-    return _port_problem("port", ssh.port)
-
-
-def _slurm_rules(slurm: schema.SlurmSpec):
-    for name in ("partition", "account", "qos", "constraint"):
-        value = getattr(slurm, name)
-        if value is not None and not schema.SLURM_WORD_PATTERN.match(value):
-            return name, f"{value!r} has characters Slurm names do not use", "use letters, digits, _ - . , :"
-    if slurm.time is not None and not schema.SLURM_TIME_PATTERN.match(slurm.time):
-        return "time", f"{slurm.time!r} is not a Slurm time limit", "write e.g. \"90\", \"02:00:00\" or \"1-00:00\""
-    for name in ("nodes", "gpus_per_node", "cpus_per_task"):
-        value = getattr(slurm, name)
-        if value is not None and value < 1:
-            return name, f"{value} is not positive", "give 1 or more"
-    for i, directive in enumerate(slurm.directives):
-        if not schema.SLURM_DIRECTIVE_PATTERN.match(directive):
-            return (f"directives[{i}]", f"{directive!r} is not a --name=value sbatch option",
-                    "write e.g. --mem=0 (no spaces, quotes or shell characters)")
-    if not 1 <= slurm.signal_seconds <= 65535:
-        return "signal_seconds", f"{slurm.signal_seconds} is outside 1-65535", "give the seconds, e.g. 120"
-    return None
-
-
-def _profile_rules(p: ClusterProfile):
-    if not schema.NAME_PATTERN.match(p.name):
-        return "name", f"{p.name!r} cannot be used in a run id", "use letters, digits, '.', '_' and '-'"
-    if p.backend == "ssh" and not p.hosts:
-        return "hosts", "an ssh profile needs at least one host", "list the nodes under hosts:"
-    if p.backend == "slurm" and p.slurm is None:
-        return "slurm", "a slurm profile needs a slurm section", "add slurm: {nodes: 2, ...}"
-    if p.backend == "local" and len(p.hosts) > 1:
-        return "hosts", "a local profile runs on this machine only", "use backend: ssh for several hosts"
-    names = [h.host for h in p.hosts]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        return "hosts", f"{dup!r} is listed twice", "list every node once"
-    if p.rendezvous.host is not None and p.hosts and p.rendezvous.host not in names:
-        return "rendezvous.host", f"{p.rendezvous.host!r} is not one of hosts", "name one of: " + ", ".join(names)
-    if isinstance(p.nproc_per_node, int) and p.nproc_per_node < 1:
-        return "nproc_per_node", f"{p.nproc_per_node} is not positive", "give 1 or more, or auto"
-    if p.nproc_per_node == "auto" and p.device == "cpu":
-        return ("nproc_per_node", "auto counts GPUs but device is cpu",
-                "give the number of processes per node, e.g. nproc_per_node: 2")
-    for i, line in enumerate(p.setup):
-        if "\n" in line or "\0" in line:
-            return f"setup[{i}]", "contains a newline or NUL", "write one command per list item"
-    if p.python is not None and (not p.python.strip() or any(c in p.python for c in "\n\0")):
-        return "python", f"{p.python!r} is not an interpreter path", "give e.g. /opt/venv/bin/python"
-    if not p.workdir or not schema.WORKDIR_PATTERN.match(p.workdir):
-        return ("workdir", f"{p.workdir!r} is not a usable directory path",
-                "give e.g. ~/fsdpctl or /scratch/me/fsdpctl (no spaces, quotes or shell characters)")
-    return None
-
-
-_RULES: dict[type, tuple] = {
-    HostSpec: (_host_rules,),
-    schema.NetworkSpec: (_network_rules,),
-    schema.RendezvousSpec: (_rendezvous_rules,),
-    schema.SSHSpec: (_ssh_rules,),
-    schema.SlurmSpec: (_slurm_rules,),
-    ClusterProfile: (_profile_rules,),
-}
 
 
 def parse_profile(text: str, source: str) -> ClusterProfile:
