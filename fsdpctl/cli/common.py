@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -12,8 +14,10 @@ import typer
 from ..errors import UsageError
 
 if TYPE_CHECKING:
+    from ..backends.base import Backend
     from ..plan.types import LaunchPlan, Overrides
     from ..profiles.loader import LoadedProfile
+    from ..runs.record import Run
 
 PROFILE_HELP = "Profile name (./cluster_profiles, ~/.config/fsdpctl/profiles, shipped) or a .yaml path."
 
@@ -91,3 +95,25 @@ def build_plan(profile_name: str, overrides: Overrides, *, for_slurm: bool) -> t
         home=str(Path.home()), local_cwd=str(Path.cwd()), for_slurm=for_slurm,
     )
     return loaded, plan
+
+
+def with_previews(profile, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
+    """The rendered scripts plus whatever the backend would write itself (shown by ``--dry-run``)."""
+    from ..backends import backend_for
+
+    return {**scripts, **backend_for(profile, plan.backend).previews(plan, scripts)}
+
+
+@contextlib.contextmanager
+def opened_run(run_id: Optional[str]) -> Iterator[tuple[Run, Backend]]:
+    """A run (the latest when ``run_id`` is None) and its backend, closed afterwards."""
+    from ..backends import backend_for_run
+    from ..runs.paths import find_run
+    from ..runs.record import load_run
+
+    run = load_run(find_run(run_id))
+    backend = backend_for_run(run)
+    try:
+        yield run, backend
+    finally:
+        backend.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 
@@ -27,8 +26,8 @@ def doctor(
     """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs, interface, InfiniBand, ports, disk.
 
     For a Slurm profile: the controller and partition, then the same checks on allocated nodes (srun)."""
-    from ..backends.connect import close_all, master_of, node_python, open_transports
-    from ..doctor.fanout import make_jobs, run_doctor
+    from ..backends import backend_for
+    from ..backends.base import DoctorRequest
     from ..plan.make import auto_port
     from ..profiles.loader import load_profile
     from ..runs.paths import new_run_id
@@ -37,35 +36,20 @@ def doctor(
     prof = loaded.profile
     port = prof.rendezvous.port if isinstance(prof.rendezvous.port, int) else auto_port(new_run_id(prof.name))
     nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else None
-    if prof.backend == "slurm":
+    request = DoctorRequest(port=port, deep=deep, timeout=timeout, concurrency=concurrency,
+                            port_check=not no_port_check, nproc=nproc)
+    backend = backend_for(prof)
+    typer.echo(f"doctor: checking the nodes of {prof.name} ({backend.name})", err=True)
+    try:
+        report = backend.doctor(request, on_host=progress)
+        result = report.to_json(strict)
         if collectives:
-            from ..errors import UsageError
-
-            raise UsageError("--collectives: not available for Slurm profiles",
-                             "submit a short job instead: fsdpctl submit --slurm --steps 5 --follow")
-        from ..backends.slurm.doctor import run_slurm_doctor
-
-        typer.echo(f"doctor: asking Slurm, then probing {prof.slurm.nodes} allocated node(s) of {prof.name}",
-                   err=True)
-        report = run_slurm_doctor(prof, python=node_python(prof), port=port, deep=deep, timeout=timeout,
-                                  nproc=nproc, on_host=progress)
-    else:
-        transports = open_transports(prof)
-        master_rank, master_addr = master_of(prof)
-        port_check = prof.backend == "ssh" and not no_port_check
-        jobs = make_jobs(prof, transports, master_rank, master_addr, port, deep, port_check)
-        typer.echo(f"doctor: probing {len(jobs)} host(s) of {prof.name}", err=True)
-        try:
-            report = run_doctor(prof, jobs, python=node_python(prof), timeout=timeout, nproc=nproc,
-                                concurrency=concurrency, on_host=progress)
-        finally:
-            close_all(transports)
-    result = report.to_json(strict)
-    if collectives:
-        if report.ok():
-            result["collectives"] = _collectives(profile, prof)
-        else:
-            result["collectives"] = {"skipped": "the checks above failed"}
+            if report.ok():
+                result["collectives"] = _collectives(profile, backend)
+            else:
+                result["collectives"] = {"skipped": "the checks above failed"}
+    finally:
+        backend.close()
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
@@ -76,31 +60,23 @@ def doctor(
     raise typer.Exit(0 if report.ok(strict) and not failed else 1)
 
 
-def _collectives(profile_name: str, prof) -> dict:
-    """Launch the collective smoke test like a training run; return its figures (or why not)."""
-    from ..backends import launcher
-    from ..backends.connect import close_all, open_transports
+def _collectives(profile_name: str, backend) -> dict:
+    """Run the collective smoke test through the launch path, as a run of its own; its figures (or why not)."""
     from ..doctor.collectives import COLLECTIVES_ENV, COLLECTIVES_MODULE, collectives_result
     from ..plan.render import render_all
     from ..plan.types import Overrides
-    from ..runs.paths import RunPaths
-    from ..runs.record import prepare
+    from ..runs.record import create_run
 
-    device = "cpu" if prof.device == "cpu" else prof.device
+    device = "cpu" if backend.profile.device == "cpu" else backend.profile.device
     overrides = Overrides(entry_module=COLLECTIVES_MODULE, entry_args=("--device", device),
                           extra_env=COLLECTIVES_ENV)
-    loaded, plan = common.build_plan(profile_name, overrides, for_slurm=False)
+    loaded, plan = common.build_plan(profile_name, overrides, for_slurm=backend.queued)
     scripts = render_all(plan)
-    paths = RunPaths(Path(plan.local_run_dir))
     lines: list[str] = []
-    transports = open_transports(prof)
     typer.echo(f"doctor: collective smoke test as run {plan.run_id}", err=True)
-    try:
-        prepare(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
-        runs = launcher.start(paths, plan, scripts, transports, detached=False)
-        outcome = launcher.supervise(paths, plan, runs, lambda rank, host, line: lines.append(line))
-    finally:
-        close_all(transports)
+    run = create_run(plan, loaded.profile, scripts, loaded.path.read_text(encoding="utf-8"))
+    backend.start(run, scripts, detached=False)
+    outcome = backend.follow(run, lambda rank, host, line: lines.append(line), owner=True)
     found = collectives_result(lines)
     if outcome.exit_code or found is None:
         return {"run_id": plan.run_id, "error": f"the smoke test exited {outcome.exit_code}",

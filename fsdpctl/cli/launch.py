@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -44,45 +43,50 @@ def launch(
     loaded, plan = common.build_plan(profile, overrides, for_slurm=False)
     scripts = render_all(plan)
     if dry_run:
-        print_dry_run(plan, scripts, as_json)
+        print_dry_run(plan, common.with_previews(loaded.profile, plan, scripts), as_json)
         return
     if as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
     raise typer.Exit(run_plan(loaded, plan, scripts, preflight=not no_preflight, detach=detach))
 
 
-def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: bool) -> int:
-    """Preflight, start and (unless detached) supervise the run; returns the job's exit code."""
-    from ..backends import launcher
-    from ..backends.connect import close_all, open_transports
-    from ..runs.paths import RunPaths
-    from ..runs.record import prepare
+def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: bool, announce_id: bool = False) -> int:
+    """Preflight, create the run directory, start (or submit) the run, and unless detached follow it
+    to its end; returns the job's exit code. Works the same for every backend. ``announce_id``: print
+    the run id on stdout even when following (``submit``'s output starts with it)."""
+    from ..backends import backend_for
+    from ..runs.record import create_run
     from .report import print_report, progress
-    from .stream import LinePrinter
 
-    transports = open_transports(loaded.profile)
+    backend = backend_for(loaded.profile, plan.backend)
     try:
         if preflight:
             typer.echo(f"fsdpctl: preflight of {plan.num_nodes} node(s)", err=True)
-            report = launcher.preflight(loaded.profile, plan, transports, on_host=progress)
-            if not report.ok():
+            report = backend.preflight(plan, on_host=progress)
+            if report is not None and not report.ok():
                 print_report(report)
                 typer.secho("fsdpctl: preflight failed; nothing was started (--no-preflight skips it)",
                             err=True, fg="red")
                 return 1
-        paths = RunPaths(Path(plan.local_run_dir))
-        prepare(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
-        runs = launcher.start(paths, plan, scripts, transports, detached=detach)
-        typer.echo(f"fsdpctl: run {plan.run_id} started on {plan.num_nodes} node(s), world size "
-                   f"{plan.world_size or 'from GPU count'}; run directory {paths.root}", err=True)
-        if detach:
+        run = create_run(plan, loaded.profile, scripts, loaded.path.read_text(encoding="utf-8"))
+        how = backend.start(run, scripts, detached=detach)
+        if detach or announce_id:
             typer.echo(plan.run_id)
+        typer.echo(f"fsdpctl: run {plan.run_id} {how}; run directory {run.root}", err=True)
+        if detach:
             typer.echo(f"fsdpctl: detached; follow with `fsdpctl logs -f {plan.run_id}`, "
                        f"end with `fsdpctl stop {plan.run_id}`", err=True)
             return 0
-        printer = LinePrinter(total_steps=plan.train.get("steps"))
-        result = launcher.supervise(paths, plan, runs, printer)
-        printer.summary(plan.run_id, result, paths.root)
-        return result.exit_code
+        return follow_run(backend, run, owner=True)
     finally:
-        close_all(transports)
+        backend.close()
+
+
+def follow_run(backend, run, *, owner: bool, sink=None) -> int:
+    """Follow a run to its end through its backend, print how it ended; its exit code."""
+    from .stream import LinePrinter
+
+    printer = LinePrinter(total_steps=run.plan.train.get("steps"))
+    outcome = backend.follow(run, sink or printer, owner=owner)
+    printer.summary(run.run_id, outcome, run.root)
+    return outcome.exit_code

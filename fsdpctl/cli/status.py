@@ -7,16 +7,16 @@ from typing import Optional
 
 import typer
 
+from .common import opened_run
+
 
 def status(
     run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Per node: running, succeeded or failed, exit codes, and the last step and loss."""
-    from ..runs.paths import find_run
-    from ..runs.status import run_status
-
-    info = run_status(find_run(run_id))
+    with opened_run(run_id) as (run, backend):
+        info = backend.status(run)
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
@@ -34,22 +34,12 @@ def status(
 
 def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).")) -> None:
     """End every process of a run on every node (TERM, grace period, KILL)."""
-    from ..backends import launcher
-    from ..backends.connect import close_all, open_transports
-    from ..runs.paths import find_run
-    from ..runs.record import load_run
-
-    run_dir = find_run(run_id)
-    _, profile, record = load_run(run_dir)
-    transports = open_transports(profile) if record.get("backend") != "slurm" else []
-    try:
-        remaining = launcher.stop(run_dir, transports)
-    finally:
-        close_all(transports)
+    with opened_run(run_id) as (run, backend):
+        remaining = backend.stop(run)
     left = {host: pids for host, pids in remaining.items() if pids}
     for host, pids in remaining.items():
         typer.echo(f"  {host}: {'stopped' if not pids else 'LEFT: ' + pids}", err=True)
-    typer.echo(f"fsdpctl: run {run_dir.name} stopped" if not left else f"fsdpctl: run {run_dir.name}: "
+    typer.echo(f"fsdpctl: run {run.run_id} stopped" if not left else f"fsdpctl: run {run.run_id}: "
                f"processes remain on {', '.join(left)}", err=True)
     raise typer.Exit(1 if left else 0)
 

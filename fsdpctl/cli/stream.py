@@ -51,17 +51,24 @@ class LinePrinter:
         rate = f"  tok/s {self.rate}" if self.rate else ""
         return f"step {self.step}{total}  loss {self.loss}{rate}  ({time.monotonic() - self.started:.0f} s)"
 
-    def summary(self, run_id: str, result, run_dir) -> None:
-        """The last word on the run: success, interruption, or the first failure in detail."""
-        if result.interrupted:
+    def summary(self, run_id: str, outcome, run_dir) -> None:
+        """The last word on a followed run (a backend ``Outcome``): success, interruption, the
+        follower leaving, or the first failure in detail."""
+        for note in outcome.notes:
+            typer.echo(note, err=True)
+        if outcome.state == "interrupted":
             typer.secho(f"fsdpctl: run {run_id} interrupted; every process of it was stopped", err=True,
                         fg="yellow")
             return
-        if not result.first_failure:
+        if outcome.message:
+            colour = "yellow" if outcome.state == "detached" else "red" if outcome.exit_code else "green"
+            typer.secho(f"fsdpctl: {outcome.message}", err=True, fg=colour)
+            return
+        if not outcome.first_failure:
             last = f"; last {self.progress()}" if self.step else ""
             typer.secho(f"fsdpctl: run {run_id} succeeded{last}; logs in {run_dir}", err=True, fg="green")
             return
-        failure = result.first_failure
+        failure = outcome.first_failure
         who = f"rank {failure['rank']} (local rank {failure['local_rank']}) on " if failure.get("rank") is not None \
             else ""
         code = failure["exit_code"]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ..errors import UsageError
 from . import common
+from .launch import run_plan
 
 
 def submit(
@@ -52,29 +52,12 @@ def submit(
                           slurm_requeue=requeue, slurm_via=via)
     loaded, plan = common.build_plan(profile, overrides, for_slurm=True)
     scripts = render_all(plan)
-    from ..backends.slurm import submit as slurm_submit
-
     if dry_run:
-        if plan.slurm is not None and plan.slurm.via == "submitit":
-            from ..backends.slurm.via_submitit import submitit_preview
-
-            folder, python, params = slurm_submit.submitit_job(plan, Path(plan.run_dir), scripts["submitit-setup.sh"])
-            scripts["submitit.sbatch (as submitit will write it)"] = submitit_preview(folder, python, params)
-        print_dry_run(plan, scripts, as_json)
+        print_dry_run(plan, common.with_previews(loaded.profile, plan, scripts), as_json)
         return
-    from ..runs.paths import RunPaths
-
     if as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
-    paths = RunPaths(Path(plan.local_run_dir))
-    job_id = slurm_submit.submit_slurm(paths, plan, scripts, loaded.path.read_text(encoding="utf-8"))
-    typer.echo(plan.run_id)
-    typer.echo(f"fsdpctl: run {plan.run_id} submitted as Slurm job {job_id}; run directory {plan.run_dir}; "
-               f"follow with `fsdpctl logs -f {plan.run_id}`", err=True)
-    if follow:
-        from .logs import follow_slurm
-
-        raise typer.Exit(follow_slurm(paths.root))
+    raise typer.Exit(run_plan(loaded, plan, scripts, preflight=False, detach=not follow, announce_id=True))
 
 
 def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str],

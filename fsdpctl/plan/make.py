@@ -147,7 +147,7 @@ def make_plan(
     if for_slurm and profile.slurm is None:
         raise UsageError(f"profile {profile.name}: has no slurm section",
                          "add slurm: {nodes: N, ...} to the profile, or use `fsdpctl launch`")
-    if not for_slurm and profile.backend == "slurm":
+    if not for_slurm and profile.scheduled:
         raise UsageError(f"profile {profile.name}: is a Slurm profile",
                          f"use `fsdpctl submit --slurm --profile {profile.name}`")
     requeue = False
@@ -157,9 +157,9 @@ def make_plan(
     train = _resolve_train(profile, overrides, for_slurm=for_slurm, requeue=requeue)
     env = _env(profile, overrides.debug, run_id)
     env.update(overrides.extra_env)
-    python = profile.python or (local_python if profile.backend == "local" else "python3")
+    python = profile.python or (local_python if profile.on_this_machine else "python3")
     workdir = profile.workdir
-    if profile.backend == "local" and not workdir.startswith(("/", "~")):
+    if profile.on_this_machine and not workdir.startswith(("/", "~")):
         workdir = join_path(local_cwd, workdir)
     if for_slurm and workdir.startswith("~"):
         workdir = join_path(home, workdir[2:]) if workdir != "~" else home
@@ -178,7 +178,7 @@ def make_plan(
         master_host = master_addr = "$FSDPCTL_HEAD_ADDR"  # found by the batch script at run time
     else:
         specs = profile.hosts or ()
-        if profile.backend == "local":
+        if profile.on_this_machine:
             hosts = [("localhost", "127.0.0.1", None)]
         else:
             # An IP given as the host is also where the others reach it: torchrun binds to it.
@@ -192,13 +192,13 @@ def make_plan(
                             f"the same way; give hosts[].address an IP to be sure")
         nproc = _node_nproc(profile, overrides, None)
 
-    rdzv_backend = "standalone" if profile.backend == "local" else profile.rendezvous.backend
+    rdzv_backend = "standalone" if profile.on_this_machine else profile.rendezvous.backend
     rdzv = {"num_nodes": num_nodes, "run_id": run_id, "rdzv_backend": rdzv_backend, "master_port": port,
             "entry": (overrides.entry_module, overrides.entry_args) if overrides.entry_module
             else (WORKLOAD_MODULE, tuple(train_config.to_argv(train)))}
     nodes = []
     for rank, (host, address, explicit_addr) in enumerate(hosts):
-        gpus = profile.hosts[rank].gpus if profile.backend == "ssh" else None
+        gpus = None if profile.on_this_machine else profile.hosts[rank].gpus
         node_nproc = _node_nproc(profile, overrides, gpus)
         nodes.append(NodeSpec(
             node_rank=rank, host=host, address=address, nproc=node_nproc,

@@ -168,3 +168,14 @@ class ClusterProfile:
     train: dict[str, Any] = field(default_factory=dict)
     """Defaults for the bundled workload (any of its settings, e.g. ``preset``, ``steps``,
     ``batch_size``, ``fsdp``); command-line flags override them."""
+
+    @property
+    def on_this_machine(self) -> bool:
+        """The one node is the machine running fsdpctl (``backend: local``): no SSH, fsdpctl's own
+        Python, a workdir relative to the current directory, a standalone rendezvous."""
+        return self.backend == "local"
+
+    @property
+    def scheduled(self) -> bool:
+        """Slurm allocates the nodes (``backend: slurm``): jobs are submitted, not launched."""
+        return self.backend == "slurm"

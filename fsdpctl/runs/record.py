@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,59 @@ def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_
     record(paths, plan, None, "starting", created_at=now())
 
 
-def load_run(run_dir: Path) -> tuple[LaunchPlan, ClusterProfile, dict[str, Any]]:
-    """A run directory's plan (as a LaunchPlan), its profile, and run.json."""
+@dataclass(frozen=True)
+class Run:
+    """One run directory here: its plan and the profile as it was; ``record`` reads run.json afresh."""
+
+    paths: RunPaths
+    plan: LaunchPlan
+    profile: ClusterProfile
+
+    @property
+    def root(self) -> Path:
+        return self.paths.root
+
+    @property
+    def run_id(self) -> str:
+        return self.plan.run_id
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """run.json as it is now (another fsdpctl may have written it since)."""
+        return read_json(self.paths.run_record)
+
+    @property
+    def backend_name(self) -> str:
+        """The backend that runs it, as run.json names it (older runs: as the plan does)."""
+        return self.record.get("backend") or self.plan.backend
+
+    def update(self, state: str, nodes: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+        """Write the run's state (and each node's, and ``extra``) into run.json."""
+        return record(self.paths, self.plan, nodes, state, **extra)
+
+
+def create_run(plan: LaunchPlan, profile: ClusterProfile, scripts: dict[str, str], profile_text: str) -> Run:
+    """The run directory here (``plan.local_run_dir``), written before anything starts."""
+    paths = RunPaths(Path(plan.local_run_dir))
+    prepare(paths, plan, scripts, profile_text)
+    return Run(paths, plan, profile)
+
+
+def load_run(run_dir: Path) -> Run:
+    """A run directory back as a Run: its plan and the profile it was started with."""
     plan = plan_from_json(read_json(run_dir / "plan.json"))
     profile = parse_profile((run_dir / "profile.yaml").read_text(encoding="utf-8"), str(run_dir / "profile.yaml"))
-    return plan, profile, read_json(run_dir / "run.json")
+    return Run(RunPaths(run_dir), plan, profile)
+
+
+def last_metrics(texts: list[str]) -> dict[str, Any] | None:
+    """The newest training metrics line (one with a loss) in the first text that has one."""
+    for text in texts:
+        for line in reversed(text.strip().splitlines()):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(data, dict) and "loss" in data:
+                return data
+    return None

@@ -216,3 +216,15 @@ def test_a_batch_script_that_fails_before_any_node_starts_shows_its_own_output(l
     assert "module: command not found" in result.stderr
     shown = fsdpctl(lab, slurm, tmp_path, "logs", result.stdout.strip().splitlines()[0])
     assert "no node has written a log yet" in shown.stderr and "module: command not found" in shown.stderr
+
+
+def test_doctor_collectives_through_slurm(lab, slurm, tmp_path):
+    result = fsdpctl(lab, slurm, tmp_path, "doctor", "-p", str(profile(lab, tmp_path, 8)), "--collectives", "--json")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    data = json.loads(result.stdout)["collectives"]
+    assert data["backend"] == "gloo" and data["world_size"] == 2 and data["transport"] == ["gloo/TCP"]
+    assert {row["op"] for row in data["results"]} == {"all_reduce", "all_gather"}
+    assert all(row["busbw_gbps"] > 0 for row in data["results"])
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", data["run_id"], "--json").stdout)
+    assert status["state"] == "succeeded" and [n["host"] for n in status["nodes"]] == ["n1", "n2"]
+    assert "fsdpctl-" not in queue(slurm)

@@ -15,14 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from fsdpctl.backends import launcher
+from fsdpctl.backends.ssh import SSHBackend
 from fsdpctl.backends.supervisor import stop_run
 from fsdpctl.backends.transport import LocalTransport
 from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.render import render_all
 from fsdpctl.profiles.loader import parse_profile
-from fsdpctl.runs.paths import RunPaths
-from fsdpctl.runs.record import prepare
+from fsdpctl.runs.record import create_run
 
 STAND_IN = """\
 #!/usr/bin/env python3
@@ -56,18 +55,18 @@ def profile_text(tmp_path: Path, env: dict[str, str], backend: str = "ssh") -> s
 
 
 def launch(tmp_path: Path, env: dict[str, str]):
+    """Start a two-node plan through the SSH backend, both "nodes" being this machine, and follow it."""
     text = profile_text(tmp_path, env)
-    plan = make_plan(parse_profile(text, "t.yaml"), run_id="t-20261121-120000-abcd",
-                     local_run_dir=str(tmp_path / "local"))
+    profile = parse_profile(text, "t.yaml")
+    plan = make_plan(profile, run_id="t-20261121-120000-abcd", local_run_dir=str(tmp_path / "local"))
     scripts = render_all(plan)
-    paths = RunPaths(tmp_path / "local")
-    transports = [LocalTransport(tmp_path) for _ in plan.nodes]  # two "nodes", both this machine
-    prepare(paths, plan, scripts, text)
-    runs = launcher.start(paths, plan, scripts, transports, detached=False)
+    backend = SSHBackend(profile, transports=[LocalTransport(tmp_path) for _ in plan.nodes])
+    run = create_run(plan, profile, scripts, text)
+    backend.start(run, scripts, detached=False)
     seen: list[tuple[int, str]] = []
     started = time.monotonic()
-    result = launcher.supervise(paths, plan, runs, lambda rank, host, line: seen.append((rank, line)))
-    return plan, paths, result, seen, time.monotonic() - started
+    outcome = backend.follow(run, lambda rank, host, line: seen.append((rank, line)), owner=True)
+    return plan, run.paths, outcome, seen, time.monotonic() - started
 
 
 def alive(pid: int) -> bool:

@@ -9,18 +9,17 @@ from typing import Any
 
 from ...plan.make import SHIPPED_PACKAGE_DIR
 from ...plan.types import LaunchPlan
-from ...runs.paths import RunPaths
-from ...runs.record import now, prepare, record
+from ...runs.record import Run, now
 from ...shell import quote_path
 from ..node_commands import workload_bundle
 from . import client, via_submitit
 
 
-def submit_slurm(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str) -> str:
-    """Write the run directory (shared by the nodes: the scripts, the workload package) and submit
-    the job, through ``sbatch`` or submitit's executor; returns Slurm's job id, recorded in run.json."""
+def submit_slurm(run: Run, scripts: dict[str, str]) -> str:
+    """Write the run directory on the nodes' shared storage (the scripts, the workload package) and
+    submit the job, through ``sbatch`` or submitit's executor; returns Slurm's job id, recorded in run.json."""
+    plan = run.plan
     assert plan.slurm is not None
-    prepare(paths, plan, scripts, profile_text)
     run_dir = Path(plan.run_dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     (script_name, script), = scripts.items()
@@ -32,10 +31,9 @@ def submit_slurm(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], pro
     else:
         job_id = client.submit_batch(str(run_dir / script_name), str(run_dir))
         output = run_dir / f"slurm-{job_id}.out"
-    nodes = [{"node_rank": r, "host": f"slurm node {r}", "state": "pending", "exit_code": None}
-             for r in range(plan.num_nodes)]
-    record(paths, plan, nodes, "submitted", submitted_at=now(), job_id=job_id, via=plan.slurm.via,
-           slurm_output=str(output))
+    run.update("submitted", [{"node_rank": r, "host": f"slurm node {r}", "state": "pending", "exit_code": None}
+                             for r in range(plan.num_nodes)],
+               submitted_at=now(), job_id=job_id, via=plan.slurm.via, slurm_output=str(output))
     return job_id
 
 

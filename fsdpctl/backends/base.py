@@ -1,0 +1,91 @@
+"""The one interface to a job, whatever runs it, and what its methods return.
+
+Every command acts on a job through a ``Backend``: ``doctor`` and ``preflight`` check the nodes,
+``start`` starts (or submits) a run, ``follow`` streams it to its end, ``status``, ``read_logs`` and
+``stop`` act on it later, from any terminal. The anchors are TorchX's ``Scheduler``
+(schedule / describe / log_iter / cancel) and submitit's ``Executor``/``Job``: the caller never asks
+which backend it holds. ``fsdpctl.backends.backend_for`` turns a profile or a run into one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+if TYPE_CHECKING:
+    from ..doctor.checks import DoctorReport, HostReport
+    from ..plan.types import LaunchPlan
+    from ..runs.record import Run
+
+LineSink = Callable[[int, str, str], None]
+"""Where a run's lines go: (node rank, host, line)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoctorRequest:
+    """What ``doctor`` should check."""
+
+    port: int
+    """The rendezvous port to try: free on the master, reachable from the others."""
+    deep: bool = False
+    """Import torch on every node (device count, NCCL's own version)."""
+    timeout: float = 20.0
+    """Seconds a node's probe may take once connected."""
+    concurrency: int = 32
+    port_check: bool = True
+    nproc: Optional[int] = None
+    """Processes per node the run will start (GPUs needed), when known."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How following a run ended."""
+
+    exit_code: int
+    state: str
+    """succeeded, failed, interrupted (Ctrl-C stopped the run), detached (the follower left; the run goes on),
+    or a scheduler's word for it."""
+    first_failure: Optional[dict[str, Any]] = None
+    message: Optional[str] = None
+    """One line that says how it ended, where the backend has more to say than the state."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """Lines worth showing with it (a batch script's last output)."""
+
+
+class Backend(Protocol):
+    """A way of running jobs: this machine, SSH nodes, or Slurm."""
+
+    name: str
+    """What run.json calls it."""
+    queued: bool
+    """Runs wait in a scheduler's queue (plans are made for it: ``make_plan(for_slurm=...)``)."""
+
+    def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+        """Check every node and diff them."""
+
+    def preflight(self, plan: LaunchPlan, on_host: Callable[[HostReport], None] | None = None
+                  ) -> DoctorReport | None:
+        """The fast checks before starting ``plan`` (None: this backend has none)."""
+
+    def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
+        """Files the backend would write itself besides the rendered scripts, for ``--dry-run``."""
+
+    def start(self, run: Run, scripts: dict[str, str], *, detached: bool) -> str:
+        """Start (or submit) the run; says how in a few words ("submitted as Slurm job 12")."""
+
+    def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:
+        """Stream the run's lines to ``sink`` until it ends. ``owner``: the process that started it
+        (it keeps the local logs, and Ctrl-C ends the run); otherwise Ctrl-C only stops following."""
+
+    def status(self, run: Run) -> dict[str, Any]:
+        """run.json, refreshed from the nodes or the scheduler while the run is live."""
+
+    def read_logs(self, run: Run, sink: LineSink) -> list[str]:
+        """Every line the run has written so far; returns notes for the user (a node that did not answer)."""
+
+    def stop(self, run: Run) -> dict[str, str]:
+        """End every process of the run; returns what each host reports left (empty: nothing)."""
+
+    def close(self) -> None:
+        """Release connections."""

@@ -1,0 +1,215 @@
+"""Nodes that fsdpctl starts itself, one transport each: this machine (``local``) or SSH hosts (``ssh``).
+
+Both speak the same node protocol (``node_commands``) and share the supervisor; a subclass says only
+how a node is reached, which Python runs there by default, and where the master is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..doctor.checks import DoctorReport, HostReport
+from ..doctor.fanout import make_jobs, run_doctor
+from ..errors import HostError
+from ..plan.types import LaunchPlan
+from ..profiles.schema import ClusterProfile
+from ..runs.record import Run, last_metrics, now
+from ..shell import after_mark, marked, quote_path
+from .base import DoctorRequest, LineSink, Outcome
+from .node_commands import poll_command
+from .supervisor import COMMAND_TIMEOUT, NodeRun, Supervisor, fetch_logs, node_records, start_run, stop_run
+from .transport import Transport
+
+PREFLIGHT_TIMEOUT = 20.0
+# A line of the merged log: "[host rN] text".
+_MERGED_LINE = re.compile(r"^\[(?P<host>\S+) r(?P<node>\d+)\] (?P<text>.*)$")
+
+
+class NodesBackend:
+    """The node protocol over one transport per node (connections open on first use)."""
+
+    name: ClassVar[str]
+    queued: ClassVar[bool] = False
+    port_check: ClassVar[bool]
+    """Whether the rendezvous port can be tried between nodes (not on one machine)."""
+
+    def __init__(self, profile: ClusterProfile, transports: list[Transport] | None = None):
+        self.profile = profile
+        self._transports = transports
+
+    # ---- what a subclass says --------------------------------------------------------------------
+    def open_transports(self) -> list[Transport]:
+        """One transport per node, in node-rank order."""
+        raise NotImplementedError
+
+    def default_python(self) -> str:
+        """The nodes' interpreter when the profile names none."""
+        raise NotImplementedError
+
+    def master(self) -> tuple[int, str]:
+        """The master's node rank and the address the other nodes reach it at."""
+        raise NotImplementedError
+
+    # ---- shared ----------------------------------------------------------------------------------
+    @property
+    def transports(self) -> list[Transport]:
+        if self._transports is None:
+            self._transports = self.open_transports()
+        return self._transports
+
+    @property
+    def python(self) -> str:
+        return self.profile.python or self.default_python()
+
+    def close(self) -> None:
+        for transport in self._transports or []:
+            transport.close()
+        self._transports = None
+
+    def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+        master_rank, master_addr = self.master()
+        jobs = make_jobs(self.profile, self.transports, master_rank, master_addr, request.port, request.deep,
+                         request.port_check and self.port_check)
+        return run_doctor(self.profile, jobs, python=self.python, timeout=request.timeout, nproc=request.nproc,
+                          concurrency=request.concurrency, on_host=on_host)
+
+    def preflight(self, plan: LaunchPlan, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+        """doctor's fast checks on the plan's own nodes and rendezvous port (the connections stay open
+        for the start that follows)."""
+        nproc = int(plan.nproc_per_node) if plan.nproc_per_node.isdigit() else None
+        request = DoctorRequest(port=plan.master_port, timeout=PREFLIGHT_TIMEOUT, nproc=nproc,
+                                port_check=plan.num_nodes > 1)
+        return self.doctor(request, on_host)
+
+    def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
+        return {}  # the node scripts are all there is
+
+    def start(self, run: Run, scripts: dict[str, str], *, detached: bool) -> str:
+        """Stage and start every node (one command each), and record their process ids."""
+        started = start_run(run.plan, scripts, self.transports)
+        run.update("running", node_records(started), started_at=now(), detached=detached)
+        world = run.plan.world_size or "from GPU count"
+        return f"started on {run.plan.num_nodes} node(s), world size {world}"
+
+    def _node_runs(self, run: Run) -> list[NodeRun]:
+        pids = {n["node_rank"]: n.get("pid", 0) for n in run.record.get("nodes", [])}
+        return [NodeRun(node, transport, pid=pids.get(node.node_rank, 0), state="running")
+                for node, transport in zip(run.plan.nodes, self.transports, strict=True)]
+
+    def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:
+        """Stream every node until the run ends, failing fast. The owner keeps the local logs, ends
+        the run on Ctrl-C, collects torchrun's log folders and records the outcome."""
+        plan, node_runs = run.plan, self._node_runs(run)
+        result = Supervisor(plan, node_runs, run.paths.logs, sink, write_local=owner,
+                            stop_on_interrupt=owner).run()
+        if result.interrupted and not owner:
+            return Outcome(exit_code=130, state="detached", message=f"stopped following; run {plan.run_id} goes on")
+        failure = result.first_failure
+        if failure and failure.get("error_file"):
+            failure["error"] = read_error_file(node_runs[failure["node_rank"]].transport, failure["error_file"])
+        state = "interrupted" if result.interrupted else ("failed" if result.exit_code else "succeeded")
+        if owner:
+            if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
+                fetch_logs(plan, node_runs, run.root)
+            run.update(state, node_records(node_runs), finished_at=now(), exit_code=result.exit_code,
+                       first_failure=failure)
+        elif run.record.get("detached") and run.record.get("state") == "running":
+            # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
+            # records how it ended.
+            run.update(state, node_records(node_runs), exit_code=result.exit_code, first_failure=failure,
+                       finished_at=now())
+        return Outcome(exit_code=result.exit_code, state=state, first_failure=failure)
+
+    def status(self, run: Run) -> dict[str, Any]:
+        """run.json, with each node asked for its script's state while the run is marked running,
+        and the last metrics line rank 0 wrote."""
+        plan, record = run.plan, run.record
+        nodes = record.get("nodes") or [{"node_rank": n.node_rank, "host": n.host, "state": "unknown",
+                                         "exit_code": None, "pid": 0} for n in plan.nodes]
+        info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state", "unknown"), "nodes": nodes,
+                                "first_failure": record.get("first_failure"), "exit_code": record.get("exit_code")}
+        live = info["state"] in ("running", "starting")
+        if live:
+            for node, transport in zip(nodes, self.transports, strict=True):
+                node.update(_poll_node(transport, plan.run_dir, node))
+            states = {n["state"] for n in nodes}
+            info["state"] = ("running" if "running" in states else "failed" if states - {"succeeded"}
+                             else "succeeded")
+        texts = [_read_local(Path(plan.run_dir).expanduser() / "metrics.jsonl")]
+        if live:
+            texts += [_run_quietly(t, f"tail -n 1 {quote_path(plan.run_dir)}/metrics.jsonl 2>/dev/null")
+                      for t in self.transports]
+        info["last_metrics"] = last_metrics(texts)
+        return info
+
+    def read_logs(self, run: Run, sink: LineSink) -> list[str]:
+        """The merged log kept here; for a run nobody followed (detached), each node's log, read once."""
+        merged = run.paths.logs / "merged.log"
+        if merged.exists() and merged.stat().st_size:
+            with merged.open(encoding="utf-8", errors="replace") as handle:
+                for raw in handle:
+                    if match := _MERGED_LINE.match(raw.rstrip("\n")):
+                        sink(int(match["node"]), match["host"], match["text"])
+            return []
+        notes = []
+        for node, transport in zip(run.plan.nodes, self.transports, strict=True):
+            try:
+                _, out, _ = transport.run(marked(f"cat {quote_path(run.plan.run_dir)}/node{node.node_rank}.log"), 60)
+            except HostError as exc:
+                notes.append(f"fsdpctl: {exc.message}")
+                continue
+            for line in after_mark(out).splitlines():
+                sink(node.node_rank, node.host, line)
+        return notes
+
+    def stop(self, run: Run) -> dict[str, str]:
+        """End every process of the run on every node and record it as stopped."""
+        remaining = stop_run(run.run_id, self.transports)
+        nodes = [{**n, "state": "stopped"} if n.get("state") in ("running", "starting") else n
+                 for n in run.record.get("nodes", [])]
+        run.update("stopped", nodes, stopped_at=now(), remaining=remaining)
+        return remaining
+
+
+def _poll_node(transport: Transport, run_dir: str, node: dict[str, Any]) -> dict[str, Any]:
+    """A node's state as its own files say (``exit N``, its wrapper alive, or gone)."""
+    try:
+        _, out, _ = transport.run(marked(poll_command(run_dir, node["node_rank"], node.get("pid", 0))),
+                                  COMMAND_TIMEOUT)
+    except HostError as exc:
+        return {"state": "unreachable", "detail": exc.detail}
+    words = after_mark(out).split()
+    if words[:1] == ["exit"] and len(words) == 2:
+        code = int(words[1])
+        return {"exit_code": code, "state": "succeeded" if code == 0 else "failed"}
+    return {"state": "running" if words[:1] == ["running"] else "gone"}
+
+
+def _read_local(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def _run_quietly(transport: Transport, command: str) -> str:
+    try:
+        _, out, _ = transport.run(marked(command), 30)
+    except HostError:
+        return ""
+    return after_mark(out)
+
+
+def read_error_file(transport: Transport, path: str) -> str | None:
+    """The message of a failed rank's torchelastic error file (written by @record), read on its node."""
+    try:
+        _, out, _ = transport.run(marked(f"cat {quote_path(path)} 2>/dev/null"), 30)
+        message = json.loads(after_mark(out)).get("message", {})
+    except (HostError, ValueError, AttributeError):
+        return None
+    text = message.get("message") if isinstance(message, dict) else message
+    return str(text).strip().splitlines()[-1] if text else None

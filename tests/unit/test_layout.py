@@ -1,0 +1,152 @@
+"""The import rules of the layout, read from the source: which package may use what.
+
+Each rule keeps a promise: the workload runs on nodes without the launcher; the plan stays pure;
+backends never reach up into the CLI; a third-party library has one home; ``fsdpctl --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "fsdpctl"
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports (at any depth in the file), relative imports resolved."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base)
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)  # `from . import x` names modules
+    return found
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+IMPORTS = {name: imports_of(path) for name, path in MODULES.items()}
+
+
+def internal(name: str) -> set[str]:
+    return {m for m in IMPORTS[name] if m in MODULES}
+
+
+def closure(name: str) -> set[str]:
+    """Every fsdpctl module that importing ``name`` can load (its imports, theirs, ...)."""
+    seen, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        for dep in internal(current) | {p for p in _parents(current) if p in MODULES}:
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def third_party(name: str) -> set[str]:
+    return {m.split(".")[0] for m in IMPORTS[name] if not m.startswith("fsdpctl")}
+
+
+def under(prefix: str) -> list[str]:
+    return [m for m in MODULES if m == prefix or m.startswith(prefix + ".")]
+
+
+def test_the_rules_see_every_package():
+    for package in ("fsdpctl.cli", "fsdpctl.plan", "fsdpctl.backends", "fsdpctl.doctor", "fsdpctl.workload",
+                    "fsdpctl.profiles", "fsdpctl.runs"):
+        assert len(under(package)) >= 3, package
+    assert "fsdpctl.backends.nodes" in internal("fsdpctl.backends.local")  # relative imports are resolved
+
+
+def test_the_workload_imports_nothing_of_the_launcher():
+    for name in under("fsdpctl.workload"):
+        outside = {m for m in closure(name) if m not in ("fsdpctl",) and not m.startswith("fsdpctl.workload")}
+        assert not outside, f"{name} imports {sorted(outside)}: the nodes get only the workload package"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith("fsdpctl.plan")])
+def test_plan_and_render_stay_pure(name):
+    forbidden = {"subprocess", "socket", "paramiko", "submitit", "threading", "urllib", "http", "torch"}
+    reached = {name, *closure(name)}
+    modules = {m for m in reached if m.startswith(("fsdpctl.backends", "fsdpctl.cli", "fsdpctl.doctor"))}
+    assert not modules, f"{name} reaches {sorted(modules)}"
+    libraries = set().union(*(third_party(m) for m in reached)) & forbidden
+    assert not libraries, f"{name} (through {sorted(reached)}) imports {sorted(libraries)}"
+
+
+def test_backends_never_import_the_cli():
+    for name in under("fsdpctl.backends"):
+        assert not any(m.startswith("fsdpctl.cli") for m in closure(name)), name
+
+
+@pytest.mark.parametrize("library, homes", [
+    ("paramiko", {"fsdpctl.backends.ssh_transport"}),
+    ("submitit", {"fsdpctl.backends.slurm.via_submitit", "fsdpctl.workload.slurm_task"}),
+    ("jinja2", {"fsdpctl.plan.render"}),
+    ("yaml", {"fsdpctl.profiles.loader"}),
+])
+def test_a_third_party_library_has_one_home(library, homes):
+    users = {m for m in MODULES if library in third_party(m)}
+    assert users <= homes, f"{library} imported by {sorted(users - homes)}"
+
+
+# Sent to the nodes and run there by their own Python: it may import torch there, never in the CLI process.
+NODE_SIDE = {"fsdpctl.doctor.probe_script"}
+
+
+def test_typer_and_rich_only_in_the_cli_and_torch_only_in_the_workload():
+    for name in MODULES:
+        libraries = third_party(name)
+        if not name.startswith("fsdpctl.cli"):
+            assert not libraries & {"typer", "rich"}, name
+        if not name.startswith("fsdpctl.workload") and name not in NODE_SIDE:
+            assert "torch" not in libraries, name
+    for name in NODE_SIDE:  # the CLI imports its constants: torch stays inside the function run on the node
+        top = ast.parse(MODULES[name].read_text()).body
+        assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) and "torch" in ast.dump(n) for n in top), name
+
+
+def test_no_module_is_over_400_lines():
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these by role: {long}"
+
+
+def test_help_imports_no_heavy_library():
+    code = textwrap.dedent("""\
+        import sys
+        from fsdpctl.cli.app import main
+        try:
+            main(["--help"])
+        except SystemExit as exc:
+            assert exc.code == 0, exc.code
+        print("LOADED", sorted(m for m in ("torch", "paramiko", "submitit", "jinja2", "yaml", "numpy")
+                              if m in sys.modules))
+        """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "LOADED []" in result.stdout
+    for command in ("doctor", "launch", "submit", "logs", "status", "stop", "runs", "render", "profiles"):
+        assert command in result.stdout
