@@ -22,6 +22,18 @@ from harness import RESULTS, machine  # noqa: E402
 CONFIGS = [("fsdp2", "2", False), ("fsdp2+compile", "2", True), ("fsdp1", "1", False)]
 
 
+def summary_row(summary: dict) -> dict:
+    """One run's figures from its summary.json. Keys are read strictly: a renamed key fails here
+    instead of turning into a null figure."""
+    return {
+        "tokens_per_s": summary["median_tokens_per_s"],
+        "mfu": summary["median_mfu"],  # null on a device whose peak FLOP/s the workload does not know
+        "peak_memory_mb": max(summary["peak_memory_mb_per_rank"]),
+        "time_to_first_step_s": summary["time_to_first_step_s"],
+        "final_train_loss": summary["final_train_loss"],
+    }
+
+
 def gpu_count() -> int:
     probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
@@ -55,9 +67,7 @@ def main() -> None:
         if done.returncode != 0:
             rows[name] = {"error": done.stderr[-1500:]}
             continue
-        summary = json.loads((run_dir / "summary.json").read_text())
-        rows[name] = {key: summary.get(key) for key in ("median_tokens_per_s", "mfu", "peak_memory_mb",
-                                                        "time_to_first_step_s", "final_train_loss")}
+        rows[name] = summary_row(json.loads((run_dir / "summary.json").read_text()))
         print(name, rows[name], flush=True)
     collectives = subprocess.run([sys.executable, "-m", "fsdpctl", "doctor", "-p", "local-gpu", "--collectives",
                                   "--json"], cwd=REPO, capture_output=True, text=True, timeout=1800)

@@ -36,6 +36,8 @@ class DoctorRequest:
     port_check: bool = True
     nproc: Optional[int] = None
     """Processes per node the run will start (GPUs needed), when known."""
+    requirements: tuple[str, ...] = ()
+    """Distributions the job imports (``numpy``, ``transformers==4.40``): installed on every node, same versions."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,7 @@
 On every node the run lives in ``<run_dir>`` (``<workdir>/runs/<run_id>``):
 
 - staged with one command: a tar of ``node<R>.sh`` and the workload package (``pkg/``), so a node
-  needs only Python and torch;
+  needs only Python with the packages the workload imports (doctor checks them);
 - started detached in a session of its own (``setsid``): a dropped connection does not end it;
   the wrapper writes ``node<R>.pid`` and, when the script ends, ``node<R>.exit``;
 - followed with ``tail -F --pid`` on ``node<R>.log``, and polled for its exit file; a poll that

@@ -73,7 +73,7 @@ class NodesBackend:
     def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
         master_rank, master_addr = self.master()
         jobs = make_jobs(self.profile, self.transports, master_rank, master_addr, request.port, request.deep,
-                         request.port_check and self.port_check)
+                         request.port_check and self.port_check, requirements=request.requirements)
         return run_doctor(self.profile, jobs, python=self.python, timeout=request.timeout, nproc=request.nproc,
                           concurrency=request.concurrency, on_host=on_host)
 
@@ -82,7 +82,7 @@ class NodesBackend:
         for the start that follows)."""
         nproc = int(plan.nproc_per_node) if plan.nproc_per_node.isdigit() else None
         request = DoctorRequest(port=plan.master_port, timeout=PREFLIGHT_TIMEOUT, nproc=nproc,
-                                port_check=plan.num_nodes > 1)
+                                port_check=plan.num_nodes > 1, requirements=plan.requirements)
         return self.doctor(request, on_host)
 
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:

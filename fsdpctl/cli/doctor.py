@@ -31,13 +31,14 @@ def doctor(
     from ..plan.make import auto_port
     from ..profiles.loader import load_profile
     from ..runs.paths import new_run_id
+    from ..workload import REQUIREMENTS
 
     loaded = load_profile(profile)
     prof = loaded.profile
     port = prof.rendezvous.port if isinstance(prof.rendezvous.port, int) else auto_port(new_run_id(prof.name))
     nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else None
     request = DoctorRequest(port=port, deep=deep, timeout=timeout, concurrency=concurrency,
-                            port_check=not no_port_check, nproc=nproc)
+                            port_check=not no_port_check, nproc=nproc, requirements=REQUIREMENTS)
     backend = backend_for(prof)
     typer.echo(f"doctor: checking the nodes of {prof.name} ({backend.name})", err=True)
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 _MARK = {"pass": ("ok", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
@@ -17,7 +19,8 @@ def print_report(report, strict: bool = False) -> None:
     """The hosts x checks table, the parity table, every problem with its hint, and the verdict."""
     from rich.console import Console
 
-    console = Console()
+    # Into a pipe or file: no wrapping at 80 columns, so a hint stays one line to copy.
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     for check in report.cluster:
         word, colour = _MARK[check.status]
         console.print(f"[{colour}]{word}[/] slurm {check.name}: {check.detail}", highlight=False)

@@ -5,6 +5,7 @@ Pure: facts in, verdicts out. Each verdict that is not a pass carries a hint a p
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -114,10 +115,37 @@ def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[i
     if deep and "import_error" in deep:
         checks.append(Check("torch-import", "fail", f"import torch failed: {deep['import_error']}",
                             "fix the torch installation on this host"))
+    checks += _package_checks(facts)
     checks += _gpu_checks(profile, facts, nproc)
     checks += _network_checks(profile, facts)
     checks += _storage_checks(facts)
     return checks
+
+
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def requirement_name(requirement: str) -> str:
+    """``numpy>=1.24`` -> ``numpy``: the distribution a requirement line names."""
+    match = _REQUIREMENT_NAME.match(requirement)
+    if not match:
+        raise ValueError(f"not a requirement: {requirement!r}")
+    return match.group(1)
+
+
+def _package_checks(facts: dict[str, Any]) -> list[Check]:
+    """Every distribution the job imports is installed for the node's Python (torch has its own check)."""
+    found = facts.get("packages")
+    if not found:
+        return []
+    missing = [name for name, version in found.items() if version is None and name != "torch"]
+    if missing:
+        python = facts["python"]["path"]
+        return [Check("packages", "fail", f"{', '.join(missing)} not installed for {python} (the job imports "
+                                          f"{'it' if len(missing) == 1 else 'them'})",
+                      f"{python} -m pip install {' '.join(missing)}")]
+    shown = ", ".join(f"{name} {version}" for name, version in found.items() if name != "torch")
+    return [Check("packages", "pass", shown)] if shown else []
 
 
 def _gpu_checks(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int]) -> list[Check]:
@@ -145,12 +173,18 @@ def _network_checks(profile: ClusterProfile, facts: dict[str, Any]) -> list[Chec
             known = ", ".join(sorted(interfaces)) or "none"
             checks.append(Check("interface", "fail", f"interface {name} does not exist (has: {known})",
                                 "set network.interface to the card that connects the nodes"))
-        elif not info.get("up"):
+        elif info.get("up") is False:
             checks.append(Check("interface", "fail", f"interface {name} is {info.get('state')}",
                                 f"bring it up (ip link set {name} up) or choose another interface"))
-        elif not info.get("ipv4"):
+        elif info.get("ipv4") == []:
             checks.append(Check("interface", "fail", f"interface {name} has no IPv4 address",
                                 "give it an address, or choose the interface that has one"))
+        elif info.get("up") is None or info.get("ipv4") is None:
+            # The node could not tell (no sysfs, ioctls refused): a missing fact is not a broken interface.
+            what = "whether it is up" if info.get("up") is None else "its IPv4 address"
+            checks.append(Check("interface", "warn", f"interface {name} exists; {what} is unknown "
+                                                     f"({info.get('unknown') or 'not readable on this node'})",
+                                f"check it by hand on the node (cat /sys/class/net/{name}/operstate)"))
         else:
             checks.append(Check("interface", "pass", f"{name} up, {', '.join(info['ipv4'])}, MTU {info.get('mtu')}"))
     active = [f"{dev}/{port}" for dev, ports in (facts.get("infiniband") or {}).items()
@@ -205,6 +239,7 @@ def _major_minor(version: Optional[str]) -> Optional[str]:
 
 
 def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> dict[str, dict[str, Any]]:
+    """Each fact that must agree, per host; None where the host has none of it."""
     facts = {r.host: r.facts for r in reports if r.facts is not None}
     values: dict[str, dict[str, Any]] = {
         "torch": {h: (f.get("deep") or {}).get("version") or f["torch"].get("version") for h, f in facts.items()},
@@ -213,28 +248,34 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
                  for h, f in facts.items()},
         "python": {h: _major_minor(f["python"]["version"]) for h, f in facts.items()},
         "driver_major": {h: (f["gpus"].get("driver") or "").split(".")[0] or None for h, f in facts.items()},
-        "fsdpctl": {h: f.get("fsdpctl") for h, f in facts.items()},
     }
+    for name in sorted({n for f in facts.values() for n in (f.get("packages") or {}) if n != "torch"}):
+        values[name] = {h: (f.get("packages") or {}).get(name) for h, f in facts.items()}
     if profile.network.interface:
         values["mtu"] = {h: (f["interfaces"].get(profile.network.interface) or {}).get("mtu")
                          for h, f in facts.items()}
     return values
 
 
+def _shown(value: Any) -> str:
+    return "not installed" if value is None else str(value)
+
+
 def judge_parity(profile: ClusterProfile, reports: Sequence[HostReport]) -> list[ParityEntry]:
-    """Compare the facts that must be equal on every host; name the odd ones out."""
+    """Compare the facts that must be equal on every host; name the odd ones out. A fact no host has
+    (CUDA, NCCL, a driver on CPU hosts) is no row at all."""
     entries = []
     for fact, values in _parity_values(profile, reports).items():
-        if len(values) < 2:
+        if len(values) < 2 or all(v is None for v in values.values()):
             continue
         counts = Counter(values.values())
         if len(counts) == 1:
-            entries.append(ParityEntry(fact, "pass", values, f"all {len(values)} hosts: {next(iter(counts))}"))
+            entries.append(ParityEntry(fact, "pass", values, f"all {len(values)} hosts: {_shown(next(iter(counts)))}"))
             continue
         majority, _ = counts.most_common(1)[0]
         odd = sorted(h for h, v in values.items() if v != majority)
-        shown = ", ".join(f"{h}={values[h]}" for h in odd)
-        entries.append(ParityEntry(fact, "fail", values, f"differs on {shown} (others: {majority})",
+        shown = ", ".join(f"{h}={_shown(values[h])}" for h in odd)
+        entries.append(ParityEntry(fact, "fail", values, f"differs on {shown} (others: {_shown(majority)})",
                                    f"install the same {fact.replace('_', ' ')} on every host; mismatches hang "
                                    f"or corrupt collectives"))
     return entries

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from ..errors import HostError
 from ..profiles.schema import ClusterProfile
-from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
+from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity, requirement_name
 from .probe import ProbeOutputError, parse_probe_output, probe_command
 
 
@@ -28,13 +28,20 @@ class HostJob:
     args: dict[str, Any]
 
 
+def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str]) -> dict[str, Any]:
+    """What every node's probe is asked, besides the port check."""
+    return {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep,
+            "packages": [requirement_name(r) for r in requirements]}
+
+
 def make_jobs(profile: ClusterProfile, transports: Sequence[Any], master_rank: int, master_addr: str,
-              port: int, deep: bool, port_check: bool, window: float = PORT_WINDOW_SECONDS) -> list[HostJob]:
+              port: int, deep: bool, port_check: bool, window: float = PORT_WINDOW_SECONDS,
+              requirements: Sequence[str] = ()) -> list[HostJob]:
     """One probe per host; the master listens on the rendezvous port, the others connect to it."""
     jobs = []
     others = len(transports) - 1
     for rank, transport in enumerate(transports):
-        args: dict[str, Any] = {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep}
+        args = probe_args(profile, deep, requirements)
         if port_check:
             if rank == master_rank:
                 args["listen"] = {"port": port, "expect": others, "window": window}

@@ -125,6 +125,10 @@ def gpus():
     listed = glob.glob("/proc/driver/nvidia/gpus/*")
     if listed:
         facts["count"], facts["source"] = len(listed), "/proc/driver/nvidia/gpus"
+    else:  # containers often lack /proc/driver/nvidia but always get the device files
+        devices = [d for d in glob.glob("/dev/nvidia*") if re.match(r"^/dev/nvidia\d+$", d)]
+        if devices:
+            facts["count"], facts["source"] = len(devices), "/dev"
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=10,
@@ -139,14 +143,22 @@ def gpus():
     return facts
 
 
-def ipv4_addresses():
-    """{interface: [cidr, ...]} from `ip -j`; empty when iproute2 is missing."""
+# Linux ioctls on an AF_INET socket, each taking a struct ifreq (16-byte name, then a union).
+SIOCGIFFLAGS, SIOCGIFADDR, SIOCGIFNETMASK, SIOCGIFMTU = 0x8913, 0x8915, 0x891B, 0x8921
+IFF_UP = 0x1
+
+
+def ip_command_addresses():
+    """{interface: [cidr, ...]} from `ip -j -4 addr` (every address, secondaries too); None when
+    iproute2 is missing or says nothing usable."""
     try:
         out = subprocess.run(["ip", "-j", "-4", "addr"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              timeout=5, universal_newlines=True)
-        entries = json.loads(out.stdout or "[]")
+        entries = json.loads(out.stdout or "null")
     except (OSError, ValueError, subprocess.SubprocessError):
-        return {}
+        return None
+    if out.returncode != 0 or not isinstance(entries, list):
+        return None
     found = {}
     for entry in entries:
         found[entry.get("ifname")] = ["%s/%s" % (a["local"], a["prefixlen"]) for a in entry.get("addr_info", [])
@@ -154,20 +166,77 @@ def ipv4_addresses():
     return found
 
 
+def _ifreq(sock, request, name):
+    import fcntl
+
+    return fcntl.ioctl(sock.fileno(), request, struct.pack("256s", name.encode()[:15]))
+
+
+def ioctl_facts(name):
+    """What the kernel says of one interface through ioctls (no tool needed): its primary IPv4
+    address with prefix length ([] when it has none), flags and MTU; a key is None when the
+    kernel could not be asked, with the reason in ``error``."""
+    import errno
+
+    facts = {"ipv4": None, "flags": None, "mtu": None}
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    except OSError as exc:
+        facts["error"] = "no AF_INET socket: %s" % (exc.strerror or exc)
+        return facts
+    try:
+        facts["flags"] = struct.unpack("H", _ifreq(sock, SIOCGIFFLAGS, name)[16:18])[0]
+        facts["mtu"] = struct.unpack("i", _ifreq(sock, SIOCGIFMTU, name)[16:20])[0]
+        try:
+            address = socket.inet_ntoa(_ifreq(sock, SIOCGIFADDR, name)[20:24])
+            mask = struct.unpack("!I", _ifreq(sock, SIOCGIFNETMASK, name)[20:24])[0]
+            facts["ipv4"] = ["%s/%d" % (address, bin(mask).count("1"))]
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:  # EADDRNOTAVAIL: the interface has no IPv4 address
+                raise
+            facts["ipv4"] = []
+    except (OSError, ImportError) as exc:
+        facts["error"] = "ioctl failed: %s" % (getattr(exc, "strerror", None) or exc)
+    finally:
+        sock.close()
+    return facts
+
+
+def interface_names():
+    """Interface names from sysfs, else from the kernel's own index (sysfs may be missing in a container)."""
+    names = [os.path.basename(p) for p in sorted(glob.glob("/sys/class/net/*"))]
+    if names:
+        return names
+    try:
+        return sorted(name for _, name in socket.if_nameindex())
+    except OSError:
+        return []
+
+
 def interfaces():
-    addresses = ipv4_addresses()
+    """Each interface's state, whether it is up, its MTU and IPv4 addresses. iproute2 gives every
+    address when it is installed; otherwise ioctls give the primary one. A fact that cannot be read
+    at all is None, with the reason in ``unknown``."""
+    listed = ip_command_addresses()
     result = {}
-    for path in sorted(glob.glob("/sys/class/net/*")):
-        name = os.path.basename(path)
-        flags = int((read(os.path.join(path, "flags")) or "0").strip() or "0", 16)
-        state = (read(os.path.join(path, "operstate")) or "unknown").strip()
-        result[name] = {
-            "state": state,
+    for name in interface_names():
+        path = os.path.join("/sys/class/net", name)
+        kernel = ioctl_facts(name)
+        flags_text, state = read(os.path.join(path, "flags")), read(os.path.join(path, "operstate"))
+        mtu_text = read(os.path.join(path, "mtu"))
+        flags = int(flags_text.strip() or "0", 16) if flags_text is not None else kernel["flags"]
+        state = state.strip() if state is not None else None
+        entry = {
+            "state": state or "unknown",
             # IFF_UP set and not known to be down (loopback and some virtual links say "unknown")
-            "up": bool(flags & 0x1) and state in ("up", "unknown"),
-            "mtu": int((read(os.path.join(path, "mtu")) or "0").strip() or 0),
-            "ipv4": addresses.get(name, []),
+            "up": None if flags is None else bool(flags & IFF_UP) and (state or "unknown") in ("up", "unknown"),
+            "mtu": int(mtu_text.strip() or 0) if mtu_text is not None else kernel["mtu"],
+            "ipv4": listed.get(name, []) if listed is not None else kernel["ipv4"],
+            "ipv4_source": "ip" if listed is not None else "ioctl",
         }
+        if kernel.get("error") and None in (entry["up"], entry["mtu"], entry["ipv4"]):
+            entry["unknown"] = kernel["error"]
+        result[name] = entry
     return result
 
 
@@ -196,13 +265,27 @@ def space(path):
     return {"path": path, "free_bytes": stat.f_bavail * stat.f_frsize, "total_bytes": stat.f_blocks * stat.f_frsize}
 
 
-def fsdpctl_version():
+def packages(names):
+    """{distribution: installed version, or None} for this Python, from the installed metadata."""
     try:
         from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return {name: None for name in names}
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except Exception:
+            found[name] = None
+    return found
 
-        return metadata.version("fsdpctl")
-    except Exception:
-        return None
+
+def tools():
+    """Where the node's optional tools are (None: not on PATH). None of them is needed: each fact
+    they give has another source, so a missing one never fails a check."""
+    import shutil
+
+    return {name: shutil.which(name) for name in ("ip", "nvidia-smi", "ibstat", "py-spy")}
 
 
 def listen(spec):
@@ -271,8 +354,10 @@ def main():
         "shm": space("/dev/shm"),
         "disk": space(args.get("workdir")),
         "clock": time.time(),
-        "fsdpctl": fsdpctl_version(),
+        "tools": tools(),
     }
+    if args.get("packages"):
+        facts["packages"] = packages(args["packages"])
     if args.get("deep"):
         facts["deep"] = deep_torch()
     if args.get("listen"):

@@ -14,6 +14,7 @@ from .. import __version__
 from ..errors import UsageError
 from ..profiles.schema import ClusterProfile
 from ..shell import NodeExpr, join_path
+from ..workload import REQUIREMENTS
 from ..workload import config as train_config
 from .slurm import make_slurm_plan
 from .types import LaunchPlan, NodeSpec, Overrides
@@ -224,5 +225,7 @@ def make_plan(
         setup=profile.setup, workdir=workdir, run_dir=run_dir, local_run_dir=local_run_dir,
         train=train, nodes=tuple(nodes), slurm=slurm_plan, debug=overrides.debug,
         warnings=tuple(warnings),
+        # A module of the workload run on its own (the collective smoke test) needs torch alone.
+        requirements=("torch",) if overrides.entry_module else REQUIREMENTS,
     )
 

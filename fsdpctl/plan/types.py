@@ -101,6 +101,9 @@ class LaunchPlan:
     slurm: Optional[SlurmPlan]
     debug: bool
     warnings: tuple[str, ...]
+    requirements: tuple[str, ...] = ()
+    """Distributions the job imports on every node; checked by the preflight (a default: plan.json
+    files written before this field existed still load)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
@@ -115,5 +118,6 @@ def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
     slurm = data.pop("slurm", None)
     return LaunchPlan(**{**data, "nodes": nodes, "setup": tuple(data.get("setup", ())),
                          "warnings": tuple(data.get("warnings", ())),
+                         "requirements": tuple(data.get("requirements", ())),
                          "slurm": SlurmPlan(**{**slurm, "directives": tuple(map(tuple, slurm["directives"]))})
                          if slurm else None})

@@ -176,9 +176,15 @@ def count_params(config: GPTConfig) -> int:
         return sum(p.numel() for p in GPT(config).parameters())
 
 
-def flops_per_token(config: GPTConfig, n_params: int, seq_len: int) -> float:
-    """Training FLOPs per token, nanoGPT/PaLM appendix B: 6N + 12 * L * H * Q * T, where N
-    excludes the position embedding (it does no matmul)."""
-    n = n_params - config.block_size * config.n_embd
+def matmul_params(config: GPTConfig) -> int:
+    """Weights that take part in a matrix multiply per token: every block's attention and MLP
+    projections and the (untied) output head. Not the token and position embeddings (a lookup),
+    biases or norms (element-wise)."""
+    return config.n_layer * 12 * config.n_embd ** 2 + config.n_embd * config.vocab_size
+
+
+def flops_per_token(config: GPTConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward and backward), PaLM appendix B: 6 per multiplied weight,
+    plus attention's 12 * L * H * Q * T (scores and weighted sum, forward and backward)."""
     head_dim = config.n_embd // config.n_head
-    return 6 * n + 12 * config.n_layer * config.n_head * head_dim * seq_len
+    return 6 * matmul_params(config) + 12 * config.n_layer * config.n_head * head_dim * seq_len

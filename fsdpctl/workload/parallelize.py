@@ -238,9 +238,16 @@ def build_model(cfg: TrainConfig, gpt_config: GPTConfig, rt: Runtime, precision:
                 device_mesh=_mesh(cfg, rt) if cfg.sharding == "hybrid" else None)
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module, rt: Runtime) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA) or SGD with momentum; no weight decay on biases and norms (chosen
-    by name: FSDP1 flattens parameters, so their shapes cannot tell)."""
+def fused_adamw(device_type: str, precision: str) -> bool:
+    """Fused AdamW on CUDA, except with fp16: the sharded grad scaler hands a fused optimizer its
+    one-element found-inf tensor, which the fused kernel rejects ("output with shape [] doesn't
+    match the broadcast shape [1]"); the foreach AdamW takes the scaler's own unscale-and-skip path."""
+    return device_type == "cuda" and precision != "fp16"
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, rt: Runtime, precision: str) -> torch.optim.Optimizer:
+    """AdamW (fused where it works, see ``fused_adamw``) or SGD with momentum; no weight decay on
+    biases and norms (chosen by name: FSDP1 flattens parameters, so their shapes cannot tell)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         plain = name.endswith("bias") or ".ln_" in name or "ln_f." in name
@@ -250,7 +257,7 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, rt: Runtime) -> torch.op
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
-                             fused=True if rt.is_cuda else None)
+                             fused=True if fused_adamw(rt.device.type, precision) else None)
 
 
 def make_grad_scaler(precision: str, rt: Runtime):

@@ -160,7 +160,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     gpt_config = preset_config(cfg.preset, tokens.vocab_size)
     n_params = count_params(gpt_config)
     model = par.build_model(cfg, gpt_config, rt, precision)
-    optimizer = par.build_optimizer(cfg, model, rt)
+    optimizer = par.build_optimizer(cfg, model, rt, precision)
     scaler = par.make_grad_scaler(precision, rt)
 
     if stop_signals is not None:
@@ -178,7 +178,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         clear_requeue_marker(run_dir)
     log = RunLog(run_dir, rt.rank, append=latest is not None)
     tokens_per_step = rt.world * cfg.batch_size * cfg.grad_accum * cfg.seq_len
-    meter = Meter(rt.device, tokens_per_step, flops_per_token(gpt_config, n_params, cfg.seq_len),
+    meter = Meter(rt.device, tokens_per_step, flops_per_token(gpt_config, cfg.seq_len),
                   rt.world, start_time)
     log.print(f"{PREFIX}: world={rt.world} device={rt.device.type} fsdp={cfg.fsdp} "
               f"sharding={cfg.sharding} precision={precision} preset={cfg.preset} "
@@ -261,6 +261,8 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     log.summary(run_dir, {
         "final_train_loss": train_loss, "final_val_loss": val_loss, "val_perplexity": val_ppl,
         "median_tokens_per_s": meter.tokens_per_s(step_time), "median_step_time_s": step_time,
+        "median_mfu": meter.mfu(meter.tokens_per_s(step_time)),  # null where the device's peak is unknown
+        "flops_per_token": meter.flops_per_token, "peak_flops_per_device": meter.peak,
         "time_to_first_step_s": meter.time_to_first_step,
         "peak_memory_mb_per_rank": [float(row[0]) for row in per_rank],
         "state_bytes_per_rank": [dict(zip(keys, map(int, row[1:].tolist()), strict=True))

@@ -81,6 +81,7 @@ def test_bf16_auto_trains_and_reports_mfu(cache_dir, tmp_path, fsdp):
     mfu = [r["mfu"] for r in rows if r["kind"] == "train" and r["mfu"] is not None]
     if any(key in name for key in ("A100", "H100", "H200")):
         assert mfu and all(0 < m < 1 for m in mfu)
+        assert 0 < summary["median_mfu"] < 1
 
 
 @pytest.mark.parametrize("fsdp", ["2", "1"])
@@ -89,8 +90,9 @@ def test_cpu_offload_with_pinned_memory(cache_dir, tmp_path, fsdp):
     assert _summary(tmp_path)["fsdp"]["cpu_offload"] is True
 
 
-def test_fp16_with_grad_scaler_and_activation_checkpointing(cache_dir, tmp_path):
-    _train(cache_dir, tmp_path, "--mixed-precision", "fp16", "--activation-checkpointing",
+@pytest.mark.parametrize("fsdp", ["2", "1"])
+def test_fp16_with_grad_scaler_and_activation_checkpointing(cache_dir, tmp_path, fsdp):
+    _train(cache_dir, tmp_path, "--fsdp", fsdp, "--mixed-precision", "fp16", "--activation-checkpointing",
            "--steps", "5", "--no-checkpoint")
     assert all(math.isfinite(v) for v in _losses(tmp_path).values())
 

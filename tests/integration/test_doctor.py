@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,61 @@ def test_human_output_has_the_table_and_hints(lab, tmp_path):
     result = run_in_client(lab, tmp_path, "doctor", "-p", str(path))
     assert result.returncode == 1
     assert "interface" in result.stdout and "FAIL" in result.stdout and "hint:" in result.stdout
+
+
+def wrapped_python(tmp_path, name: str, body: str):
+    """An interpreter path for the profile: a shell wrapper that changes the node's view, then runs ours."""
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_node_without_iproute2_reads_its_addresses_itself(lab, tmp_path):
+    no_ip = wrapped_python(tmp_path, "python-no-tools", f'PATH=/nonexistent exec {sys.executable} "$@"')
+    rc, data, err = doctor_json(lab, tmp_path, lab.profile_yaml(["n1", "n2"], python=str(no_ip)))
+    assert rc == 0, (data, err)
+    for host, name in zip(data["hosts"], ("n1", "n2"), strict=True):
+        eth0 = host["facts"]["interfaces"]["eth0"]
+        assert eth0["ipv4"] == [f"{lab.hosts[name].address}/24"] and eth0["ipv4_source"] == "ioctl"
+        assert host["facts"]["tools"]["ip"] is None
+        assert checks_of(host)["interface"]["status"] == "pass"
+
+
+def python_without(tmp_path, *hidden: str) -> Path:
+    """A virtual environment that has every package ours has but ``hidden`` (as after a bare
+    `pip install torch`): torchrun's workers, started with its interpreter, lack them too."""
+    import subprocess
+
+    import torch
+
+    site = tmp_path / f"site-without-{'-'.join(hidden)}"
+    site.mkdir()
+    for entry in Path(torch.__file__).parents[1].iterdir():
+        if not entry.name.lower().startswith(hidden) and not entry.name.endswith(".pth"):
+            (site / entry.name).symlink_to(entry)
+    venv = tmp_path / "bare-venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (next(venv.glob("lib/python3*/site-packages")) / "shared.pth").write_text(f"{site}\n")
+    return venv / "bin" / "python"
+
+
+def test_a_node_missing_the_workloads_packages_gets_the_install_command(lab, tmp_path):
+    bare = python_without(tmp_path, "numpy", "tokenizers")
+    hosts = lab.profile_yaml(["n1", "n2"], python=sys.executable)
+    text = lab.profile_yaml(["n2"], python=str(bare))
+    rc, data, _ = doctor_json(lab, tmp_path, text)
+    assert rc == 1
+    check = checks_of(data["hosts"][0])["packages"]
+    assert check["status"] == "fail" and check["detail"].startswith("numpy, tokenizers not installed for ")
+    assert check["hint"] == f"{bare} -m pip install numpy tokenizers"
+    assert checks_of(data["hosts"][0])["torch"]["status"] == "pass"  # torch itself is there
+    rc, data, _ = doctor_json(lab, tmp_path, hosts)
+    assert rc == 0 and parity(data)["numpy"]["status"] == "pass"
+    profile = tmp_path / "bare.yaml"
+    profile.write_text(text + "train:\n  steps: 2\n")
+    launched = run_in_client(lab, tmp_path, "launch", "-p", str(profile))
+    assert launched.returncode == 1, launched.stderr
+    assert "preflight failed; nothing was started" in launched.stderr
+    assert f"{bare} -m pip install numpy tokenizers" in launched.stdout
+    assert not list(tmp_path.glob("runs/*/run.json"))  # nothing was started

@@ -26,7 +26,7 @@ def facts(**overrides):
         "gpus": {"count": 8, "driver": "570.86.15", "names": []},
         "interfaces": {"eth0": {"state": "up", "up": True, "mtu": 9000, "ipv4": ["10.0.0.1/24"]}},
         "infiniband": {}, "shm": {"path": "/dev/shm", "free_bytes": 8 << 30, "total_bytes": 8 << 30},
-        "disk": {"path": "/", "free_bytes": 100 << 30, "total_bytes": 200 << 30}, "fsdpctl": None,
+        "disk": {"path": "/", "free_bytes": 100 << 30, "total_bytes": 200 << 30},
     }
     base.update(overrides)
     return base
@@ -72,15 +72,32 @@ def test_parity_names_the_odd_host_and_passes_when_equal():
     reports = [HostReport(h, i, facts()) for i, h in enumerate("abc")]
     assert {p.fact: p.status for p in judge_parity(profile(), reports)} == {
         "torch": "pass", "cuda_runtime": "pass", "nccl": "pass", "python": "pass", "driver_major": "pass",
-        "fsdpctl": "pass", "mtu": "pass"}
+        "mtu": "pass"}
     odd = facts(torch={"installed": True, "version": "2.12.0", "cuda": "12.8", "fsdp2_exported": True,
                        "nccl": {"version": "2.26.2"}})
     reports[2] = HostReport("c", 2, odd)
     entries = {p.fact: p for p in judge_parity(profile(), reports)}
     assert entries["torch"].status == "fail" and "c=2.12.0" in entries["torch"].detail
+
     assert "a=" not in entries["torch"].detail
     assert entries["nccl"].status == "fail" and entries["python"].status == "pass"
 
+
+def test_missing_packages_fail_with_the_install_command_and_versions_are_compared():
+    ready = facts(packages={"torch": "2.13.0", "numpy": "2.1.0", "tokenizers": "0.23.3"})
+    bare = facts(packages={"torch": "2.13.0", "numpy": None, "tokenizers": None},
+                 python={"path": "/opt/venv/bin/python3", "version": "3.11.7"})
+    check = next(c for c in judge_host(profile(), bare, 2) if c.name == "packages")
+    assert check.status == "fail"
+    assert check.detail.startswith("numpy, tokenizers not installed for /opt/venv/bin/python3")
+    assert check.hint == "/opt/venv/bin/python3 -m pip install numpy tokenizers"
+    assert statuses(judge_host(profile(), ready, 2))["packages"] == "pass"
+    older = facts(packages={"torch": "2.13.0", "numpy": "1.26.4", "tokenizers": "0.23.3"})
+    entries = {p.fact: p for p in judge_parity(profile(), [HostReport("a", 0, ready), HostReport("b", 1, ready),
+                                                           HostReport("c", 2, older), HostReport("d", 3, bare)])}
+    assert entries["numpy"].status == "fail"
+    assert entries["numpy"].detail == "differs on c=1.26.4, d=not installed (others: 2.1.0)"
+    assert entries["tokenizers"].detail == "differs on d=not installed (others: 0.23.3)"
 
 def test_parse_ignores_noise_around_the_sentinels():
     noisy = 'motd {"x": 1}\n<<<FSDPCTL-PROBE-END>>>\n<<<FSDPCTL-PROBE-BEGIN>>>\n{"hostname": "n1"}\n' \

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fsdpctl.workload import REQUIREMENTS
 from fsdpctl.workload import config as C
 from fsdpctl.workload.config import ConfigError, TrainConfig, make_config, parse_args, to_argv
 
@@ -108,7 +109,7 @@ def test_config_module_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-ALLOWED_TOP = {"torch", "numpy", "tokenizers"}
+ALLOWED_TOP = set(REQUIREMENTS)  # what doctor checks on every node: nothing else may be imported
 
 
 def test_workload_modules_import_only_torch_numpy_tokenizers_stdlib():

@@ -58,10 +58,16 @@ def test_initial_loss_is_near_uniform_and_checkpointing_is_transparent():
     assert set(model.state_dict()) == set(GPT(config).state_dict())  # same names
 
 
-def test_flops_formula():
-    config = preset_config("gpt2-124m", 50257)
-    n = count_params(config)
-    per_token = flops_per_token(config, n, 1024)
-    # nanoGPT: 6N + 12*L*H*Q*T with N without position embeddings
-    expected = 6 * (n - 1024 * 768) + 12 * 12 * 12 * 64 * 1024
-    assert per_token == expected
+def test_flops_count_what_is_multiplied():
+    config = preset_config("gpt2-124m", 50257)  # padded to GPT-2's 50304
+    assert config.vocab_size == 50304
+    # GPT-2 small: 12 blocks of 12 * 768^2 projection weights, the 768 x 50304 head; attention per token.
+    assert flops_per_token(config, 1024) == 6 * (12 * 12 * 768 ** 2 + 768 * 50304) + 12 * 12 * 768 * 1024
+    # ...which is exactly every nn.Linear weight of the model: embeddings, biases and norms do no matmul.
+    with torch.device("meta"):
+        model = GPT(config)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert flops_per_token(config, 1024) == 6 * linear + 12 * 12 * 768 * 1024
+    # The old count (all parameters but the position table) overstated it by the token table and the rest.
+    old = 6 * (count_params(config) - 1024 * 768) + 12 * 12 * 768 * 1024
+    assert old - flops_per_token(config, 1024) >= 6 * 50304 * 768

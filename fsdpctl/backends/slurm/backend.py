@@ -38,8 +38,7 @@ class SlurmBackend:
         """The controller and partition, then the probe on nodes allocated with ``srun``."""
         from .doctor import run_slurm_doctor
 
-        return run_slurm_doctor(self.profile, python=self.profile.python or "python3", port=request.port,
-                                deep=request.deep, timeout=request.timeout, nproc=request.nproc, on_host=on_host)
+        return run_slurm_doctor(self.profile, request, python=self.profile.python or "python3", on_host=on_host)
 
     def preflight(self, plan: LaunchPlan, on_host: Callable[[HostReport], None] | None = None) -> None:
         return None  # the nodes are not known before Slurm allocates them; `doctor` probes an allocation

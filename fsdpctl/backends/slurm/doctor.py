@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Optional
 
 from ...doctor.checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
+from ...doctor.fanout import probe_args
 from ...doctor.probe import ProbeOutputError, parse_probe_output, probe_source
 from ...doctor.probe_script import BEGIN, END
 from ...plan.render import render_slurm_head
 from ...profiles.schema import ClusterProfile, slurm_directive_name
 from ...shell import quote_path
+from ..base import DoctorRequest
 from . import client as slurm
 
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
@@ -68,12 +70,12 @@ def partition_check(partition: Optional[str], nodes: int) -> Check:
     return Check("partition", "pass", detail)
 
 
-def node_probe_script(profile: ClusterProfile, python: str, nodes: int, port: int, deep: bool,
+def node_probe_script(profile: ClusterProfile, python: str, nodes: int, request: DoctorRequest,
                       shared_file: str) -> str:
     """The shell each srun task runs: the profile's setup, then the probe; node 0 listens on the
     rendezvous port and the others connect to it at the head node's Slurm address."""
-    base = {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep,
-            "shared_file": shared_file}
+    port = request.port
+    base = {**probe_args(profile, request.deep, request.requirements), "shared_file": shared_file}
     listen = json.dumps({**base, "listen": {"port": port, "expect": nodes - 1, "window": PORT_WINDOW_SECONDS}})
     # The head's address is only known on the node: bash puts it in place of the placeholder.
     connect = json.dumps({**base, "connect": {"addr": _HEAD_PLACEHOLDER, "port": port,
@@ -129,8 +131,8 @@ def storage_check(facts: dict, workdir: str) -> Check:
                  "logs and checkpoints live in the run directory")
 
 
-def run_slurm_doctor(profile: ClusterProfile, *, python: str, port: int, deep: bool, timeout: float,
-                     nodes: Optional[int] = None, partition: Optional[str] = None, nproc: Optional[int] = None,
+def run_slurm_doctor(profile: ClusterProfile, request: DoctorRequest, *, python: str, nodes: Optional[int] = None,
+                     partition: Optional[str] = None,
                      on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
     """The cluster checks, then the probe on ``nodes`` allocated nodes, judged and diffed as over SSH."""
     assert profile.slurm is not None
@@ -142,22 +144,22 @@ def run_slurm_doctor(profile: ClusterProfile, *, python: str, port: int, deep: b
     if cluster[0].status == "pass":
         cluster.append(partition_check(partition, nodes))
     if cluster[-1].status != "fail":
-        reports = _probe_allocation(profile, python, nodes, partition, port, deep, timeout, nproc, cluster,
-                                    on_host)
+        reports = _probe_allocation(profile, request, python, nodes, partition, cluster, on_host)
     return DoctorReport(profile=profile.name, hosts=reports, parity=judge_parity(profile, reports),
                         seconds=time.monotonic() - started, cluster=cluster)
 
 
-def _probe_allocation(profile: ClusterProfile, python: str, nodes: int, partition: Optional[str], port: int,
-                      deep: bool, timeout: float, nproc: Optional[int], cluster: list[Check],
+def _probe_allocation(profile: ClusterProfile, request: DoctorRequest, python: str, nodes: int,
+                      partition: Optional[str], cluster: list[Check],
                       on_host: Callable[[HostReport], None] | None) -> list[HostReport]:
+    timeout = request.timeout
     workdir = Path(profile.workdir).expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     token = workdir / f".fsdpctl-doctor-{secrets.token_hex(4)}"
     token.write_text("fsdpctl doctor: is this file visible on the nodes?\n", encoding="utf-8")
     started = time.monotonic()
     try:
-        script = node_probe_script(profile, python, nodes, port, deep, str(token))
+        script = node_probe_script(profile, python, nodes, request, str(token))
         done = slurm.run_client(srun_argv(profile, nodes, partition, int(timeout), script), timeout=timeout + 60)
     finally:
         token.unlink(missing_ok=True)
@@ -181,7 +183,7 @@ def _probe_allocation(profile: ClusterProfile, python: str, nodes: int, partitio
             facts["_received"] = time.time()
             report.host = facts.get("hostname") or report.host
             report.checks = [Check("reachable", "pass", "srun task ran"),
-                             *judge_host(profile, facts, nproc), storage_check(facts, str(workdir))]
+                             *judge_host(profile, facts, request.nproc), storage_check(facts, str(workdir))]
             facts.pop("_received", None)
             report.facts = facts
         reports.append(report)

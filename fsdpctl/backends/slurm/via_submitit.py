@@ -69,8 +69,8 @@ def submitit_preview(folder: str, python: str, params: dict[str, object]) -> str
 
 
 def ship_submitit(pkg_dir: str) -> None:
-    """Copy submitit and its pure-Python dependencies into the run's ``pkg``: a node needs only
-    Python and torch, as with the other ways of running, and runs the submitter's version."""
+    """Copy submitit and its pure-Python dependencies into the run's ``pkg``: a node needs nothing
+    more than for the other ways of running, and runs the submitter's version."""
     import importlib
 
     _import_submitit()
