@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 if TYPE_CHECKING:
     from ..doctor.checks import DoctorReport, HostReport
     from ..plan.types import LaunchPlan
+    from ..profiles.schema import ClusterProfile
     from ..runs.record import Run
 
 LineSink = Callable[[int, str, str], None]
@@ -60,21 +61,24 @@ class Backend(Protocol):
 
     name: str
     """What run.json calls it."""
+    profile: ClusterProfile
     queued: bool
     """Runs wait in a scheduler's queue (plans are made for it: ``make_plan(for_slurm=...)``)."""
 
     def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
         """Check every node and diff them."""
 
-    def preflight(self, plan: LaunchPlan, on_host: Callable[[HostReport], None] | None = None
+    def preflight(self, plan: LaunchPlan, payload: bytes, on_host: Callable[[HostReport], None] | None = None
                   ) -> DoctorReport | None:
-        """The fast checks before starting ``plan`` (None: this backend has none)."""
+        """The fast checks before starting ``plan`` (None: this backend has none). ``payload`` (the
+        tar every node gets, ``bundle.node_payload``) may be staged on the way."""
 
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         """Files the backend would write itself besides the rendered scripts, for ``--dry-run``."""
 
-    def start(self, run: Run, scripts: dict[str, str], *, detached: bool) -> str:
-        """Start (or submit) the run; says how in a few words ("submitted as Slurm job 12")."""
+    def start(self, run: Run, payload: bytes, *, detached: bool) -> str:
+        """Start (or submit) the run with ``payload`` on its nodes; says how in a few words
+        ("submitted as Slurm job 12")."""
 
     def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:
         """Stream the run's lines to ``sink`` until it ends. ``owner``: the process that started it
@@ -85,6 +89,9 @@ class Backend(Protocol):
 
     def read_logs(self, run: Run, sink: LineSink) -> list[str]:
         """Every line the run has written so far; returns notes for the user (a node that did not answer)."""
+
+    def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
+        """Bring ``path`` (under the run directory on the nodes) here; per node, the local files."""
 
     def stop(self, run: Run) -> dict[str, str]:
         """End every process of the run; returns what each host reports left (empty: nothing)."""

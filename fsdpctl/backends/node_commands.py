@@ -1,11 +1,12 @@
-"""The node protocol: the shell commands that stage, start, follow, poll and end a node's part of a run.
+"""The node protocol: the commands that stage and start, follow, poll and end a node's part of a run.
 
 On every node the run lives in ``<run_dir>`` (``<workdir>/runs/<run_id>``):
 
-- staged with one command: a tar of ``node<R>.sh`` and the workload package (``pkg/``), so a node
-  needs only Python with the packages the workload imports (doctor checks them);
-- started detached in a session of its own (``setsid``): a dropped connection does not end it;
-  the wrapper writes ``node<R>.pid`` and, when the script ends, ``node<R>.exit``;
+- staged and started by one command, the node agent (``node_agent``, sent with the probe's source as
+  ``python -c``): it unpacks the tar the launcher writes on its stdin (the node scripts, the
+  workload package ``pkg/``, the user's code ``code/``), answers the preflight probe, waits for the
+  launcher's word, and starts ``node<R>.sh`` in a session of its own (a dropped connection does not
+  end it); the wrapper writes ``node<R>.pid`` and, when the script ends, ``node<R>.exit``;
 - followed with ``tail -F --pid`` on ``node<R>.log``, and polled for its exit file; a poll that
   fails means the host stopped answering;
 - ended by signalling exactly the processes whose environment carries this run's
@@ -17,51 +18,31 @@ Local and SSH nodes run the same commands; only the transport differs.
 
 from __future__ import annotations
 
-import io
-import tarfile
+import functools
+import json
+import shlex
 from pathlib import Path
+from typing import Any
 
-from ..plan.make import SHIPPED_PACKAGE_DIR
-from ..shell import marked, quote_path
+from ..doctor.probe import probe_source
+from ..shell import command_line, marked, quote_path
+from .node_agent import AGENT_REFUSED, AGENT_STARTED
 
-# The fsdpctl package folder: the workload package is shipped from it.
-_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-
-
-def workload_bundle(script_name: str, script: str) -> bytes:
-    """A tar.gz of the node script and the workload package (``pkg/fsdpctl/workload/*.py``)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        def add(name: str, data: bytes, mode: int = 0o644) -> None:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, 0
-            tar.addfile(info, io.BytesIO(data))
-
-        add(script_name, script.encode(), 0o755)
-        add(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/__init__.py", (_PACKAGE_ROOT / "__init__.py").read_bytes())
-        for source in sorted((_PACKAGE_ROOT / "workload").glob("*.py")):
-            add(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/workload/{source.name}", source.read_bytes())
-    return buffer.getvalue()
+__all__ = ["AGENT_REFUSED", "AGENT_STARTED", "agent_command"]
 
 
-def stage_command(run_dir: str, script_name: str) -> str:
-    # Nodes may share the run directory (a home on NFS): unpack privately, then rename into place;
-    # the package is renamed only by the first node (the same files: the same launcher wrote them).
-    return (f"mkdir -p {quote_path(run_dir)} && cd {quote_path(run_dir)} && t=$(mktemp -d .stage.XXXXXX) && "
-            f"tar -xzf - -C \"$t\" && mv -f \"$t/{script_name}\" . && "
-            f"{{ mv -T \"$t/{SHIPPED_PACKAGE_DIR}\" {SHIPPED_PACKAGE_DIR} 2>/dev/null || true; }} && rm -rf \"$t\"")
+@functools.lru_cache(maxsize=1)
+def agent_source() -> str:
+    """The probe's functions, then the agent's (it answers the preflight with the probe's own code)."""
+    probe, guard, _ = probe_source().rpartition('\nif __name__ == "__main__":')
+    if not guard:
+        raise AssertionError("the probe script lost its main guard")
+    return probe + "\n\n" + (Path(__file__).resolve().parent / "node_agent.py").read_text(encoding="utf-8")
 
 
-def start_command(run_dir: str, rank: int) -> str:
-    # setsid in a background job (no job control: not a group leader) makes the wrapper a session
-    # leader in place, so its pid is also its process group and session id.
-    wrapper = (f"echo $$ > node{rank}.pid; bash node{rank}.sh > node{rank}.log 2>&1; "
-               f"echo $? > node{rank}.exit.tmp; mv node{rank}.exit.tmp node{rank}.exit")
-    # `setsid ... &` must stay a simple command: a backgrounded `a && b` list would run in a
-    # subshell that keeps this command's output open until the job ends.
-    return (f"cd {quote_path(run_dir)} || exit 1; rm -f node{rank}.pid node{rank}.exit; "
-            f"setsid bash -c '{wrapper}' < /dev/null > /dev/null 2>&1 & "
-            f"for _ in $(seq 200); do [ -s node{rank}.pid ] && break; sleep 0.01; done; cat node{rank}.pid")
+def agent_command(python: str, args: dict[str, Any]) -> str:
+    """The shell command line that runs the node agent with the node's ``python``."""
+    return command_line(python, ["-c", agent_source(), json.dumps(args, sort_keys=True)])
 
 
 def follow_command(run_dir: str, rank: int, pid: int) -> str:
@@ -86,6 +67,15 @@ def kill_command(run_id: str, grace: float) -> str:
             f"[ -n \"$ps\" ] && kill -KILL $ps 2>/dev/null; sleep 0.2; {find}; echo \"remaining:$ps\"")
 
 
-def fetch_logs_command(run_dir: str, rank: int) -> str:
-    # base64: the transports carry text
-    return f"cd {quote_path(run_dir)} && {{ tar -czf - logs/node{rank} 2>/dev/null | base64 -w0; }}"
+FETCH_MISSING = "fsdpctl: no such file"
+STAGED = ("pkg", "code")
+"""What fsdpctl itself put in a run directory (copies of the workload and the code): never fetched back."""
+
+
+def fetch_command(run_dir: str, path: str) -> str:
+    """``path`` (relative to the run directory) as a base64 tar.gz (the transports carry text), or a
+    line saying it is not there."""
+    return (f"cd {quote_path(run_dir)} && if [ -e {shlex.quote(path)} ]; then "
+            f"tar -czf - {' '.join(f'--exclude=./{name}' for name in STAGED)} --exclude='./.stage.*' "
+            f"-- {shlex.quote(path)} | base64 -w0; "
+            f"else echo '{FETCH_MISSING}'; fi")

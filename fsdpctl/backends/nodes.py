@@ -9,19 +9,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..doctor.checks import DoctorReport, HostReport
-from ..doctor.fanout import make_jobs, run_doctor
+from ..doctor.fanout import ProbeRunner, make_jobs, run_doctor
 from ..errors import HostError
 from ..plan.types import LaunchPlan
 from ..profiles.schema import ClusterProfile
+from ..runs.paths import files_under
 from ..runs.record import Run, last_metrics, now
 from ..shell import after_mark, marked, quote_path
 from .base import DoctorRequest, LineSink, Outcome
-from .node_commands import poll_command
-from .supervisor import COMMAND_TIMEOUT, NodeRun, Supervisor, fetch_logs, node_records, start_run, stop_run
+from .node_commands import STAGED, poll_command
+from .starter import NodeStarter
+from .supervisor import COMMAND_TIMEOUT, NodeRun, Supervisor, fetch_from_node, fetch_logs, node_records, stop_run
 from .transport import Transport
 
 PREFLIGHT_TIMEOUT = 20.0
@@ -40,6 +43,7 @@ class NodesBackend:
     def __init__(self, profile: ClusterProfile, transports: list[Transport] | None = None):
         self.profile = profile
         self._transports = transports
+        self._starter: NodeStarter | None = None  # agents the preflight staged, waiting for start
 
     # ---- what a subclass says --------------------------------------------------------------------
     def open_transports(self) -> list[Transport]:
@@ -66,31 +70,40 @@ class NodesBackend:
         return self.profile.python or self.default_python()
 
     def close(self) -> None:
+        if self._starter is not None:
+            self._starter.close()
+            self._starter = None
         for transport in self._transports or []:
             transport.close()
         self._transports = None
 
-    def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+    def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None,
+               runner: ProbeRunner | None = None) -> DoctorReport:
         master_rank, master_addr = self.master()
         jobs = make_jobs(self.profile, self.transports, master_rank, master_addr, request.port, request.deep,
                          request.port_check and self.port_check, requirements=request.requirements)
         return run_doctor(self.profile, jobs, python=self.python, timeout=request.timeout, nproc=request.nproc,
-                          concurrency=request.concurrency, on_host=on_host)
+                          concurrency=request.concurrency, on_host=on_host, runner=runner)
 
-    def preflight(self, plan: LaunchPlan, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
-        """doctor's fast checks on the plan's own nodes and rendezvous port (the connections stay open
-        for the start that follows)."""
+    def preflight(self, plan: LaunchPlan, payload: bytes,
+                  on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+        """doctor's fast checks on the plan's own nodes and rendezvous port, answered by the node agents
+        that also stage the payload; they wait for ``start`` (one command per node for both)."""
         nproc = int(plan.nproc_per_node) if plan.nproc_per_node.isdigit() else None
         request = DoctorRequest(port=plan.master_port, timeout=PREFLIGHT_TIMEOUT, nproc=nproc,
                                 port_check=plan.num_nodes > 1, requirements=plan.requirements)
-        return self.doctor(request, on_host)
+        self._starter = NodeStarter(plan, payload, self.transports, plan.python)
+        return self.doctor(request, on_host, runner=self._starter.probe_runner())
 
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         return {}  # the node scripts are all there is
 
-    def start(self, run: Run, scripts: dict[str, str], *, detached: bool) -> str:
-        """Stage and start every node (one command each), and record their process ids."""
-        started = start_run(run.plan, scripts, self.transports)
+    def start(self, run: Run, payload: bytes, *, detached: bool) -> str:
+        """Start every node (staging it too, unless the preflight did), and record their process ids."""
+        starter = self._starter if self._starter is not None and self._starter.plan.run_id == run.run_id \
+            else NodeStarter(run.plan, payload, self.transports, run.plan.python)
+        self._starter = None
+        started = starter.start()
         run.update("running", node_records(started), started_at=now(), detached=detached)
         world = run.plan.world_size or "from GPU count"
         return f"started on {run.plan.num_nodes} node(s), world size {world}"
@@ -165,6 +178,24 @@ class NodesBackend:
             for line in after_mark(out).splitlines():
                 sink(node.node_rank, node.host, line)
         return notes
+
+    def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
+        """Copy ``path`` from every node's run directory into ``runs/<id>/fetched/node<R>/`` here
+        (where the run directory is this machine's own, the files are named where they are)."""
+        here = Path(run.plan.run_dir).expanduser()
+        if here.resolve() == run.root.resolve():
+            return {f"node 0 ({run.plan.nodes[0].host})": files_under(here / path, skip=STAGED)}
+
+        def one(node) -> tuple[str, list[str]]:
+            label = f"node {node.node_rank} ({node.host})"
+            try:
+                return label, fetch_from_node(self.transports[node.node_rank], run.plan.run_dir, path,
+                                              run.root / "fetched" / f"node{node.node_rank}")
+            except HostError as exc:
+                return f"{label}: {exc.detail}", []
+
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(run.plan.nodes)))) as pool:
+            return dict(pool.map(one, run.plan.nodes))
 
     def stop(self, run: Run) -> dict[str, str]:
         """End every process of the run on every node and record it as stopped."""

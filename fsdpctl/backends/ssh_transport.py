@@ -19,7 +19,7 @@ import paramiko
 
 from ..errors import HostError
 from ..profiles.schema import HostSpec, SSHSpec
-from .transport import read_lines
+from .transport import MarkerReader, read_lines
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 KEEPALIVE_SECONDS = 5
@@ -136,6 +136,42 @@ class _SSHStream:
         self.channel.close()
 
 
+class _SSHSession:
+    """One exec channel to talk to: stdin written as we go, stdout read up to markers."""
+
+    def __init__(self, host: str, channel: paramiko.Channel):
+        self.host, self.channel = host, channel
+        self.reader = MarkerReader(host, self._recv)
+
+    def _recv(self, seconds: float) -> bytes:
+        self.channel.settimeout(seconds)
+        return self.channel.recv(65536)  # raises TimeoutError (socket.timeout) when nothing came
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise SSHError(self.host, "ssh", f"the connection broke while sending ({exc})",
+                           "check the node and the network to it") from None
+
+    def read_until(self, marker: str, timeout: float) -> str:
+        return self.reader.until(marker, timeout)
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        self.channel.shutdown_write()
+        rest = self.reader.rest(timeout)
+        err = bytearray()
+        while self.channel.recv_stderr_ready():
+            err += self.channel.recv_stderr(65536)
+        if not self.channel.status_event.wait(timeout):  # recv_exit_status() would wait without end
+            raise SSHError(self.host, "timeout", f"command did not end within {timeout:g} s",
+                           "the node may be overloaded or stuck")
+        return self.channel.exit_status, rest, err.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        self.channel.close()
+
+
 class SSHTransport:
     """One node over SSH: one connection, reused for every command of one fsdpctl command."""
 
@@ -226,8 +262,10 @@ class SSHTransport:
             err = bytearray()
             while channel.recv_stderr_ready():
                 err += channel.recv_stderr(65536)
-            channel.settimeout(max(0.1, deadline - time.monotonic()))
-            status = channel.recv_exit_status()
+            # recv_exit_status() would wait without end on a host that stopped answering.
+            if not channel.status_event.wait(max(0.1, deadline - time.monotonic())):
+                raise TimeoutError()
+            status = channel.exit_status
         except TimeoutError:
             raise SSHError(self.host, "timeout", f"command did not finish within {timeout:g} s",
                            "the node may be overloaded or stuck; raise the timeout or look at it") from None
@@ -247,6 +285,17 @@ class SSHTransport:
         channel.exec_command(command)
         channel.shutdown_write()
         return _SSHStream(channel)
+
+    def session(self, command: str) -> _SSHSession:
+        """Start a command line to talk to: its stdin stays open until ``finish`` or ``close``."""
+        self.connect()
+        assert self.client is not None
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
+        channel = transport.open_session(timeout=self.spec.connect_timeout)
+        channel.exec_command(command)
+        return _SSHSession(self.host, channel)
 
     def close(self) -> None:
         """Close the connection (and the jump host's)."""

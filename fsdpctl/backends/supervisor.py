@@ -24,20 +24,13 @@ from typing import Any
 from ..errors import FsdpctlError, HostError
 from ..plan.types import LaunchPlan, NodeSpec
 from ..shell import OUTPUT_MARK, after_mark, marked
-from .node_commands import (
-    fetch_logs_command,
-    follow_command,
-    kill_command,
-    poll_command,
-    stage_command,
-    start_command,
-    workload_bundle,
-)
+from .node_commands import FETCH_MISSING, fetch_command, follow_command, kill_command, poll_command
 from .transport import Transport
 
 GRACE_SECONDS = 10.0
 POLL_SECONDS = 2.0
 COMMAND_TIMEOUT = 30.0
+FETCH_TIMEOUT = 600.0
 TAIL_LINES = 30
 # Lines kept per node for the failure summary: torchrun's Root Cause block and the failing rank's
 # traceback are at the end; older lines are in the log files, not in memory.
@@ -81,30 +74,6 @@ class RunResult:
 def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any]:
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(runs)))) as pool:
         return list(pool.map(fn, runs))
-
-
-def start_run(plan: LaunchPlan, scripts: dict[str, str], transports: Sequence[Transport]) -> list[NodeRun]:
-    """Stage and start every node: one command per node (each SSH exec also runs the node's
-    shell rc files, so every round trip saved shortens the time to the first step). Raises HostError."""
-    runs = [NodeRun(node, t) for node, t in zip(plan.nodes, transports, strict=True)]
-
-    def stage_and_start(run: NodeRun) -> None:
-        name = f"node{run.rank}.sh"
-        command = marked(f"{stage_command(plan.run_dir, name)} && {{ {start_command(plan.run_dir, run.rank)}; }}")
-        status, out, err = run.transport.run(command, COMMAND_TIMEOUT, stdin=workload_bundle(name, scripts[name]))
-        out = after_mark(out)
-        if status != 0 or not out.strip().isdigit():
-            raise HostError(run.node.host, "start", f"could not stage or start the node script in {plan.run_dir}: "
-                            f"{err.strip() or out.strip() or f'exit {status}'}",
-                            "check that workdir can be written there, and run the node script by hand to see why")
-        run.pid, run.state = int(out.strip()), "running"
-
-    try:
-        _parallel(stage_and_start, runs)
-    except HostError:
-        stop_run(plan.run_id, transports)  # nodes that did start must not run on alone
-        raise
-    return runs
 
 
 def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_SECONDS) -> dict[str, str]:
@@ -330,18 +299,29 @@ class Supervisor:
         return RunResult(0, None, False)
 
 
+def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,
+                    timeout: float = FETCH_TIMEOUT) -> list[str]:
+    """Copy ``path`` (under the node's run directory) into ``dest``; returns the files that came
+    (empty when the node has no such path). Raises HostError."""
+    status, out, err = transport.run(marked(fetch_command(run_dir, path)), timeout)
+    out = after_mark(out).strip()
+    if out == FETCH_MISSING or (status == 0 and not out):
+        return []
+    if status != 0:
+        raise HostError(transport.host, "fetch", f"could not read {path}: {err.strip() or f'exit {status}'}",
+                        "look at the run directory on that node")
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)), mode="r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
+        tar.extractall(dest, members=members, filter="data")
+        return sorted(str(dest / m.name) for m in members if m.isfile())
+
+
 def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path) -> None:
     """Copy each node's torchrun log folder (``logs/node<R>``) into the local run directory."""
     def fetch(run: NodeRun) -> None:
         try:
-            status, out, _ = run.transport.run(marked(fetch_logs_command(plan.run_dir, run.rank)), COMMAND_TIMEOUT)
+            fetch_from_node(run.transport, plan.run_dir, f"logs/node{run.rank}", local_dir)
         except HostError:
-            return
-        out = after_mark(out)
-        if status != 0 or not out.strip():
-            return
-        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)), mode="r:gz") as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(f"logs/node{run.rank}")]
-            tar.extractall(local_dir, members=members, filter="data")
+            pass  # its streamed log is here anyway
 
     _parallel(fetch, runs)

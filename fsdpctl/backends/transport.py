@@ -1,4 +1,5 @@
-"""How fsdpctl acts on a node: run a shell command line, or stream one's output line by line.
+"""How fsdpctl acts on a node: run a shell command line, stream one's output line by line, or hold
+a conversation with one (a session: write to its stdin, read its stdout up to a marker).
 
 ``LocalTransport`` is this machine (the ``local`` backend); ``ssh.SSHTransport`` has the same
 methods. Command lines are built by ``fsdpctl.shell`` with every value quoted once; both
@@ -7,8 +8,12 @@ transports hand them to a shell on the node (bash here, the login shell over SSH
 
 from __future__ import annotations
 
+import os
+import select
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -25,6 +30,23 @@ class Stream(Protocol):
         """Stop reading (the command is ended if it still runs)."""
 
 
+class Session(Protocol):
+    """A command that runs while fsdpctl talks to it."""
+
+    def send(self, data: bytes) -> None:
+        """Write to the command's stdin. Raises HostError."""
+
+    def read_until(self, marker: str, timeout: float) -> str:
+        """stdout up to and including the first line that holds ``marker``; what came before the end
+        of output when it never comes. Raises HostError(cause="timeout")."""
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        """Close stdin and wait for the end: (exit status, the rest of stdout, stderr). Raises HostError."""
+
+    def close(self) -> None:
+        """End the conversation (the command sees its stdin close)."""
+
+
 class Transport(Protocol):
     """What fsdpctl needs from a node."""
 
@@ -36,6 +58,9 @@ class Transport(Protocol):
     def stream(self, command: str) -> Stream:
         """Start one shell command line and read its output as it comes. Raises HostError."""
 
+    def session(self, command: str) -> Session:
+        """Start one shell command line to talk to. Raises HostError."""
+
     def close(self) -> None:
         """Release the connection, if any."""
 
@@ -44,6 +69,95 @@ def read_lines(stream: IO[bytes]) -> Iterator[str]:
     """Decode a byte stream into lines without their newline."""
     for raw in iter(stream.readline, b""):
         yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+class MarkerReader:
+    """Reads a command's stdout up to marker lines, across reads that each get what time is left."""
+
+    def __init__(self, host: str, recv: Callable[[float], bytes]):
+        self.host, self.recv = host, recv  # recv(seconds) -> bytes, b"" at the end; TimeoutError when none came
+        self.pending = b""
+        self.ended = False
+
+    def until(self, marker: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        wanted = marker.encode()
+        while wanted not in self.pending and not self.ended:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                chunk = self.recv(left)
+            except TimeoutError:
+                raise HostError(self.host, "timeout", f"no answer within {timeout:g} s",
+                                "the node may be overloaded or stuck; look at it") from None
+            self.ended = not chunk
+            self.pending += chunk
+        at = self.pending.find(wanted)
+        end = len(self.pending) if at < 0 else self.pending.find(b"\n", at) + 1 or len(self.pending)
+        text, self.pending = self.pending[:end], self.pending[end:]
+        return text.decode("utf-8", "replace")
+
+    def rest(self, timeout: float) -> str:
+        """Everything until the end of output."""
+        while not self.ended:
+            self.until("\0never\0", timeout)
+        text, self.pending = self.pending, b""
+        return text.decode("utf-8", "replace")
+
+
+class _LocalSession:
+    def __init__(self, host: str, process: subprocess.Popen):
+        self.process = process
+        self.stderr: list[bytes] = []
+        assert process.stdout is not None and process.stderr is not None
+        stderr = process.stderr
+        self._drain = threading.Thread(target=lambda: self.stderr.extend(iter(lambda: stderr.read(65536), b"")),
+                                       daemon=True)
+        self._drain.start()
+        self.reader = MarkerReader(host, self._recv)
+
+    def _recv(self, seconds: float) -> bytes:
+        fd = self.process.stdout.fileno()  # type: ignore[union-attr]
+        ready, _, _ = select.select([fd], [], [], seconds)
+        if not ready:
+            raise TimeoutError
+        return os.read(fd, 65536)
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.process.stdin.write(data)  # type: ignore[union-attr]
+            self.process.stdin.flush()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass  # the command has ended; read_until and finish say how
+
+    def read_until(self, marker: str, timeout: float) -> str:
+        return self.reader.until(marker, timeout)
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        self._close_stdin()
+        rest = self.reader.rest(timeout)
+        try:
+            status = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise HostError(self.reader.host, "timeout", f"command did not end within {timeout:g} s",
+                            "this machine may be overloaded") from None
+        self._drain.join(timeout)
+        return status, rest, b"".join(self.stderr).decode("utf-8", "replace")
+
+    def _close_stdin(self) -> None:
+        try:
+            self.process.stdin.close()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass
+
+    def close(self) -> None:
+        self._close_stdin()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 class _LocalStream:
@@ -83,6 +197,11 @@ class LocalTransport:
     def stream(self, command: str) -> _LocalStream:
         return _LocalStream(subprocess.Popen(["bash", "-c", command], cwd=self.cwd, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+
+    def session(self, command: str) -> _LocalSession:
+        return _LocalSession(self.host, subprocess.Popen(["bash", "-c", command], cwd=self.cwd,
+                                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.PIPE))
 
     def close(self) -> None:
         return None

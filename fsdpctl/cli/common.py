@@ -23,6 +23,7 @@ PROFILE_HELP = "Profile name (./cluster_profiles, ~/.config/fsdpctl/profiles, sh
 
 # The workload flags worth a flag of their own; every other setting goes through --set or the profile.
 ProfileOpt = typer.Option(..., "--profile", "-p", help=PROFILE_HELP)
+JobProfileOpt = typer.Option(None, "--profile", "-p", help=PROFILE_HELP + " May come from --job.")
 FsdpOpt = typer.Option(None, "--fsdp", help="FSDP version: 1 or 2.")
 PresetOpt = typer.Option(None, "--preset", help="Model preset: tiny, small, gpt2-124m.")
 StepsOpt = typer.Option(None, "--steps", help="Optimizer steps to train.")
@@ -40,9 +41,9 @@ DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan and every rend
 JsonOpt = typer.Option(False, "--json", help="With --dry-run: print the plan and scripts as JSON.")
 
 
-def train_overrides(*, fsdp: Optional[int], preset: Optional[str], steps: Optional[int],
-                    epochs: Optional[int], batch_size: Optional[int], sharding: Optional[str],
-                    mixed_precision: Optional[str], settings: Optional[list[str]]) -> dict[str, Any]:
+def train_overrides(*, fsdp: Optional[int] = None, preset: Optional[str] = None, steps: Optional[int] = None,
+                    epochs: Optional[int] = None, batch_size: Optional[int] = None, sharding: Optional[str] = None,
+                    mixed_precision: Optional[str] = None, settings: Optional[list[str]] = None) -> dict[str, Any]:
     """Workload settings from flags, checked like the profile's ``train`` section."""
     from ..workload import config as train_config
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -22,12 +24,15 @@ def doctor(
     no_port_check: bool = typer.Option(False, "--no-port-check", help="Skip the rendezvous port check."),
     collectives: bool = typer.Option(False, "--collectives", help="Then, through the launch path, time "
                                      "all-reduce and all-gather over every node (bus bandwidth per size)."),
+    requirements: Optional[Path] = typer.Option(None, "--requirements", help="Also check this requirements.txt "
+                                                "on every node: installed, matching, the same versions everywhere."),
 ) -> None:
     """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs, interface, InfiniBand, ports, disk.
 
     For a Slurm profile: the controller and partition, then the same checks on allocated nodes (srun)."""
     from ..backends import backend_for
     from ..backends.base import DoctorRequest
+    from ..doctor.requirements import read_requirements
     from ..plan.make import auto_port
     from ..profiles.loader import load_profile
     from ..runs.paths import new_run_id
@@ -38,7 +43,8 @@ def doctor(
     port = prof.rendezvous.port if isinstance(prof.rendezvous.port, int) else auto_port(new_run_id(prof.name))
     nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else None
     request = DoctorRequest(port=port, deep=deep, timeout=timeout, concurrency=concurrency,
-                            port_check=not no_port_check, nproc=nproc, requirements=REQUIREMENTS)
+                            port_check=not no_port_check, nproc=nproc,
+                            requirements=(*REQUIREMENTS, *(read_requirements(requirements) if requirements else ())))
     backend = backend_for(prof)
     typer.echo(f"doctor: checking the nodes of {prof.name} ({backend.name})", err=True)
     try:
@@ -63,6 +69,7 @@ def doctor(
 
 def _collectives(profile_name: str, backend) -> dict:
     """Run the collective smoke test through the launch path, as a run of its own; its figures (or why not)."""
+    from ..bundle import node_payload
     from ..doctor.collectives import COLLECTIVES_ENV, COLLECTIVES_MODULE, collectives_result
     from ..plan.render import render_all
     from ..plan.types import Overrides
@@ -76,7 +83,7 @@ def _collectives(profile_name: str, backend) -> dict:
     lines: list[str] = []
     typer.echo(f"doctor: collective smoke test as run {plan.run_id}", err=True)
     run = create_run(plan, loaded.profile, scripts, loaded.path.read_text(encoding="utf-8"))
-    backend.start(run, scripts, detached=False)
+    backend.start(run, node_payload(scripts), detached=False)
     outcome = backend.follow(run, lambda rank, host, line: lines.append(line), owner=True)
     found = collectives_result(lines)
     if outcome.exit_code or found is None:

@@ -1,20 +1,29 @@
-"""``fsdpctl launch``: run the bundled workload on every node of a profile."""
+"""``fsdpctl launch``: run your program, or the bundled workload, on every node of a profile."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ..errors import UsageError
-from . import common
+from . import common, jobopts
 
 # Library modules are imported inside the commands: `fsdpctl --help` must not pay for jinja2,
 # yaml and the launch machinery it never uses.
 
 
 def launch(
-    profile: str = common.ProfileOpt,
+    command: Optional[list[str]] = jobopts.CommandArg,
+    profile: Optional[str] = common.JobProfileOpt,
+    job: Optional[str] = jobopts.JobOpt,
+    code: Optional[Path] = jobopts.CodeOpt,
+    no_code: bool = jobopts.NoCodeOpt,
+    chdir: Optional[str] = jobopts.ChdirOpt,
+    code_limit: Optional[int] = jobopts.CodeLimitOpt,
+    env: Optional[list[str]] = jobopts.EnvOpt,
+    requirements: Optional[Path] = jobopts.RequirementsOpt,
     fsdp: Optional[int] = common.FsdpOpt,
     preset: Optional[str] = common.PresetOpt,
     steps: Optional[int] = common.StepsOpt,
@@ -30,27 +39,38 @@ def launch(
     as_json: bool = common.JsonOpt,
     detach: bool = typer.Option(False, "--detach", help="Start the run and return; follow it with `fsdpctl logs -f`."),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip doctor's checks before starting."),
+    fetch: Optional[list[str]] = typer.Option(None, "--fetch", help="When the run ends, copy this file or folder "
+                                              "(under $FSDPCTL_RUN_DIR) back from every node (repeatable)."),
 ) -> None:
-    """Start the bundled FSDP/FSDP2 GPT training on every node of PROFILE."""
-    from ..plan.render import render_all
-    from ..plan.types import Overrides
+    """Start your program (after --) or the bundled FSDP/FSDP2 GPT training on every node of PROFILE.
+
+    \b
+    fsdpctl launch -p two-node -- train.py --epochs 3
+    fsdpctl launch -p two-node --code ~/proj --env WANDB_PROJECT=demo -- -m proj.train --lr 3e-4
+    fsdpctl launch --job nightly          (./jobs/nightly.yaml: command, code, env, requirements)
+    fsdpctl launch -p two-node            (the bundled GPT: checks the cluster end to end)"""
     from .show import print_dry_run
 
-    train = common.train_overrides(fsdp=fsdp, preset=preset, steps=steps, epochs=epochs,
-                                   batch_size=batch_size, sharding=sharding,
-                                   mixed_precision=mixed_precision, settings=settings)
-    overrides = Overrides(train=train, nproc_per_node=nproc_per_node, master_port=master_port, debug=debug)
-    loaded, plan = common.build_plan(profile, overrides, for_slurm=False)
-    scripts = render_all(plan)
+    prepared = jobopts.prepare(
+        profile=profile, for_slurm=False,
+        flags=jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements),
+        workload={"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
+                  "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings},
+        nproc_per_node=nproc_per_node, master_port=master_port, debug=debug)
     if dry_run:
-        print_dry_run(plan, common.with_previews(loaded.profile, plan, scripts), as_json)
+        print_dry_run(prepared.plan, common.with_previews(prepared.loaded.profile, prepared.plan, prepared.scripts),
+                      as_json)
         return
     if as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
-    raise typer.Exit(run_plan(loaded, plan, scripts, preflight=not no_preflight, detach=detach))
+    wanted = tuple(fetch or ()) or prepared.job.fetch
+    if wanted and detach:
+        raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
+    raise typer.Exit(run_plan(prepared, preflight=not no_preflight, detach=detach, fetch=wanted))
 
 
-def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: bool, announce_id: bool = False) -> int:
+def run_plan(prepared: jobopts.Prepared, *, preflight: bool, detach: bool, announce_id: bool = False,
+             fetch: tuple[str, ...] = ()) -> int:
     """Preflight, create the run directory, start (or submit) the run, and unless detached follow it
     to its end; returns the job's exit code. Works the same for every backend. ``announce_id``: print
     the run id on stdout even when following (``submit``'s output starts with it)."""
@@ -58,18 +78,20 @@ def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: 
     from ..runs.record import create_run
     from .report import print_report, progress
 
+    loaded, plan = prepared.loaded, prepared.plan
+    payload = prepared.payload()
     backend = backend_for(loaded.profile, plan.backend)
     try:
         if preflight:
             typer.echo(f"fsdpctl: preflight of {plan.num_nodes} node(s)", err=True)
-            report = backend.preflight(plan, on_host=progress)
+            report = backend.preflight(plan, payload, on_host=progress)
             if report is not None and not report.ok():
                 print_report(report)
                 typer.secho("fsdpctl: preflight failed; nothing was started (--no-preflight skips it)",
                             err=True, fg="red")
                 return 1
-        run = create_run(plan, loaded.profile, scripts, loaded.path.read_text(encoding="utf-8"))
-        how = backend.start(run, scripts, detached=detach)
+        run = create_run(plan, loaded.profile, prepared.scripts, loaded.path.read_text(encoding="utf-8"))
+        how = backend.start(run, payload, detached=detach)
         if detach or announce_id:
             typer.echo(plan.run_id)
         typer.echo(f"fsdpctl: run {plan.run_id} {how}; run directory {run.root}", err=True)
@@ -77,7 +99,10 @@ def run_plan(loaded, plan, scripts: dict[str, str], *, preflight: bool, detach: 
             typer.echo(f"fsdpctl: detached; follow with `fsdpctl logs -f {plan.run_id}`, "
                        f"end with `fsdpctl stop {plan.run_id}`", err=True)
             return 0
-        return follow_run(backend, run, owner=True)
+        code = follow_run(backend, run, owner=True)
+        for path in fetch:
+            show_fetched(backend.fetch(run, path))
+        return code
     finally:
         backend.close()
 
@@ -90,3 +115,15 @@ def follow_run(backend, run, *, owner: bool, sink=None) -> int:
     outcome = backend.follow(run, sink or printer, owner=owner)
     printer.summary(run.run_id, outcome, run.root)
     return outcome.exit_code
+
+
+def show_fetched(fetched: dict[str, list[str]]) -> None:
+    """One line per node: how many files came back and where they are, or that none did."""
+    import os
+
+    for where, files in fetched.items():
+        if not files:
+            typer.echo(f"fsdpctl: fetched from {where}: nothing (no such path)", err=True)
+            continue
+        folder = os.path.commonpath(files) if len(files) > 1 else files[0]
+        typer.echo(f"fsdpctl: fetched from {where}: {len(files)} file(s) in {folder}", err=True)

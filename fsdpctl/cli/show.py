@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import TYPE_CHECKING
 
 import typer
@@ -24,6 +25,20 @@ def plan_summary(plan: LaunchPlan) -> str:
     ]
     for node in plan.nodes:
         lines.append(f"# node {node.node_rank}: {node.host} ({node.address}), {node.nproc} process(es)")
+    if plan.command:
+        lines.append(f"# every rank runs: {shlex.join(plan.command)}  (in {plan.chdir} of the run directory)"
+                     if not plan.chdir.startswith(("/", "~")) else
+                     f"# every rank runs: {shlex.join(plan.command)}  (in {plan.chdir} on the nodes, nothing copied)")
+    if plan.code is not None:
+        from ..bundle import human_size
+
+        largest = ", ".join(f"{name} ({human_size(size)})" for name, size in plan.code.largest)
+        lines.append(f"# code: {plan.code.files} files, {human_size(plan.code.bytes)} from {plan.code.source} "
+                     f"({'what git would commit' if plan.code.origin == 'git' else 'all but the ignored'}); "
+                     f"largest: {largest or 'none'}")
+        lines += [f"# code: not copied, a link out of the folder: {link}" for link in plan.code.skipped_links]
+    if plan.requirements:
+        lines.append("# required on every node: " + ", ".join(plan.requirements))
     lines += [f"# warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ..errors import UsageError
-from . import common
+from . import common, jobopts
 from .launch import run_plan
 
 
 def submit(
-    profile: str = common.ProfileOpt,
+    command: Optional[list[str]] = jobopts.CommandArg,
+    profile: Optional[str] = common.JobProfileOpt,
     slurm: bool = typer.Option(False, "--slurm", help="Submit through Slurm (the only scheduler so far)."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes to allocate (overrides slurm.nodes)."),
     time: Optional[str] = typer.Option(None, "--time", help="Time limit, e.g. 02:00:00 (overrides slurm.time)."),
@@ -21,6 +23,13 @@ def submit(
                                       "(overrides slurm.via)."),
     requeue: Optional[bool] = typer.Option(None, "--requeue/--no-requeue", help="Checkpoint on SIGUSR2 before the "
                                            "time limit and requeue; resume when requeued (overrides slurm.requeue)."),
+    job: Optional[str] = jobopts.JobOpt,
+    code: Optional[Path] = jobopts.CodeOpt,
+    no_code: bool = jobopts.NoCodeOpt,
+    chdir: Optional[str] = jobopts.ChdirOpt,
+    code_limit: Optional[int] = jobopts.CodeLimitOpt,
+    env: Optional[list[str]] = jobopts.EnvOpt,
+    requirements: Optional[Path] = jobopts.RequirementsOpt,
     fsdp: Optional[int] = common.FsdpOpt,
     preset: Optional[str] = common.PresetOpt,
     steps: Optional[int] = common.StepsOpt,
@@ -36,28 +45,27 @@ def submit(
     as_json: bool = common.JsonOpt,
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
 ) -> None:
-    """Submit the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or submitit)."""
-    from ..plan.render import render_all
-    from ..plan.types import Overrides
+    """Submit your program (after --) or the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or
+    submitit). The run directory, your code included, goes once to storage every node shares."""
     from .show import print_dry_run
 
     if not slurm:
         raise UsageError("submit needs a scheduler", "add --slurm")
     _check_slurm_values(nodes, time, partition, via)
-    train = common.train_overrides(fsdp=fsdp, preset=preset, steps=steps, epochs=epochs,
-                                   batch_size=batch_size, sharding=sharding,
-                                   mixed_precision=mixed_precision, settings=settings)
-    overrides = Overrides(train=train, nproc_per_node=nproc_per_node, master_port=master_port, debug=debug,
-                          slurm_nodes=nodes, slurm_time=time, slurm_partition=partition,
-                          slurm_requeue=requeue, slurm_via=via)
-    loaded, plan = common.build_plan(profile, overrides, for_slurm=True)
-    scripts = render_all(plan)
+    prepared = jobopts.prepare(
+        profile=profile, for_slurm=True,
+        flags=jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements),
+        workload={"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
+                  "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings},
+        nproc_per_node=nproc_per_node, master_port=master_port, debug=debug, slurm_nodes=nodes, slurm_time=time,
+        slurm_partition=partition, slurm_requeue=requeue, slurm_via=via)
     if dry_run:
-        print_dry_run(plan, common.with_previews(loaded.profile, plan, scripts), as_json)
+        print_dry_run(prepared.plan, common.with_previews(prepared.loaded.profile, prepared.plan, prepared.scripts),
+                      as_json)
         return
     if as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
-    raise typer.Exit(run_plan(loaded, plan, scripts, preflight=False, detach=not follow, announce_id=True))
+    raise typer.Exit(run_plan(prepared, preflight=False, detach=not follow, announce_id=True))
 
 
 def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str],

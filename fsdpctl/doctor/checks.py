@@ -5,7 +5,6 @@ Pure: facts in, verdicts out. Each verdict that is not a pass carries a hint a p
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -98,8 +97,9 @@ def _gib(value: int) -> str:
 
 # ---- per-host checks --------------------------------------------------------------------------
 
-def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int]) -> list[Check]:
-    """The verdicts on one host's probe facts."""
+def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int],
+               requirements: Sequence[str] = ()) -> list[Check]:
+    """The verdicts on one host's probe facts; ``requirements``: what the job needs installed."""
     checks = [Check("python", "pass", f"{facts['python']['path']} {facts['python']['version']}")]
     torch = facts.get("torch") or {}
     deep = facts.get("deep")
@@ -115,35 +115,27 @@ def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[i
     if deep and "import_error" in deep:
         checks.append(Check("torch-import", "fail", f"import torch failed: {deep['import_error']}",
                             "fix the torch installation on this host"))
-    checks += _package_checks(facts)
+    checks += _package_checks(facts, requirements)
     checks += _gpu_checks(profile, facts, nproc)
     checks += _network_checks(profile, facts)
     checks += _storage_checks(facts)
     return checks
 
 
-_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+def _package_checks(facts: dict[str, Any], requirements: Sequence[str]) -> list[Check]:
+    """Every requirement of the job is met by the node's Python: installed, in the versions asked for."""
+    import shlex
 
+    from .requirements import requirement_name, unmet
 
-def requirement_name(requirement: str) -> str:
-    """``numpy>=1.24`` -> ``numpy``: the distribution a requirement line names."""
-    match = _REQUIREMENT_NAME.match(requirement)
-    if not match:
-        raise ValueError(f"not a requirement: {requirement!r}")
-    return match.group(1)
-
-
-def _package_checks(facts: dict[str, Any]) -> list[Check]:
-    """Every distribution the job imports is installed for the node's Python (torch has its own check)."""
-    found = facts.get("packages")
-    if not found:
-        return []
-    missing = [name for name, version in found.items() if version is None and name != "torch"]
-    if missing:
-        python = facts["python"]["path"]
-        return [Check("packages", "fail", f"{', '.join(missing)} not installed for {python} (the job imports "
-                                          f"{'it' if len(missing) == 1 else 'them'})",
-                      f"{python} -m pip install {' '.join(missing)}")]
+    found = facts.get("packages") or {}
+    python = facts["python"]["path"]
+    problems = [(r, why) for r in requirements
+                if (why := unmet(r, found.get(requirement_name(r)), _major_minor(facts["python"]["version"])))]
+    problems = [(r, why) for r, why in problems if requirement_name(r) != "torch" or why != "not installed"]
+    if problems:  # (a missing torch is the torch check's)
+        return [Check("packages", "fail", "; ".join(f"{r}: {why}" for r, why in problems) + f" (for {python})",
+                      f"{python} -m pip install {' '.join(shlex.quote(r) for r, _ in problems)}")]
     shown = ", ".join(f"{name} {version}" for name, version in found.items() if name != "torch")
     return [Check("packages", "pass", shown)] if shown else []
 

@@ -15,8 +15,9 @@ from typing import Any, Optional
 
 from ..errors import HostError
 from ..profiles.schema import ClusterProfile
-from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity, requirement_name
+from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
 from .probe import ProbeOutputError, parse_probe_output, probe_command
+from .requirements import requirement_name
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class HostJob:
     node_rank: int
     transport: Any
     args: dict[str, Any]
+    requirements: tuple[str, ...] = ()
+    """What the job needs installed (the probe is only asked for the names)."""
 
 
 def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str]) -> dict[str, Any]:
@@ -47,18 +50,28 @@ def make_jobs(profile: ClusterProfile, transports: Sequence[Any], master_rank: i
                 args["listen"] = {"port": port, "expect": others, "window": window}
             else:
                 args["connect"] = {"addr": master_addr, "port": port, "window": window}
-        jobs.append(HostJob(rank, transport, args))
+        jobs.append(HostJob(rank, transport, args, tuple(requirements)))
     return jobs
 
 
+ProbeRunner = Callable[[HostJob, float], tuple[int, str, str]]
+"""Runs one host's probe within a timeout; returns (exit status, stdout, stderr)."""
+
+
+def run_probe_command(job: HostJob, python: str, timeout: float) -> tuple[int, str, str]:
+    """The probe as a command of its own (doctor)."""
+    return job.transport.run(probe_command(python, job.args), timeout)
+
+
 def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfile,
-               nproc: Optional[int]) -> HostReport:
+               nproc: Optional[int], runner: ProbeRunner | None = None) -> HostReport:
     """Connect, probe and judge one host; never raises for a host-side problem. The connection stays
-    open for the caller (launch reuses it); the caller closes it."""
+    open for the caller (launch reuses it); the caller closes it. ``runner`` runs the probe (default:
+    a command of its own; launch's runs it inside the command that stages and starts the node)."""
     started = time.monotonic()
     report = HostReport(host=job.transport.host, node_rank=job.node_rank)
     try:
-        status, out, err = job.transport.run(probe_command(python, job.args), timeout)
+        status, out, err = (runner(job, timeout) if runner else run_probe_command(job, python, timeout))
         if status == 127 or (status != 0 and "No such file" in err and python in err):
             report.checks = [Check("reachable", "pass", "connected"),
                              Check("python", "fail", f"{python} not found on this host",
@@ -72,7 +85,8 @@ def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfil
             facts = parse_probe_output(out)
             facts["_received"] = time.time()
             report.facts = facts
-            report.checks = [Check("reachable", "pass", "connected"), *judge_host(profile, facts, nproc)]
+            report.checks = [Check("reachable", "pass", "connected"),
+                             *judge_host(profile, facts, nproc, job.requirements)]
     except HostError as exc:
         report.checks = [Check(_CAUSE_CHECK.get(exc.cause, "reachable"), "fail", exc.detail, exc.hint)]
     except ProbeOutputError as exc:
@@ -91,12 +105,13 @@ _CAUSE_CHECK = {"auth": "authenticated", "unknown-host-key": "authenticated", "c
 
 def run_doctor(profile: ClusterProfile, jobs: Sequence[HostJob], *, python: str, timeout: float,
                nproc: Optional[int], concurrency: int = 32,
-               on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+               on_host: Callable[[HostReport], None] | None = None,
+               runner: ProbeRunner | None = None) -> DoctorReport:
     """Probe every host (at most ``concurrency`` at once) and build the report."""
     started = time.monotonic()
     reports: list[HostReport] = []
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs)))) as pool:
-        futures = [pool.submit(probe_host, job, python, timeout, profile, nproc) for job in jobs]
+        futures = [pool.submit(probe_host, job, python, timeout, profile, nproc, runner) for job in jobs]
         for future in as_completed(futures):
             report = future.result()
             reports.append(report)

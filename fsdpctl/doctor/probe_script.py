@@ -337,9 +337,9 @@ def connect(spec):
     return {"addr": spec["addr"], "port": spec["port"], "reached": False, "error": last or "timed out"}
 
 
-def main():
+def collect(args):
+    """Every fact about this node that ``args`` asks for."""
     started = time.time()
-    args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     facts = {
         "hostname": socket.gethostname(),
         "os": os_name(),
@@ -367,8 +367,17 @@ def main():
     if args.get("shared_file"):  # written by the submitting machine: is this node's view the same?
         facts["shared_file"] = os.path.isfile(os.path.expanduser(args["shared_file"]))
     facts["probe_seconds"] = round(time.time() - started, 3)
+    return facts
+
+
+def answer(facts):
+    """Print the facts between the sentinels the launcher looks for."""
     sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN, json.dumps(facts), END))
     sys.stdout.flush()
+
+
+def main():
+    answer(collect(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ same plan (and the same rendered scripts).
 from __future__ import annotations
 
 import ipaddress
+import shlex
 from typing import Any, Optional
 
 from .. import __version__
 from ..errors import UsageError
 from ..profiles.schema import ClusterProfile
-from ..shell import NodeExpr, join_path
+from ..shell import NodeExpr, join_path, quote_path
 from ..workload import REQUIREMENTS
 from ..workload import config as train_config
 from .slurm import make_slurm_plan
@@ -68,13 +69,23 @@ def auto_port(run_id: str) -> int:
     return 20000 + int(token, 16) % 10000 if all(c in "0123456789abcdef" for c in token) else 29500
 
 
-def _env(profile: ClusterProfile, debug: bool, run_id: str) -> dict[str, str]:
+def _pythonpath(chdir: str, extra: Optional[str]) -> NodeExpr:
+    """The ranks' PYTHONPATH, expanded on the node: the folder they start in (the user's code), the
+    shipped package (the workload: a node needs nothing of fsdpctl installed and always runs the
+    launcher's own version of it), then the profile's own entries."""
+    parts = [] if chdir == "." else [f'"$FSDPCTL_RUN_DIR"/{shlex.quote(chdir)}' if not chdir.startswith(("/", "~"))
+                                     else quote_path(chdir)]
+    parts.append(f'"$FSDPCTL_RUN_DIR"/{SHIPPED_PACKAGE_DIR}')
+    if extra:
+        parts.append(shlex.quote(extra))
+    return NodeExpr(":".join(parts))
+
+
+def _env(profile: ClusterProfile, debug: bool, run_id: str, chdir: str) -> dict[str, str]:
     env: dict[str, str] = {
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
-        # The workload is shipped into the run directory (the script runs there), so a node needs
-        # nothing of fsdpctl installed, and always runs the launcher's own version of it.
-        "PYTHONPATH": SHIPPED_PACKAGE_DIR,
+        "PYTHONPATH": _pythonpath(chdir, profile.env.get("PYTHONPATH")),
         # Every line a worker prints starts with its global rank: logs can be filtered by rank.
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
     }
@@ -89,8 +100,6 @@ def _env(profile: ClusterProfile, debug: bool, run_id: str) -> dict[str, str]:
         env["NCCL_IB_DISABLE"] = "1"
     if debug:
         env.update(DEBUG_ENV)
-    if "PYTHONPATH" in profile.env:
-        env["PYTHONPATH"] = f"{SHIPPED_PACKAGE_DIR}:{profile.env['PYTHONPATH']}"
     env.update({k: v for k, v in profile.env.items() if k != "PYTHONPATH"})  # may override the defaults
     env["FSDPCTL_RUN_ID"] = run_id
     return env
@@ -107,8 +116,7 @@ def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[in
 
 
 def _torchrun_args(*, num_nodes: int, run_id: str, rdzv_backend: str, master_addr: str, master_port: int,
-                   node_rank: str, local_addr: Optional[str], nproc: str,
-                   entry: tuple[str, tuple[str, ...]]) -> tuple[str, ...]:
+                   node_rank: str, local_addr: Optional[str], nproc: str, entry: tuple[str, ...]) -> tuple[str, ...]:
     args = ["-m", "torch.distributed.run", "--nnodes", str(num_nodes),
             "--nproc-per-node", nproc, "--rdzv-id", run_id]
     if rdzv_backend == "standalone":
@@ -123,10 +131,36 @@ def _torchrun_args(*, num_nodes: int, run_id: str, rdzv_backend: str, master_add
         args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
     if local_addr:
         args += ["--local-addr", local_addr]
-    log_dir = NodeExpr(f"logs/node{node_rank}") if isinstance(node_rank, NodeExpr) else f"logs/node{node_rank}"
-    module, module_args = entry
-    args += ["--max-restarts", "0", "--log-dir", log_dir, "--tee", "3", "-m", module, *module_args]
+    # torchrun's log folder in the run directory, wherever the ranks start.
+    log_dir = NodeExpr(f'"$FSDPCTL_RUN_DIR"/logs/node{node_rank}')
+    args += ["--max-restarts", "0", "--log-dir", log_dir, "--tee", "3", *entry]
     return tuple(args)
+
+
+def _user_entry(command: tuple[str, ...]) -> tuple[str, ...]:
+    """torchrun's training script and its arguments for ``SCRIPT.py ARGS`` or ``-m MODULE ARGS``."""
+    if command[0] in ("-m", "--module"):
+        if len(command) < 2 or not command[1] or command[1].startswith("-"):
+            raise UsageError("-m: no module named after it", "write e.g. -- -m mypackage.train --lr 3e-4")
+        return ("-m", *command[1:])
+    if command[0].startswith("-"):
+        raise UsageError(f"{command[0]}: the command must start with a script or -m MODULE",
+                         "write e.g. -- train.py --epochs 3, or -- -m mypackage.train")
+    return command
+
+
+def _job(profile: ClusterProfile, overrides: Overrides, *, for_slurm: bool, requeue: bool
+         ) -> tuple[dict[str, Any], tuple[str, ...], str, tuple[str, ...]]:
+    """What runs on every rank: the workload's settings (none for a user's program), torchrun's
+    script and arguments, the folder the ranks start in, and the requirements to check."""
+    if overrides.command:
+        chdir = "code" if overrides.code is not None else (overrides.chdir or ".")
+        return {}, _user_entry(tuple(overrides.command)), chdir, ("torch", *overrides.requirements)
+    if overrides.entry_module:  # a module of the workload run on its own (the collective smoke test)
+        return {}, ("-m", overrides.entry_module, *overrides.entry_args), ".", ("torch", *overrides.requirements)
+    train = _resolve_train(profile, overrides, for_slurm=for_slurm, requeue=requeue)
+    entry = ("-m", WORKLOAD_MODULE, *train_config.to_argv(train))
+    return train, entry, ".", (*REQUIREMENTS, *overrides.requirements)
 
 
 def make_plan(
@@ -155,8 +189,8 @@ def make_plan(
     if for_slurm:
         assert profile.slurm is not None
         requeue = profile.slurm.requeue if overrides.slurm_requeue is None else overrides.slurm_requeue
-    train = _resolve_train(profile, overrides, for_slurm=for_slurm, requeue=requeue)
-    env = _env(profile, overrides.debug, run_id)
+    train, entry, chdir, requirements = _job(profile, overrides, for_slurm=for_slurm, requeue=requeue)
+    env = _env(profile, overrides.debug, run_id, chdir)
     env.update(overrides.extra_env)
     python = profile.python or (local_python if profile.on_this_machine else "python3")
     workdir = profile.workdir
@@ -195,8 +229,7 @@ def make_plan(
 
     rdzv_backend = "standalone" if profile.on_this_machine else profile.rendezvous.backend
     rdzv = {"num_nodes": num_nodes, "run_id": run_id, "rdzv_backend": rdzv_backend, "master_port": port,
-            "entry": (overrides.entry_module, overrides.entry_args) if overrides.entry_module
-            else (WORKLOAD_MODULE, tuple(train_config.to_argv(train)))}
+            "entry": entry}
     nodes = []
     for rank, (host, address, explicit_addr) in enumerate(hosts):
         gpus = None if profile.on_this_machine else profile.hosts[rank].gpus
@@ -215,7 +248,7 @@ def make_plan(
         step_args = _torchrun_args(**rdzv, master_addr=NodeExpr('"$FSDPCTL_HEAD_ADDR"'),
                                    node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc)
         slurm_plan = make_slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args, requeue,
-                                     profile_source)
+                                     profile_source, chdir)
     return LaunchPlan(
         run_id=run_id, profile_name=profile.name, profile_source=profile_source,
         backend="slurm" if for_slurm else profile.backend, fsdpctl_version=__version__,
@@ -224,8 +257,7 @@ def make_plan(
         master_port=port, master_addr_is_ip=_is_ip(master_addr), env=env, python=python,
         setup=profile.setup, workdir=workdir, run_dir=run_dir, local_run_dir=local_run_dir,
         train=train, nodes=tuple(nodes), slurm=slurm_plan, debug=overrides.debug,
-        warnings=tuple(warnings),
-        # A module of the workload run on its own (the collective smoke test) needs torch alone.
-        requirements=("torch",) if overrides.entry_module else REQUIREMENTS,
+        warnings=tuple(warnings), requirements=requirements, command=tuple(overrides.command),
+        code=overrides.code, chdir=chdir,
     )
 

@@ -13,7 +13,7 @@ from typing import Any
 import jinja2
 
 from ..resources import shipped_dir
-from ..shell import quote_path, shell_join
+from ..shell import NodeExpr, quote_path, shell_join
 from ..workload.config import REQUEUE_MARKER
 from .types import LaunchPlan, NodeSpec
 
@@ -33,7 +33,9 @@ def _environment(template_dir: Path) -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,  # noqa: S701
     )
-    env.filters["q"] = lambda value: shlex.quote(str(value))
+    # A NodeExpr (a value that must expand on the node, e.g. PYTHONPATH under "$FSDPCTL_RUN_DIR")
+    # was quoted by the plan, word by word: written as it is.
+    env.filters["q"] = lambda value: value if isinstance(value, NodeExpr) else shlex.quote(str(value))
     env.filters["qpath"] = quote_path
     env.filters["qjoin"] = shell_join
     return env

@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..errors import UsageError
 from ..profiles.schema import SLURM_OWNED_DIRECTIVES, ClusterProfile, slurm_directive_name
-from ..shell import join_path, shell_join
+from ..shell import join_path, quote_path, shell_join
 from .types import Overrides, SlurmPlan
 
 
@@ -54,7 +54,8 @@ def _check_slurm_submission(profile: ClusterProfile, source: str, time_limit: Op
 
 
 def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
-                num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str) -> SlurmPlan:
+                    num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str,
+                    chdir: str = ".") -> SlurmPlan:
     slurm = profile.slurm
     assert slurm is not None
     directives: list[tuple[str, str]] = [
@@ -80,8 +81,9 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
     _check_slurm_submission(profile, source, overrides.slurm_time or slurm.time, requeue, via)
     # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
     ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
+    enter = "" if chdir == "." else f"cd {quote_path(chdir)} || exit 1; "  # the user's code: ranks start there
     command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
-               f'{{ echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
+               f'{{ {enter}echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
                f'attempt $((${{SLURM_RESTART_COUNT:-0}} + 1))"; '
                f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}; }} >> node"$SLURM_NODEID".log 2>&1')
     return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,

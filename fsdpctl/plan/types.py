@@ -12,6 +12,21 @@ from typing import Any, Optional
 
 
 @dataclass(frozen=True, kw_only=True)
+class CodePlan:
+    """The user's code folder as it goes to the nodes (the file list itself stays out of the plan)."""
+
+    source: str
+    """The folder on this machine."""
+    files: int
+    bytes: int
+    largest: tuple[tuple[str, int], ...]
+    """The biggest files, (path, bytes), biggest first."""
+    origin: str
+    """``git`` (tracked and untracked-not-ignored files) or ``files`` (every file but the ignored ones)."""
+    skipped_links: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Overrides:
     """Command-line values; each one beats the profile (CLI flag > profile > default)."""
 
@@ -33,6 +48,14 @@ class Overrides:
     """``--requeue`` / ``--no-requeue`` (over ``slurm.requeue``)."""
     slurm_via: Optional[str] = None
     """``--via sbatch|submitit`` (over ``slurm.via``)."""
+    command: tuple[str, ...] = ()
+    """The user's program instead of the bundled workload: ``SCRIPT.py ARGS...`` or ``-m MODULE ARGS...``."""
+    code: Optional[CodePlan] = None
+    """The code folder copied to every node's run directory (``code/``); ranks start in it."""
+    chdir: Optional[str] = None
+    """``--no-code``: where the ranks start instead (a folder every node already has)."""
+    requirements: tuple[str, ...] = ()
+    """Requirement lines (``numpy>=1.24``) every node must satisfy, besides what the job itself needs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,9 +124,14 @@ class LaunchPlan:
     slurm: Optional[SlurmPlan]
     debug: bool
     warnings: tuple[str, ...]
+    # Defaults below: plan.json files written before these fields existed still load.
     requirements: tuple[str, ...] = ()
-    """Distributions the job imports on every node; checked by the preflight (a default: plan.json
-    files written before this field existed still load)."""
+    """Requirement lines every node must satisfy (installed, matching, the same version everywhere)."""
+    command: tuple[str, ...] = ()
+    """The user's program and its arguments, exactly as every rank receives them; empty: the bundled workload."""
+    code: Optional[CodePlan] = None
+    chdir: str = "."
+    """Where the ranks start, relative to the run directory on the node (``code``) or absolute."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
@@ -119,5 +147,9 @@ def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
     return LaunchPlan(**{**data, "nodes": nodes, "setup": tuple(data.get("setup", ())),
                          "warnings": tuple(data.get("warnings", ())),
                          "requirements": tuple(data.get("requirements", ())),
+                         "command": tuple(data.get("command", ())),
+                         "code": CodePlan(**{**data["code"], "largest": tuple(map(tuple, data["code"]["largest"])),
+                                             "skipped_links": tuple(data["code"].get("skipped_links", ()))})
+                         if data.get("code") else None,
                          "slurm": SlurmPlan(**{**slurm, "directives": tuple(map(tuple, slurm["directives"]))})
                          if slurm else None})

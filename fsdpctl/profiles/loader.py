@@ -25,8 +25,6 @@ from .rules import RULES
 from .schema import ClusterProfile, HostSpec
 
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
-# Variables the profile's network section owns; setting them in env would silently disagree.
-_NETWORK_OWNED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA")
 # Names people carry over from other tools' configs, mapped to ours for the did-you-mean hint.
 _ALIASES = {
     "ifname": "interface", "iface": "interface", "nic": "interface", "socket_ifname": "interface",
@@ -182,12 +180,8 @@ class _Reader:
         env = {}
         for key, key_node, value_node in self.mapping(node, field):
             path = f"{field}.{key}"
-            if not schema.ENV_NAME_PATTERN.match(key):
-                self.fail(key_node, path, "is not a valid environment variable name",
-                          "use letters, digits and _ and do not start with a digit")
-            if key in _NETWORK_OWNED_ENV:
-                self.fail(key_node, path, "is set from the network section",
-                          "set network.interface / network.ib / network.ib_hca instead")
+            if problem := schema.env_name_problem(key):
+                self.fail(key_node, path, *problem)
             value = self.scalar(value_node, path)
             if isinstance(value, bool) or value is None:
                 self.fail(value_node, path, f"{value_node.value!r} is read as {_yaml_kind(value)}",
@@ -250,6 +244,11 @@ def _describe(annotation: Any) -> str:
 
 def parse_profile(text: str, source: str) -> ClusterProfile:
     """Validate one profile document. ``source`` names it in errors (usually its path)."""
+    return parse_document(text, source, ClusterProfile, "profile")
+
+
+def parse_document(text: str, source: str, cls: type, what: str) -> Any:
+    """One YAML document read strictly into the dataclass ``cls`` (a profile, a job file)."""
     reader = _Reader(source)
     try:
         documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
@@ -261,31 +260,36 @@ def parse_profile(text: str, source: str) -> ClusterProfile:
     except yaml.YAMLError as exc:
         raise ProfileError(source, None, "(yaml)", _first_line(exc), "fix the YAML syntax") from None
     if not documents or documents[0] is None:
-        raise ProfileError(source, None, "(top level)", "the file is empty", "write at least `name:` and `backend:`")
+        raise ProfileError(source, None, "(top level)", "the file is empty", f"write a {what}: at least `name:`")
     if len(documents) > 1:
         raise ProfileError(source, documents[1].start_mark.line + 1, "(top level)",
-                           "holds more than one YAML document", "keep one profile per file")
-    return reader.read(documents[0], ClusterProfile, "")
+                           "holds more than one YAML document", f"keep one {what} per file")
+    return reader.read(documents[0], cls, "")
 
 
 def load_profile_file(path: Path) -> LoadedProfile:
     """Read and validate the profile at ``path``."""
-    shown = _display_path(path)
+    shown = display_path(path)
+    return LoadedProfile(parse_profile(read_text(path, "profile", "run `fsdpctl profiles`"), shown), path)
+
+
+def read_text(path: Path, what: str, where: str) -> str:
+    """A YAML file's text; one-line errors for a missing, unreadable or non-UTF-8 file."""
+    shown = display_path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ProfileNotFound(f"{shown}: no such profile file", "check the path, or run `fsdpctl profiles`") from None
+        raise ProfileNotFound(f"{shown}: no such {what} file", f"check the path, or {where}") from None
     except OSError as exc:
         raise ProfileNotFound(f"{shown}: cannot be read ({exc.strerror})", "check its permissions") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProfileError(shown, None, "(file)", f"is not UTF-8 text (byte {exc.start})",
-                           "save the profile as UTF-8") from None
-    return LoadedProfile(parse_profile(text, shown), path)
+                           f"save the {what} as UTF-8") from None
 
 
-def _display_path(path: Path) -> str:
+def display_path(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:

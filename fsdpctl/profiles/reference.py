@@ -7,6 +7,7 @@ them equal), so the documentation cannot drift from what the loader accepts.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -21,6 +22,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("ssh", schema.SSHSpec),
     ("slurm", schema.SlurmSpec),
 ]
+JOB_SECTION = ("job files", schema.JobSpec)
 
 
 def _type_text(annotation: Any) -> str:
@@ -53,11 +55,13 @@ def reference_markdown() -> str:
     out = ["# Cluster profile reference", "",
            "Generated from `fsdpctl/profiles/schema.py` (`fsdpctl profiles --reference`). Unknown keys, wrong",
            "types and unsafe values are refused with `file:line: field: problem; fix`.", ""]
-    for prefix, cls in SECTIONS:
+    for prefix, cls in [*SECTIONS, JOB_SECTION]:
         docs = train_config.field_docs(cls)
         hints = typing.get_type_hints(cls)
-        title = f"`{prefix}`" if prefix else "Top level"
-        out += [f"## {title}", "", (cls.__doc__ or "").strip(), "",
+        title = "Job files (`jobs/NAME.yaml`, `--job`)" if cls is schema.JobSpec else \
+            f"`{prefix}`" if prefix else "Top level"
+        prefix = "" if cls is schema.JobSpec else prefix
+        out += [f"## {title}", "", inspect.cleandoc(cls.__doc__ or ""), "",
                 "| field | type | default | meaning |", "|---|---|---|---|"]
         for f in dataclasses.fields(cls):
             name = f"{prefix}.{f.name}" if prefix else f.name

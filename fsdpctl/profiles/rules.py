@@ -107,7 +107,27 @@ def _profile_rules(p: ClusterProfile):
     return None
 
 
+def _job_rules(job: schema.JobSpec):
+    if not schema.NAME_PATTERN.match(job.name):
+        return "name", f"{job.name!r} is not a job name", "use letters, digits, '.', '_' and '-'"
+    if not job.command or not job.command[0]:
+        return "command", "is empty", "give your program and its arguments, e.g. [train.py, --epochs, \"3\"]"
+    if job.code is None and job.chdir is None:
+        return "chdir", "code is null, so the ranks need a folder to start in", "give chdir, or a code folder"
+    for name in ("code_limit_mb", "nproc_per_node", "nodes"):
+        value = getattr(job, name)
+        if value is not None and value < 1:
+            return name, f"{value} is not positive", "give 1 or more"
+    if job.time is not None and not schema.SLURM_TIME_PATTERN.match(job.time):
+        return "time", f"{job.time!r} is not a Slurm time limit", "write e.g. \"02:00:00\""
+    for i, path in enumerate(job.fetch):
+        if path.startswith(("/", "~")) or ".." in path.split("/"):
+            return f"fetch[{i}]", f"{path!r} is not a path inside the run directory", "write e.g. outputs/model.pt"
+    return None
+
+
 RULES: dict[type, tuple] = {
+    schema.JobSpec: (_job_rules,),
     HostSpec: (_host_rules,),
     schema.NetworkSpec: (_network_rules,),
     schema.RendezvousSpec: (_rendezvous_rules,),

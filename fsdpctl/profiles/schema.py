@@ -30,6 +30,24 @@ SLURM_TIME_PATTERN = re.compile(
 SLURM_DIRECTIVE_PATTERN = re.compile(r"^--[a-z][a-z0-9-]*(?:=[^\s'\"`$\\;|&<>]+)?$")
 
 
+# Variables the profile's network section owns; setting them in env would silently disagree.
+NETWORK_OWNED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA")
+# Variables fsdpctl sets for every run: the run's processes are found and stopped by FSDPCTL_RUN_ID.
+FSDPCTL_OWNED_ENV = ("FSDPCTL_RUN_ID", "FSDPCTL_RUN_DIR", "FSDPCTL_NODE_RANK", "FSDPCTL_PYTHON",
+                     "FSDPCTL_HEAD_ADDR")
+
+
+def env_name_problem(name: str) -> tuple[str, str] | None:
+    """(problem, fix) when ``name`` cannot be set for the ranks, wherever it is given."""
+    if not ENV_NAME_PATTERN.match(name):
+        return "is not a valid environment variable name", "use letters, digits and _ and do not start with a digit"
+    if name in NETWORK_OWNED_ENV:
+        return "is set from the network section", "set network.interface / network.ib / network.ib_hca instead"
+    if name in FSDPCTL_OWNED_ENV:
+        return "is set by fsdpctl for every run", "use another name"
+    return None
+
+
 def slurm_directive_name(directive: str) -> str:
     """``--mem=0`` -> ``mem`` (a directive as ``slurm.directives`` holds it)."""
     return directive[2:].split("=", 1)[0]
@@ -131,6 +149,43 @@ class SlurmSpec:
     """With ``requeue``: seconds before the time limit that SIGUSR2 arrives (to finish a step and save)."""
     via: Literal["sbatch", "submitit"] = "sbatch"
     """How the job is submitted: fsdpctl's batch script through ``sbatch``, or submitit's Slurm executor."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A job kept in a file (``jobs/NAME.yaml``): your program, its code, environment and requirements,
+    so a job run every day is never typed again. Paths are relative to the file; flags given with
+    ``--job`` win over it."""
+
+    name: str
+    """The job's name (letters, digits, ``.``, ``_``, ``-``)."""
+    command: tuple[str, ...]
+    """Your program and its arguments, as every rank gets them: ``[train.py, --lr, "3e-4"]`` or
+    ``[-m, mypackage.train]``."""
+    profile: Optional[str] = None
+    """The profile it runs on when ``--profile`` is not given."""
+    code: Optional[str] = "."
+    """The folder copied to every node's run directory (the ranks start in it); null: copy nothing,
+    the ranks start in ``chdir``."""
+    chdir: Optional[str] = None
+    """With ``code: null``: the folder the ranks start in, which every node already has (shared storage)."""
+    code_limit_mb: int = 100
+    """Refuse to copy more code than this many MB."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables for every rank, after the profile's."""
+    requirements: tuple[str, ...] = ()
+    """Requirement lines every node must meet (``numpy>=1.24``), the same versions everywhere."""
+    requirements_file: Optional[str] = None
+    """A requirements.txt to check the same way."""
+    nproc_per_node: Optional[int] = None
+    """Processes per node (over the profile's)."""
+    nodes: Optional[int] = None
+    """Slurm: nodes to allocate (over ``slurm.nodes``)."""
+    time: Optional[str] = None
+    """Slurm: time limit (over ``slurm.time``)."""
+    fetch: tuple[str, ...] = ()
+    """Files or folders under the run directory (``$FSDPCTL_RUN_DIR``) fetched back from every node
+    when a foreground launch ends."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -82,6 +82,14 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def files_under(path: Path, skip: tuple[str, ...] = ()) -> list[str]:
+    """``path`` itself when it is a file, every file below it when it is a folder (but those in its
+    top-level folders named in ``skip``), else nothing."""
+    if path.is_dir():
+        return [str(p) for p in sorted(path.rglob("*")) if p.is_file() and p.relative_to(path).parts[0] not in skip]
+    return [str(path)] if path.exists() else []
+
+
 def list_runs(root: Path | None = None) -> list[Path]:
     """Run directories under the runs root, oldest first (by the time in the run id)."""
     root = root or runs_root()

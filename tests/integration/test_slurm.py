@@ -228,3 +228,22 @@ def test_doctor_collectives_through_slurm(lab, slurm, tmp_path):
     status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", data["run_id"], "--json").stdout)
     assert status["state"] == "succeeded" and [n["host"] for n in status["nodes"]] == ["n1", "n2"]
     assert "fsdpctl-" not in queue(slurm)
+
+
+@pytest.mark.parametrize("via", ["sbatch", "submitit"])
+def test_a_user_project_through_slurm(lab, slurm, tmp_path, via):
+    from tests.integration.user_project import write_project
+
+    project = write_project(tmp_path / "project")
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--via", via,
+                     "--code", str(project), "--follow", "--", "-m", "proj.train", "two words", "$(touch PWNED)")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    run_id = result.stdout.strip().splitlines()[0]
+    run_dir = tmp_path / "work" / "runs" / run_id
+    out = {p.name: json.loads(p.read_text()) for p in (run_dir / "out").glob("rank*.json")}
+    assert sorted(out) == ["rank0.json", "rank1.json"] and {r["host"] for r in out.values()} == {"n1", "n2"}
+    assert all(r["argv"] == ["two words", "$(touch PWNED)"] and r["cwd"] == str(run_dir / "code")
+               for r in out.values())
+    assert not (run_dir / "code" / "data").exists() and not list(tmp_path.rglob("PWNED"))
+    logs = fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
+    assert "[n1 r0] [rank0]:user step=4 loss=" in logs

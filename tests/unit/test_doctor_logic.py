@@ -87,12 +87,20 @@ def test_missing_packages_fail_with_the_install_command_and_versions_are_compare
     ready = facts(packages={"torch": "2.13.0", "numpy": "2.1.0", "tokenizers": "0.23.3"})
     bare = facts(packages={"torch": "2.13.0", "numpy": None, "tokenizers": None},
                  python={"path": "/opt/venv/bin/python3", "version": "3.11.7"})
-    check = next(c for c in judge_host(profile(), bare, 2) if c.name == "packages")
-    assert check.status == "fail"
-    assert check.detail.startswith("numpy, tokenizers not installed for /opt/venv/bin/python3")
-    assert check.hint == "/opt/venv/bin/python3 -m pip install numpy tokenizers"
-    assert statuses(judge_host(profile(), ready, 2))["packages"] == "pass"
     older = facts(packages={"torch": "2.13.0", "numpy": "1.26.4", "tokenizers": "0.23.3"})
+    needs = ("torch", "numpy", "tokenizers")
+    check = next(c for c in judge_host(profile(), bare, 2, needs) if c.name == "packages")
+    assert check.status == "fail"
+    assert check.detail == "numpy: not installed; tokenizers: not installed (for /opt/venv/bin/python3)"
+    assert check.hint == "/opt/venv/bin/python3 -m pip install numpy tokenizers"
+    assert statuses(judge_host(profile(), ready, 2, needs))["packages"] == "pass"
+    versions = ("numpy>=2,<3", "tokenizers==0.23.3")
+    assert statuses(judge_host(profile(), ready, 2, versions))["packages"] == "pass"
+    old = next(c for c in judge_host(profile(), older, 2, ("numpy>=2",)) if c.name == "packages")
+    assert old.status == "fail" and old.detail.startswith("numpy>=2: 1.26.4 installed")
+    assert old.hint == "/usr/bin/python3 -m pip install 'numpy>=2'"
+    # a marker that leaves the requirement out on this Python
+    assert statuses(judge_host(profile(), bare, 2, ('numpy; python_version < "3.0"',)))["packages"] == "pass"
     entries = {p.fact: p for p in judge_parity(profile(), [HostReport("a", 0, ready), HostReport("b", 1, ready),
                                                            HostReport("c", 2, older), HostReport("d", 3, bare)])}
     assert entries["numpy"].status == "fail"

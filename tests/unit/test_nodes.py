@@ -18,6 +18,7 @@ from pathlib import Path
 from fsdpctl.backends.ssh import SSHBackend
 from fsdpctl.backends.supervisor import stop_run
 from fsdpctl.backends.transport import LocalTransport
+from fsdpctl.bundle import node_payload
 from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.render import render_all
 from fsdpctl.profiles.loader import parse_profile
@@ -26,6 +27,8 @@ from fsdpctl.runs.record import create_run
 STAND_IN = """\
 #!/usr/bin/env python3
 import os, subprocess, sys, time
+if sys.argv[1:2] == ["-c"]:  # fsdpctl's own programs (the node agent): a real Python runs them
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
 rank = int(os.environ["FSDPCTL_NODE_RANK"])
 # like torchrun's workers: a child in a session of its own
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
@@ -62,7 +65,7 @@ def launch(tmp_path: Path, env: dict[str, str]):
     scripts = render_all(plan)
     backend = SSHBackend(profile, transports=[LocalTransport(tmp_path) for _ in plan.nodes])
     run = create_run(plan, profile, scripts, text)
-    backend.start(run, scripts, detached=False)
+    backend.start(run, node_payload(scripts), detached=False)
     seen: list[tuple[int, str]] = []
     started = time.monotonic()
     outcome = backend.follow(run, lambda rank, host, line: seen.append((rank, line)), owner=True)

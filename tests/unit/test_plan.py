@@ -37,7 +37,7 @@ def test_two_nodes_with_ranks_master_ip_and_network_env():
         assert args[args.index("--rdzv-id") + 1] == RUN_ID
         assert args[args.index("--nnodes") + 1] == "2"
         assert args[args.index("--local-addr") + 1] == node.address
-        assert args[args.index("--log-dir") + 1] == f"logs/node{node.node_rank}"
+        assert args[args.index("--log-dir") + 1] == f'"$FSDPCTL_RUN_DIR"/logs/node{node.node_rank}'
     assert plan.run_dir == f"~/fsdpctl/runs/{RUN_ID}"
 
 

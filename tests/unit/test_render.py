@@ -17,22 +17,28 @@ import pytest
 
 from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.render import render_all
-from fsdpctl.plan.types import Overrides
+from fsdpctl.plan.types import CodePlan, Overrides
 from fsdpctl.profiles.loader import load_profile, parse_profile
-from fsdpctl.shell import quote_path
+from fsdpctl.shell import NodeExpr, quote_path
 
 GOLDEN = Path(__file__).parent / "golden"
+USER_CODE = CodePlan(source="/home/me/project", files=3, bytes=4096, largest=(("train.py", 2048),), origin="git")
+USER_JOB = Overrides(command=("train.py", "--config", "conf/a b.yaml", "$(id)"), code=USER_CODE,
+                     requirements=("numpy>=1.24",))
 CASES = {
     "two-node": dict(for_slurm=False),
     "slurm": dict(for_slurm=True),
     "slurm-requeue": dict(for_slurm=True, overrides=Overrides(slurm_requeue=True)),
     "local": dict(for_slurm=False),
+    "two-node-user": dict(for_slurm=False, overrides=USER_JOB),
+    "slurm-user": dict(for_slurm=True, overrides=USER_JOB),
 }
 NASTY = """$(touch PWNED); `touch PWNED2` "x' y" ; rm -rf / #"""
 
 
 def rendered(name: str) -> dict[str, str]:
-    plan = make_plan(load_profile(name.split("-requeue")[0]).profile, run_id=f"{name}-20261121-120000-abcd",
+    profile = load_profile(name.removesuffix("-requeue").removesuffix("-user")).profile
+    plan = make_plan(profile, run_id=f"{name}-20261121-120000-abcd",
                      local_run_dir="runs/x",
                      local_python="/opt/venv/bin/python", home="/home/me", local_cwd="/home/me/project",
                      **CASES[name])
@@ -63,7 +69,8 @@ FAKE_PYTHON = """\
 import json, os, sys
 out = os.environ["FAKE_OUT"]
 record = {"argv": sys.argv[1:], "cwd": os.getcwd(),
-          "env": {k: v for k, v in os.environ.items() if k.startswith(("FSDPCTL_", "NASTY", "NCCL_", "GLOO_"))}}
+          "env": {k: v for k, v in os.environ.items()
+                  if k.startswith(("FSDPCTL_", "NASTY", "NCCL_", "GLOO_", "PYTHONPATH"))}}
 with open(os.path.join(out, "node%s.json" % os.environ.get("FSDPCTL_NODE_RANK", "x")), "w") as f:
     json.dump(record, f)
 """
@@ -106,9 +113,13 @@ def test_node_script_passes_nasty_values_verbatim_and_runs_nothing(tmp_path):
         result = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**os.environ, "FAKE_OUT": str(out)},
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, result.stderr
+    run_dir = str(tmp_path / "work" / "runs" / plan.run_id)
     for node in plan.nodes:
         record = json.loads((out / f"node{node.node_rank}.json").read_text())
-        assert record["argv"] == list(node.torchrun_args)
+        # Node-side words (the log folder) expand on the node; every other word arrives verbatim.
+        assert record["argv"] == [a.replace('"$FSDPCTL_RUN_DIR"', run_dir) if isinstance(a, NodeExpr) else a
+                                  for a in node.torchrun_args]
+        assert record["env"]["PYTHONPATH"] == f"{run_dir}/pkg" and record["env"]["FSDPCTL_RUN_DIR"] == run_dir
         assert record["env"]["NASTY"] == NASTY
         assert record["argv"][record["argv"].index("--dataset") + 1] == NASTY
         assert record["cwd"] == str(tmp_path / "work" / "runs" / plan.run_id)
@@ -152,7 +163,7 @@ def test_sbatch_script_expands_node_rank_inside_each_step(tmp_path):
         record = json.loads((out / f"node{rank}.json").read_text())
         argv = record["argv"]
         assert argv[argv.index("--rdzv-endpoint") + 1] == f"10.9.0.1:{plan.master_port}"
-        assert argv[argv.index("--log-dir") + 1] == f"logs/node{rank}"
+        assert argv[argv.index("--log-dir") + 1] == f"{tmp_path}/work/runs/{plan.run_id}/logs/node{rank}"
         assert argv[argv.index("--dataset") + 1] == NASTY
         assert record["env"]["FSDPCTL_NODE_RANK"] == str(rank)
         assert record["env"]["NASTY"] == NASTY

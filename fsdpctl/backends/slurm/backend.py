@@ -13,8 +13,10 @@ from typing import Any
 from ...doctor.checks import DoctorReport, HostReport
 from ...plan.types import LaunchPlan
 from ...profiles.schema import ClusterProfile
+from ...runs.paths import files_under
 from ...runs.record import Run, last_metrics, now
 from ..base import DoctorRequest, LineSink, Outcome
+from ..node_commands import STAGED
 from . import client
 from .logs import NodeLogs, follow
 from .submit import submit_slurm, submitit_job
@@ -40,7 +42,8 @@ class SlurmBackend:
 
         return run_slurm_doctor(self.profile, request, python=self.profile.python or "python3", on_host=on_host)
 
-    def preflight(self, plan: LaunchPlan, on_host: Callable[[HostReport], None] | None = None) -> None:
+    def preflight(self, plan: LaunchPlan, payload: bytes,
+                  on_host: Callable[[HostReport], None] | None = None) -> None:
         return None  # the nodes are not known before Slurm allocates them; `doctor` probes an allocation
 
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
@@ -52,8 +55,8 @@ class SlurmBackend:
         folder, python, params = submitit_job(plan, Path(plan.run_dir), scripts["submitit-setup.sh"])
         return {"submitit.sbatch (as submitit will write it)": submitit_preview(folder, python, params)}
 
-    def start(self, run: Run, scripts: dict[str, str], *, detached: bool) -> str:
-        return f"submitted as Slurm job {submit_slurm(run, scripts)}"
+    def start(self, run: Run, payload: bytes, *, detached: bool) -> str:
+        return f"submitted as Slurm job {submit_slurm(run, payload)}"
 
     def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:
         """The node logs as they grow until Slurm says the job has ended; records how it ended.
@@ -98,6 +101,11 @@ class SlurmBackend:
         if NodeLogs(Path(run.plan.run_dir), run.plan.num_nodes).read_new(sink):
             return []
         return batch_output(run.record, "no node has written a log yet")
+
+    def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
+        """The run directory is on storage this machine shares with the nodes: the files are named
+        where they are."""
+        return {"the shared run directory": files_under(Path(run.plan.run_dir).expanduser() / path, skip=STAGED)}
 
     def stop(self, run: Run) -> dict[str, str]:
         """``scancel``: Slurm ends every step on every node."""

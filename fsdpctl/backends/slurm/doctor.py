@@ -183,7 +183,8 @@ def _probe_allocation(profile: ClusterProfile, request: DoctorRequest, python: s
             facts["_received"] = time.time()
             report.host = facts.get("hostname") or report.host
             report.checks = [Check("reachable", "pass", "srun task ran"),
-                             *judge_host(profile, facts, request.nproc), storage_check(facts, str(workdir))]
+                             *judge_host(profile, facts, request.nproc, request.requirements),
+                             storage_check(facts, str(workdir))]
             facts.pop("_received", None)
             report.facts = facts
         reports.append(report)

@@ -11,22 +11,22 @@ from ...plan.make import SHIPPED_PACKAGE_DIR
 from ...plan.types import LaunchPlan
 from ...runs.record import Run, now
 from ...shell import quote_path
-from ..node_commands import workload_bundle
 from . import client, via_submitit
 
 
-def submit_slurm(run: Run, scripts: dict[str, str]) -> str:
-    """Write the run directory on the nodes' shared storage (the scripts, the workload package) and
-    submit the job, through ``sbatch`` or submitit's executor; returns Slurm's job id, recorded in run.json."""
+def submit_slurm(run: Run, payload: bytes) -> str:
+    """Write the run directory on the nodes' shared storage once (the scripts, the workload package,
+    the user's code) and submit the job, through ``sbatch`` or submitit's executor; returns Slurm's
+    job id, recorded in run.json."""
     plan = run.plan
     assert plan.slurm is not None
     run_dir = Path(plan.run_dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (script_name, script), = scripts.items()
-    with tarfile.open(fileobj=io.BytesIO(workload_bundle(script_name, script)), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
         tar.extractall(run_dir, filter="data")
+    script_name = "submitit-setup.sh" if plan.slurm.via == "submitit" else "sbatch.sh"
     if plan.slurm.via == "submitit":
-        job_id = _submit_with_submitit(plan, run_dir, script)
+        job_id = _submit_with_submitit(plan, run_dir, (run_dir / script_name).read_text(encoding="utf-8"))
         output = run_dir / "submitit" / f"{job_id}_0_log.out"
     else:
         job_id = client.submit_batch(str(run_dir / script_name), str(run_dir))

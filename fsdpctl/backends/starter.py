@@ -1,0 +1,92 @@
+"""Stage and start a plan's nodes through the node agent: one command per node, preflight included.
+
+With a preflight, each node's agent unpacks the payload, answers the probe and waits; once every
+node's answer is judged, the launcher says ``go`` on each open session and the nodes start at once.
+A launch that stops at the preflight closes the sessions instead: the agents remove what they staged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..doctor.fanout import HostJob, ProbeRunner
+from ..doctor.probe_script import END
+from ..errors import HostError
+from ..plan.types import LaunchPlan
+from ..shell import OUTPUT_MARK, marked
+from .node_commands import AGENT_REFUSED, AGENT_STARTED, agent_command
+from .supervisor import COMMAND_TIMEOUT, NodeRun, stop_run
+from .transport import Session, Transport
+
+GO_TIMEOUT = 120.0
+"""How long a staged agent waits for the launcher's word before it gives up (and cleans up)."""
+
+
+class NodeStarter:
+    """The agents of one launch: opened by the preflight (or by ``start`` without one)."""
+
+    def __init__(self, plan: LaunchPlan, payload: bytes, transports: Sequence[Transport], python: str):
+        self.plan, self.payload, self.transports, self.python = plan, payload, list(transports), python
+        self.sessions: dict[int, Session] = {}
+
+    def _agent(self, rank: int, probe: dict[str, Any] | None, timeout: float) -> Session:
+        """The node's agent, its payload sent; what a chatty shell rc printed before it is read past."""
+        args = {"run_dir": self.plan.run_dir, "rank": rank, "bytes": len(self.payload), "probe": probe,
+                "go_timeout": GO_TIMEOUT}
+        session = self.transports[rank].session(marked(agent_command(self.python, args)))
+        self.sessions[rank] = session
+        session.send(self.payload)
+        session.read_until(OUTPUT_MARK, timeout)
+        return session
+
+    def probe_runner(self) -> ProbeRunner:
+        """Runs each node's preflight probe inside its agent, which then waits for ``start``."""
+        def run(job: HostJob, timeout: float) -> tuple[int, str, str]:
+            session = self._agent(job.node_rank, job.args, timeout)
+            out = session.read_until(END, timeout)
+            if END in out:
+                return 0, out, ""
+            self.sessions.pop(job.node_rank, None)
+            status, rest, err = session.finish(timeout)  # it ended before answering: say why
+            return status, out + rest, err
+        return run
+
+    def start(self) -> list[NodeRun]:
+        """Start every node (those the preflight staged, on their word); raises HostError, after
+        stopping the nodes that did start (they must not run on alone)."""
+        runs = [NodeRun(node, t) for node, t in zip(self.plan.nodes, self.transports, strict=True)]
+
+        def start_one(run: NodeRun) -> None:
+            session = self.sessions.get(run.rank)
+            if session is None:
+                session = self._agent(run.rank, None, COMMAND_TIMEOUT)
+            else:
+                session.send(b"go\n")
+            out = session.read_until(AGENT_STARTED, COMMAND_TIMEOUT)
+            status, rest, err = session.finish(COMMAND_TIMEOUT)
+            self.sessions.pop(run.rank, None)
+            words = out.rsplit(AGENT_STARTED, 1)[-1].split() if AGENT_STARTED in out else []
+            if status != 0 or not words or not words[0].isdigit():
+                said = (err.strip() or (out + rest).replace(AGENT_REFUSED, "").strip() or f"exit {status}")
+                raise HostError(run.node.host, "start", f"could not stage or start the node script in "
+                                f"{self.plan.run_dir}: {said.splitlines()[-1]}",
+                                "check that workdir can be written there, and run the node script by hand to see why")
+            run.pid, run.state = int(words[0]), "running"
+
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(32, len(runs)))) as pool:
+                list(pool.map(start_one, runs))
+        except HostError:
+            stop_run(self.plan.run_id, self.transports)
+            raise
+        finally:
+            self.close()
+        return runs
+
+    def close(self) -> None:
+        """Close what is still open: an agent that never heard ``go`` starts nothing and cleans up."""
+        for session in self.sessions.values():
+            session.close()
+        self.sessions.clear()

@@ -1,0 +1,174 @@
+"""What travels to the nodes: the node scripts, the workload package and the user's code, as one tar.
+
+The code folder is chosen the way its owner would: in a git work tree, what git would commit (tracked
+files and untracked ones it does not ignore); elsewhere every file but ``.git``, virtual environments,
+``__pycache__``, ``runs/`` and the patterns of a ``.fsdpctlignore`` (honoured in a git tree too). A
+size limit stops a data set or a checkpoint from being copied by mistake.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .errors import UsageError
+from .plan.make import SHIPPED_PACKAGE_DIR
+from .plan.types import CodePlan
+
+CODE_DIR = "code"
+"""Where the user's code lands in the run directory on every node."""
+IGNORE_FILE = ".fsdpctlignore"
+DEFAULT_CODE_LIMIT_MB = 100
+_SKIPPED_ANYWHERE = {".git", "__pycache__"}
+_SKIPPED_AT_TOP = {"runs", "rendered"}  # fsdpctl's own run and render folders
+_PACKAGE_ROOT = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class CodeManifest:
+    """The files of a code folder that go to the nodes: (path relative to ``root``, bytes)."""
+
+    root: Path
+    files: tuple[tuple[str, int], ...]
+    origin: str
+    """``git`` (what git would commit) or ``files`` (a walk with the ignore rules)."""
+    skipped_links: tuple[str, ...] = ()
+    """Symbolic links leaving the folder: not copied (they would point elsewhere on a node)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for _, size in self.files)
+
+    def largest(self, count: int = 5) -> list[tuple[str, int]]:
+        return sorted(self.files, key=lambda f: (-f[1], f[0]))[:count]
+
+    def plan(self) -> CodePlan:
+        """What the plan records of it (no file list: plan.json stays small)."""
+        return CodePlan(source=str(self.root), files=len(self.files), bytes=self.total_bytes,
+                        largest=tuple(self.largest()), origin=self.origin, skipped_links=self.skipped_links)
+
+
+def human_size(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1000 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def _ignore_patterns(root: Path) -> list[str]:
+    path = root / IGNORE_FILE
+    if not path.is_file():
+        return []
+    lines = (line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _ignored(relative: str, is_dir: bool, patterns: list[str]) -> bool:
+    """gitignore's common forms: ``name``, ``*.ext``, ``dir/``, ``/anchored``, ``path/with/*``."""
+    name = relative.rsplit("/", 1)[-1]
+    for pattern in patterns:
+        directory_only = pattern.endswith("/")
+        pattern = pattern.rstrip("/")
+        if directory_only and not is_dir:
+            continue
+        anchored = pattern.startswith("/") or "/" in pattern
+        pattern = pattern.lstrip("/")
+        if fnmatch.fnmatchcase(relative if anchored else name, pattern):
+            return True
+    return False
+
+
+def _git_files(root: Path) -> Optional[list[str]]:
+    """What git would commit under ``root``; None when it is not a git work tree (or git is missing)."""
+    if shutil.which("git") is None:
+        return None
+    try:
+        inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+                                capture_output=True, text=True, timeout=30)
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return None
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], capture_output=True, timeout=120, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [p for p in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def _skipped_dir(root: Path, relative: str, patterns: list[str]) -> bool:
+    name = relative.rsplit("/", 1)[-1]
+    return (name in _SKIPPED_ANYWHERE or ("/" not in relative and name in _SKIPPED_AT_TOP)
+            or (root / relative / "pyvenv.cfg").exists()  # a virtual environment
+            or _ignored(relative, True, patterns))
+
+
+def _walk_files(root: Path, patterns: list[str]) -> list[str]:
+    found = []
+    for folder, dirs, files in os.walk(root):
+        base = Path(folder).relative_to(root).as_posix()
+        prefix = "" if base == "." else base + "/"
+        dirs[:] = sorted(d for d in dirs if not _skipped_dir(root, prefix + d, patterns))
+        found += [prefix + f for f in sorted(files) if not _ignored(prefix + f, False, patterns)]
+    return found
+
+
+def collect_code(root: Path, limit_bytes: int) -> CodeManifest:
+    """The manifest of ``root``; raises UsageError when it is not a folder or is over ``limit_bytes``."""
+    root = root.expanduser().resolve()
+    if not root.is_dir():
+        raise UsageError(f"--code {root}: not a folder", "give the folder that holds your training code")
+    patterns = _ignore_patterns(root)
+    listed = _git_files(root)
+    origin = "git" if listed is not None else "files"
+    if listed is None:
+        listed = _walk_files(root, patterns)
+    files, links = [], []
+    for relative in listed:
+        parts = relative.split("/")
+        if _ignored(relative, False, patterns) or \
+                any(_skipped_dir(root, "/".join(parts[:i]), patterns) for i in range(1, len(parts))):
+            continue
+        path = root / relative
+        if path.is_symlink():
+            target = path.resolve()
+            if not target.is_relative_to(root):
+                links.append(relative)
+                continue
+        if path.is_file():
+            files.append((relative, path.lstat().st_size if path.is_symlink() else path.stat().st_size))
+    manifest = CodeManifest(root, tuple(sorted(files)), origin, tuple(sorted(links)))
+    if manifest.total_bytes > limit_bytes:
+        largest = ", ".join(f"{name} ({human_size(size)})" for name, size in manifest.largest())
+        raise UsageError(f"--code {root}: {human_size(manifest.total_bytes)} in {len(files)} files is over the "
+                         f"{human_size(limit_bytes)} limit; the largest: {largest}",
+                         f"leave data and checkpoints out ({IGNORE_FILE} or .gitignore), or raise --code-limit")
+    return manifest
+
+
+def node_payload(scripts: dict[str, str], code: Optional[CodeManifest] = None) -> bytes:
+    """One uncompressed tar for every node: the node scripts, ``pkg/`` (the workload package, so a node
+    needs nothing of fsdpctl installed) and ``code/``. Uncompressed: code is mostly small text, and
+    gzip on one launcher core is slower than the network it would save."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        def add_bytes(name: str, data: bytes, mode: int = 0o644) -> None:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tar.addfile(info, io.BytesIO(data))
+
+        for name, text in scripts.items():
+            add_bytes(name, text.encode(), 0o755)
+        add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/__init__.py", (_PACKAGE_ROOT / "__init__.py").read_bytes())
+        for source in sorted((_PACKAGE_ROOT / "workload").glob("*.py")):
+            add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/workload/{source.name}", source.read_bytes())
+        if code is not None:
+            for relative, _ in code.files:
+                tar.add(code.root / relative, arcname=f"{CODE_DIR}/{relative}", recursive=False)
+    return buffer.getvalue()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+#SBATCH --job-name=fsdpctl-slurm-user-20261121-120000-abcd
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=32
+#SBATCH --partition=gpu
+#SBATCH --time=02:00:00
+#SBATCH --output=/home/me/fsdpctl/runs/slurm-user-20261121-120000-abcd/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --exclusive
+# fsdpctl batch script: run slurm-user-20261121-120000-abcd on 2 nodes, profile slurm,
+# fsdpctl 0.1.0. Submitted again with `sbatch`, it continues from its newest checkpoint.
+set -eo pipefail
+set -u
+export FSDPCTL_PYTHON="$HOME"/venv/bin/python
+export FSDPCTL_RUN_DIR=/home/me/fsdpctl/runs/slurm-user-20261121-120000-abcd
+export PYTHONUNBUFFERED=1
+export OMP_NUM_THREADS=1
+export PYTHONPATH="$FSDPCTL_RUN_DIR"/code:"$FSDPCTL_RUN_DIR"/pkg
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'
+export NCCL_SOCKET_IFNAME=eth0
+export GLOO_SOCKET_IFNAME=eth0
+export NCCL_IB_DISABLE=1
+export FSDPCTL_RUN_ID=slurm-user-20261121-120000-abcd
+mkdir -p "$FSDPCTL_RUN_DIR"
+# The head node's address, as the other nodes reach it (a host name may resolve differently there).
+# `sed -n 1p` rather than `head`: head exits early and pipefail would turn scontrol's SIGPIPE into a failure.
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
+FSDPCTL_HEAD_ADDR=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | sed -n 1p)
+export FSDPCTL_HEAD_ADDR="${FSDPCTL_HEAD_ADDR:-$head_node}"
+echo "fsdpctl: job $SLURM_JOB_ID (attempt $((${SLURM_RESTART_COUNT:-0} + 1))) head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
+# One torchrun per node; any task failing ends the whole step.
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { cd code || exit 1; echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, attempt $((${SLURM_RESTART_COUNT:-0} + 1))"; exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-user-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID" --tee 3 train.py --config '"'"'conf/a b.yaml'"'"' '"'"'$(id)'"'"'; } >> node"$SLURM_NODEID".log 2>&1'
