@@ -60,3 +60,28 @@ def report(name: str, baseline: str, summary: dict[str, dict[str, float]], extra
     RESULTS.mkdir(exist_ok=True)
     data = {"benchmark": name, "baseline": baseline, "cases": summary, "machine": machine(), **(extra or {})}
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def start_lab(bench: str, names: tuple[str, ...] = ("n1", "n2")):
+    """The namespace testbed with sshd on every host, for a benchmark: (root folder, lab). Exits
+    with the reason where it cannot be built (it needs root)."""
+    import sys
+    import tempfile
+
+    repo = Path(__file__).resolve().parents[1]
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    from tests.testbed.lab import Lab, netns_available
+
+    reason = netns_available()
+    if reason:
+        sys.exit(f"{bench}: the namespace testbed {reason}")
+    root = Path(tempfile.mkdtemp(prefix=f"fsdpctl-bench-{bench}-"))
+    lab = Lab(root, list(names)).up()
+    try:
+        for name in names:
+            lab.start_sshd(name)
+    except BaseException:
+        lab.down()
+        raise
+    return root, lab

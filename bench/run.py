@@ -22,6 +22,7 @@ BENCHMARKS = {
     "workload": ["workload_step.py"],
     "doctor": ["doctor_fanout.py"],
     "launch": ["launch_overhead.py"],
+    "copy": ["code_copy.py"],
     "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
     "gpu": ["gpu_workload.py"],
@@ -61,6 +62,12 @@ def rows() -> list[tuple[str, str, str, str]]:
     launch = load("launch_overhead").get("cases", {})
     add("launch: time to first step / hand-typed torchrun", launch.get("fsdpctl launch", {}).get("ratio_to_baseline"),
         1.2)
+    user = load("launch_user_script").get("cases", {})
+    add("launch: user script's first line / hand-typed torchrun (1 MB project)",
+        user.get("fsdpctl launch -- user script (1 MB project)", {}).get("ratio_to_baseline"), 1.2)
+    copy = load("code_copy").get("cases", {})
+    add("code copy, 50 MB to 2 nodes / tar c | ssh tar x in parallel",
+        copy.get("fsdpctl (collect, pack, send, unpack, start)", {}).get("ratio_to_baseline"), 1.2)
     slurm = load("slurm_submit").get("cases", {})
     for case, label in (("fsdpctl submit --slurm", "sbatch"), ("fsdpctl submit --slurm --via submitit", "submitit")):
         ratio = slurm.get(case, {}).get("ratio_to_baseline")

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import fnmatch
 import io
+import json
 import os
 import shutil
 import subprocess
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +30,8 @@ DEFAULT_CODE_LIMIT_MB = 100
 _SKIPPED_ANYWHERE = {".git", "__pycache__"}
 _SKIPPED_AT_TOP = {"runs", "rendered"}  # fsdpctl's own run and render folders
 _PACKAGE_ROOT = Path(__file__).resolve().parent
+SHIPPED_PACKAGES = ("workload", "node")
+"""fsdpctl's packages every node gets (``pkg/fsdpctl/...``): the workload, and the helpers next to the ranks."""
 
 
 @dataclass(frozen=True)
@@ -152,23 +155,45 @@ def collect_code(root: Path, limit_bytes: int) -> CodeManifest:
     return manifest
 
 
+@dataclass(frozen=True)
+class Payload:
+    """What every node gets when it starts: the tar (``files``) and the run's secrets, which travel
+    only inside the command that starts a node (or the environment of a Slurm submission)."""
+
+    files: bytes
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def secret_blob(self) -> bytes:
+        return json.dumps(self.secrets).encode() if self.secrets else b""
+
+
+def _private(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """The user's own only, whatever their umask: files 0600 (0700 when executable)."""
+    if info.isfile():
+        info.mode = 0o700 if info.mode & 0o100 else 0o600
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
 def node_payload(scripts: dict[str, str], code: Optional[CodeManifest] = None) -> bytes:
     """One uncompressed tar for every node: the node scripts, ``pkg/`` (the workload package, so a node
     needs nothing of fsdpctl installed) and ``code/``. Uncompressed: code is mostly small text, and
     gzip on one launcher core is slower than the network it would save."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        def add_bytes(name: str, data: bytes, mode: int = 0o644) -> None:
+        def add_bytes(name: str, data: bytes, mode: int = 0o600) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), mode, 0
             tar.addfile(info, io.BytesIO(data))
 
         for name, text in scripts.items():
-            add_bytes(name, text.encode(), 0o755)
+            add_bytes(name, text.encode(), 0o700)
         add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/__init__.py", (_PACKAGE_ROOT / "__init__.py").read_bytes())
-        for source in sorted((_PACKAGE_ROOT / "workload").glob("*.py")):
-            add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/workload/{source.name}", source.read_bytes())
+        for package in SHIPPED_PACKAGES:
+            for source in sorted((_PACKAGE_ROOT / package).glob("*.py")):
+                add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/{package}/{source.name}", source.read_bytes())
         if code is not None:
             for relative, _ in code.files:
-                tar.add(code.root / relative, arcname=f"{CODE_DIR}/{relative}", recursive=False)
+                tar.add(code.root / relative, arcname=f"{CODE_DIR}/{relative}", recursive=False, filter=_private)
     return buffer.getvalue()

@@ -12,7 +12,7 @@ from typing import Optional
 
 from .bundle import DEFAULT_CODE_LIMIT_MB, CodeManifest, collect_code
 from .errors import UsageError
-from .profiles.schema import env_name_problem
+from .profiles.schema import env_name_problem, looks_like_credential
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class JobFlags:
     chdir: Optional[str] = None
     code_limit_mb: Optional[int] = None
     env: tuple[str, ...] = ()
-    """``NAME=VALUE`` items of ``--env``."""
+    """``--env`` items: ``NAME=VALUE``, or a bare ``NAME``, a secret taken from the environment."""
     requirements_file: Optional[Path] = None
 
 
@@ -39,6 +39,8 @@ class Job:
     code: Optional[CodeManifest] = None
     chdir: Optional[str] = None
     env: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()
+    """Names of variables whose values come from the launcher's environment."""
     requirements: tuple[str, ...] = ()
     nproc_per_node: Optional[int] = None
     nodes: Optional[int] = None
@@ -46,19 +48,41 @@ class Job:
     fetch: tuple[str, ...] = ()
 
 
-def parse_env_items(items: tuple[str, ...]) -> dict[str, str]:
-    """``--env NAME=VALUE`` items, checked like a profile's ``env``."""
+def parse_env_items(items: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``--env`` items, checked like a profile's ``env``: (variables with their values, secret names).
+    ``NAME=VALUE`` is written into the run's scripts; a bare ``NAME`` is a secret, its value taken
+    from this environment at launch and written nowhere (as ``docker run -e NAME``)."""
     env: dict[str, str] = {}
+    secrets: list[str] = []
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep:
-            raise UsageError(f"--env {item!r}: expected NAME=VALUE", "write e.g. --env WANDB_PROJECT=demo")
         if problem := env_name_problem(name):
             raise UsageError(f"--env {name}: {problem[0]}", problem[1])
+        if not sep:
+            secrets.append(name)
+            continue
         if "\0" in value:
             raise UsageError(f"--env {name}: the value contains a NUL byte", "remove it")
         env[name] = value
-    return env
+    return env, tuple(secrets)
+
+
+def secret_values(names: tuple[str, ...], environ: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The secrets' values from the environment fsdpctl runs in; a missing one is a usage error."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    for name in names:
+        if name not in environ:
+            raise UsageError(f"secret {name}: not set in the environment fsdpctl runs in",
+                             f"export {name}=... in this shell (its value is passed to the ranks and written "
+                             f"nowhere), or drop it from --env / secrets:")
+    return {name: environ[name] for name in names}
+
+
+def credential_like(env: dict[str, str]) -> list[str]:
+    """Plain variables whose names say credential: they would be written into the run's files."""
+    return [name for name in env if looks_like_credential(name)]
 
 
 def resolve_job(flags: JobFlags, cwd: Path) -> Job:
@@ -78,7 +102,8 @@ def resolve_job(flags: JobFlags, cwd: Path) -> Job:
             raise UsageError(f"{misplaced[0]}: goes with a command of your own; the bundled workload ships itself",
                              "add your program after --, e.g. -- train.py --epochs 3")
         requirements = read_requirements(flags.requirements_file) if flags.requirements_file else ()
-        return Job(env=parse_env_items(flags.env), requirements=requirements)
+        env, secrets = parse_env_items(flags.env)
+        return Job(env=env, secrets=secrets, requirements=requirements)
     limit = (flags.code_limit_mb or (spec.code_limit_mb if spec else DEFAULT_CODE_LIMIT_MB)) * 1_000_000
     if flags.code is not None:
         code_dir: Optional[Path] = flags.code
@@ -93,7 +118,9 @@ def resolve_job(flags: JobFlags, cwd: Path) -> Job:
     if code_dir is None and chdir is None:
         chdir = str(cwd)  # runs in place: this folder, at the same path on every node
     env = dict(spec.env) if spec else {}
-    env.update(parse_env_items(flags.env))
+    flag_env, flag_secrets = parse_env_items(flags.env)
+    env.update(flag_env)
+    secrets = tuple(dict.fromkeys((*(spec.secrets if spec else ()), *flag_secrets)))
     requirements = tuple(spec.requirements) if spec else ()
     if loaded and spec and spec.requirements_file:
         requirements += read_requirements(loaded.resolve(spec.requirements_file))
@@ -101,6 +128,6 @@ def resolve_job(flags: JobFlags, cwd: Path) -> Job:
         requirements += read_requirements(flags.requirements_file)
     return Job(command=tuple(command), profile=spec.profile if spec else None,
                code=collect_code(code_dir, limit) if code_dir is not None else None, chdir=chdir, env=env,
-               requirements=requirements, nproc_per_node=spec.nproc_per_node if spec else None,
+               secrets=secrets, requirements=requirements, nproc_per_node=spec.nproc_per_node if spec else None,
                nodes=spec.nodes if spec else None, time=spec.time if spec else None,
                fetch=spec.fetch if spec else ())

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 if TYPE_CHECKING:
+    from ..bundle import Payload
     from ..doctor.checks import DoctorReport, HostReport
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
@@ -68,15 +69,15 @@ class Backend(Protocol):
     def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
         """Check every node and diff them."""
 
-    def preflight(self, plan: LaunchPlan, payload: bytes, on_host: Callable[[HostReport], None] | None = None
+    def preflight(self, plan: LaunchPlan, payload: Payload, on_host: Callable[[HostReport], None] | None = None
                   ) -> DoctorReport | None:
         """The fast checks before starting ``plan`` (None: this backend has none). ``payload`` (the
-        tar every node gets, ``bundle.node_payload``) may be staged on the way."""
+        files every node gets and the run's secrets) may be staged on the way."""
 
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         """Files the backend would write itself besides the rendered scripts, for ``--dry-run``."""
 
-    def start(self, run: Run, payload: bytes, *, detached: bool) -> str:
+    def start(self, run: Run, payload: Payload, *, detached: bool) -> str:
         """Start (or submit) the run with ``payload`` on its nodes; says how in a few words
         ("submitted as Slurm job 12")."""
 

@@ -7,15 +7,18 @@ how a node is reached, which Python runs there by default, and where the master 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..bundle import Payload
 from ..doctor.checks import DoctorReport, HostReport
 from ..doctor.fanout import ProbeRunner, make_jobs, run_doctor
 from ..errors import HostError
+from ..node.mask import Masker
 from ..plan.types import LaunchPlan
 from ..profiles.schema import ClusterProfile
 from ..runs.paths import files_under
@@ -85,7 +88,7 @@ class NodesBackend:
         return run_doctor(self.profile, jobs, python=self.python, timeout=request.timeout, nproc=request.nproc,
                           concurrency=request.concurrency, on_host=on_host, runner=runner)
 
-    def preflight(self, plan: LaunchPlan, payload: bytes,
+    def preflight(self, plan: LaunchPlan, payload: Payload,
                   on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
         """doctor's fast checks on the plan's own nodes and rendezvous port, answered by the node agents
         that also stage the payload; they wait for ``start`` (one command per node for both)."""
@@ -98,7 +101,7 @@ class NodesBackend:
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         return {}  # the node scripts are all there is
 
-    def start(self, run: Run, payload: bytes, *, detached: bool) -> str:
+    def start(self, run: Run, payload: Payload, *, detached: bool) -> str:
         """Start every node (staging it too, unless the preflight did), and record their process ids."""
         starter = self._starter if self._starter is not None and self._starter.plan.run_id == run.run_id \
             else NodeStarter(run.plan, payload, self.transports, run.plan.python)
@@ -117,17 +120,21 @@ class NodesBackend:
         """Stream every node until the run ends, failing fast. The owner keeps the local logs, ends
         the run on Ctrl-C, collects torchrun's log folders and records the outcome."""
         plan, node_runs = run.plan, self._node_runs(run)
+        # The values are in this environment (they were read from it at launch; a follower in another
+        # shell may have them too); the nodes mask their logs themselves as well.
+        masker = Masker([os.environ.get(name, "") for name in plan.secrets])
         result = Supervisor(plan, node_runs, run.paths.logs, sink, write_local=owner,
-                            stop_on_interrupt=owner).run()
+                            stop_on_interrupt=owner, mask=masker.text).run()
         if result.interrupted and not owner:
             return Outcome(exit_code=130, state="detached", message=f"stopped following; run {plan.run_id} goes on")
         failure = result.first_failure
         if failure and failure.get("error_file"):
-            failure["error"] = read_error_file(node_runs[failure["node_rank"]].transport, failure["error_file"])
+            error = read_error_file(node_runs[failure["node_rank"]].transport, failure["error_file"])
+            failure["error"] = masker.text(error) if error else error
         state = "interrupted" if result.interrupted else ("failed" if result.exit_code else "succeeded")
         if owner:
             if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
-                fetch_logs(plan, node_runs, run.root)
+                fetch_logs(plan, node_runs, run.root, masker.bytes if masker else None)
             run.update(state, node_records(node_runs), finished_at=now(), exit_code=result.exit_code,
                        first_failure=failure)
         elif run.record.get("detached") and run.record.get("state") == "running":

@@ -23,6 +23,7 @@ from .transport import MarkerReader, read_lines
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 KEEPALIVE_SECONDS = 5
+SEND_CHUNK = 1 << 16  # at least one packet's worth (paramiko's largest is 32 KiB)
 
 
 class SSHError(HostError):
@@ -136,6 +137,27 @@ class _SSHStream:
         self.channel.close()
 
 
+# AES-GCM (an AEAD cipher: no separate MAC per packet) first, when the server offers it: code and
+# payloads went 25 % faster through paramiko's per-packet Python loop than with aes128-ctr + HMAC.
+_AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _transport(sock, **kwargs) -> paramiko.Transport:
+    transport = paramiko.Transport(sock, **kwargs)
+    options = transport.get_security_options()
+    options.ciphers = (*(c for c in _AEAD_FIRST if c in options.ciphers),
+                       *(c for c in options.ciphers if c not in _AEAD_FIRST))
+    return transport
+
+
+def send_all(channel: paramiko.Channel, data: bytes) -> None:
+    """Send ``data`` through the channel. paramiko's own sendall copies what is left after every
+    packet (``s = s[sent:]``): quadratic, 50 MB took 9-12 s here. This copies one packet at a time."""
+    view, offset = memoryview(data), 0
+    while offset < len(view):
+        offset += channel.send(bytes(view[offset:offset + SEND_CHUNK]))
+
+
 class _SSHSession:
     """One exec channel to talk to: stdin written as we go, stdout read up to markers."""
 
@@ -149,7 +171,7 @@ class _SSHSession:
 
     def send(self, data: bytes) -> None:
         try:
-            self.channel.sendall(data)
+            send_all(self.channel, data)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise SSHError(self.host, "ssh", f"the connection broke while sending ({exc})",
                            "check the node and the network to it") from None
@@ -220,7 +242,7 @@ class SSHTransport:
                 target.hostname, port=target.port, username=target.user,
                 key_filename=list(target.identity_files) or None, timeout=timeout, banner_timeout=timeout,
                 auth_timeout=timeout, channel_timeout=timeout, sock=sock,
-                allow_agent=True, look_for_keys=not target.identity_files,
+                allow_agent=True, look_for_keys=not target.identity_files, transport_factory=_transport,
             )
         except SSHError:
             raise
@@ -246,7 +268,7 @@ class SSHTransport:
         try:
             channel.exec_command(argv_text)
             if stdin:
-                channel.sendall(stdin)
+                send_all(channel, stdin)
             channel.shutdown_write()
             # stderr is buffered by paramiko meanwhile (a probe writes little there), so reading
             # stdout to its end first cannot deadlock.

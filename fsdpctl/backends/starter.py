@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..bundle import Payload
 from ..doctor.fanout import HostJob, ProbeRunner
 from ..doctor.probe_script import END
 from ..errors import HostError
@@ -27,17 +28,18 @@ GO_TIMEOUT = 120.0
 class NodeStarter:
     """The agents of one launch: opened by the preflight (or by ``start`` without one)."""
 
-    def __init__(self, plan: LaunchPlan, payload: bytes, transports: Sequence[Transport], python: str):
+    def __init__(self, plan: LaunchPlan, payload: Payload, transports: Sequence[Transport], python: str):
         self.plan, self.payload, self.transports, self.python = plan, payload, list(transports), python
         self.sessions: dict[int, Session] = {}
 
     def _agent(self, rank: int, probe: dict[str, Any] | None, timeout: float) -> Session:
         """The node's agent, its payload sent; what a chatty shell rc printed before it is read past."""
-        args = {"run_dir": self.plan.run_dir, "rank": rank, "bytes": len(self.payload), "probe": probe,
-                "go_timeout": GO_TIMEOUT}
+        secrets = self.payload.secret_blob()
+        args = {"run_dir": self.plan.run_dir, "rank": rank, "bytes": len(self.payload.files),
+                "secret_bytes": len(secrets), "probe": probe, "go_timeout": GO_TIMEOUT}
         session = self.transports[rank].session(marked(agent_command(self.python, args)))
         self.sessions[rank] = session
-        session.send(self.payload)
+        session.send(self.payload.files + secrets)
         session.read_until(OUTPUT_MARK, timeout)
         return session
 

@@ -29,6 +29,9 @@ from .transport import Transport
 
 GRACE_SECONDS = 10.0
 POLL_SECONDS = 2.0
+# While a node's log stream is open it says when the node ends; polls (an SSH command each, with the
+# login shell's rc files, on nodes busy starting torch) are then only a safety net.
+SAFETY_POLL_SECONDS = 10.0
 COMMAND_TIMEOUT = 30.0
 FETCH_TIMEOUT = 600.0
 TAIL_LINES = 30
@@ -49,6 +52,7 @@ class NodeRun:
     pid: int = 0
     exit_code: int | None = None
     state: str = "starting"  # starting, running, succeeded, failed, lost
+    streaming: bool = True  # its log stream is open
     tail: deque = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
 
     @property
@@ -150,8 +154,10 @@ class Supervisor:
     """Streams every node's lines to a sink and local files, polls the nodes, and fails fast."""
 
     def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink,
-                 grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True):
+                 grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True,
+                 mask: Callable[[str], str] = str):
         self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
+        self.mask = mask  # the run's secrets, masked in every line shown or kept
         self.write_local = write_local  # False for a second follower: the launching process writes them
         self.stop_on_interrupt = stop_on_interrupt  # Ctrl-C on `logs -f` ends the following, not the run
         self.lines: queue.Queue = queue.Queue()
@@ -209,16 +215,21 @@ class Supervisor:
         return self._result(interrupted)
 
     def _poller(self) -> None:
+        last = {run.rank: time.monotonic() for run in self.runs}
         while not self.finished.wait(POLL_SECONDS):
             for run in self.runs:
-                if run.state == "running" and not self.finished.is_set():
+                due = not run.streaming or time.monotonic() - last[run.rank] >= SAFETY_POLL_SECONDS
+                if run.state == "running" and due and not self.finished.is_set():
+                    last[run.rank] = time.monotonic()
                     self.lines.put((run, self._ask(run)))
 
     def _take(self, run: NodeRun, line: str | None) -> None:
         """One item from the followers: a line, or (None) the end of that node's stream."""
         if line is None:
             self.open_streams -= 1
+            run.streaming = False
             return
+        line = self.mask(line)
         run.tail.append(line)
         self.files[run.rank].write(line + "\n")
         self.merged.write(f"[{run.node.host} r{run.rank}] {line}\n")
@@ -316,12 +327,18 @@ def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,
         return sorted(str(dest / m.name) for m in members if m.isfile())
 
 
-def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path) -> None:
-    """Copy each node's torchrun log folder (``logs/node<R>``) into the local run directory."""
+def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path,
+               mask_bytes: Callable[[bytes], bytes] | None = None) -> None:
+    """Copy each node's torchrun log folder (``logs/node<R>``) into the local run directory, with the
+    run's secrets masked in every file (``mask_bytes``)."""
     def fetch(run: NodeRun) -> None:
         try:
-            fetch_from_node(run.transport, plan.run_dir, f"logs/node{run.rank}", local_dir)
+            files = fetch_from_node(run.transport, plan.run_dir, f"logs/node{run.rank}", local_dir)
         except HostError:
-            pass  # its streamed log is here anyway
+            return  # its streamed log is here anyway
+        for name in files if mask_bytes else ():
+            data = Path(name).read_bytes()
+            if (masked := mask_bytes(data)) != data:
+                Path(name).write_bytes(masked)
 
     _parallel(fetch, runs)

@@ -58,6 +58,9 @@ def report_error(exc: FsdpctlError) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app; an FsdpctlError is one line, never a traceback."""
+    # Everything fsdpctl writes (run directories, records, logs; Slurm jobs inherit it too) is the
+    # user's alone: runs hold code, outputs and what the ranks print.
+    os.umask(0o077)
     try:
         app(args=argv, prog_name="fsdpctl")
     except FsdpctlError as exc:

@@ -69,7 +69,7 @@ def doctor(
 
 def _collectives(profile_name: str, backend) -> dict:
     """Run the collective smoke test through the launch path, as a run of its own; its figures (or why not)."""
-    from ..bundle import node_payload
+    from ..bundle import Payload, node_payload
     from ..doctor.collectives import COLLECTIVES_ENV, COLLECTIVES_MODULE, collectives_result
     from ..plan.render import render_all
     from ..plan.types import Overrides
@@ -83,7 +83,7 @@ def _collectives(profile_name: str, backend) -> dict:
     lines: list[str] = []
     typer.echo(f"doctor: collective smoke test as run {plan.run_id}", err=True)
     run = create_run(plan, loaded.profile, scripts, loaded.path.read_text(encoding="utf-8"))
-    backend.start(run, node_payload(scripts), detached=False)
+    backend.start(run, Payload(node_payload(scripts)), detached=False)
     outcome = backend.follow(run, lambda rank, host, line: lines.append(line), owner=True)
     found = collectives_result(lines)
     if outcome.exit_code or found is None:

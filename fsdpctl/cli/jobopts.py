@@ -14,6 +14,7 @@ from ..errors import UsageError
 from . import common
 
 if TYPE_CHECKING:
+    from ..bundle import Payload
     from ..job import Job, JobFlags
     from ..plan.types import LaunchPlan
     from ..profiles.loader import LoadedProfile
@@ -43,11 +44,13 @@ class Prepared:
     scripts: dict[str, str]
     job: Job
 
-    def payload(self) -> bytes:
-        """The tar every node gets (scripts, workload package, code)."""
-        from ..bundle import node_payload
+    def payload(self) -> Payload:
+        """What every node gets: the tar (scripts, workload package, code) and the secrets' values,
+        read now from this environment (a missing one is a one-line error before anything starts)."""
+        from ..bundle import Payload, node_payload
+        from ..job import secret_values
 
-        return node_payload(self.scripts, self.job.code)
+        return Payload(node_payload(self.scripts, self.job.code), secret_values(self.plan.secrets))
 
 
 def job_flags(command: Optional[list[str]], job: Optional[str], code: Optional[Path], no_code: bool,
@@ -64,7 +67,7 @@ def prepare(*, profile: Optional[str], flags: JobFlags, workload: dict[str, Any]
     """Resolve the job, refuse workload flags next to a command of the user's, build and render the plan.
     ``workload``: the workload's own flags by name (``fsdp``, ``steps``, ``settings``...); ``overrides``:
     the other Overrides fields the command sets (nproc_per_node, master_port, debug, slurm_*)."""
-    from ..job import resolve_job
+    from ..job import credential_like, resolve_job
     from ..plan.render import render_all
     from ..plan.types import Overrides
 
@@ -85,6 +88,11 @@ def prepare(*, profile: Optional[str], flags: JobFlags, workload: dict[str, Any]
         overrides["slurm_nodes"] = overrides.get("slurm_nodes") or job.nodes
         overrides["slurm_time"] = overrides.get("slurm_time") or job.time
     plan_overrides = Overrides(train=train, command=job.command, code=job.code.plan() if job.code else None,
-                               chdir=job.chdir, requirements=job.requirements, extra_env=job.env, **overrides)
+                               chdir=job.chdir, requirements=job.requirements, extra_env=job.env,
+                               secrets=job.secrets, **overrides)
     loaded, plan = common.build_plan(profile_name, plan_overrides, for_slurm=for_slurm)
+    for name in credential_like({**loaded.profile.env, **job.env}):
+        typer.secho(f"fsdpctl: warning: {name} looks like a credential and is written into the run's scripts and "
+                    f"records; pass it as a secret instead (--env {name}, or secrets: [{name}])", err=True,
+                    fg="yellow")
     return Prepared(loaded, plan, render_all(plan), job)

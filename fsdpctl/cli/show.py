@@ -21,7 +21,8 @@ def plan_summary(plan: LaunchPlan) -> str:
         f"# rendezvous {plan.rdzv_backend} on {plan.master_addr}:{plan.master_port}"
         if plan.rdzv_backend != "standalone" else "# rendezvous: standalone (one node, free port)",
         f"# run directory on the nodes: {plan.run_dir}; here: {plan.local_run_dir}",
-        "# environment: " + " ".join(f"{k}={v}" for k, v in plan.env.items()),
+        "# environment: " + " ".join([*(f"{k}={v}" for k, v in plan.env.items()),
+                                      *(f"{name}=<secret>" for name in plan.secrets)]),
     ]
     for node in plan.nodes:
         lines.append(f"# node {node.node_rank}: {node.host} ({node.address}), {node.nproc} process(es)")

@@ -192,6 +192,16 @@ def make_plan(
     train, entry, chdir, requirements = _job(profile, overrides, for_slurm=for_slurm, requeue=requeue)
     env = _env(profile, overrides.debug, run_id, chdir)
     env.update(overrides.extra_env)
+    secrets = tuple(dict.fromkeys((*profile.secrets, *overrides.secrets)))
+    for name in secrets:
+        if name in env:
+            raise UsageError(f"--env {name}: given as a secret and with a value (in env or --env {name}=...)",
+                             "keep one: a secret's value is taken from your environment and written nowhere")
+    if secrets:
+        env["FSDPCTL_SECRET_NAMES"] = ",".join(secrets)  # names only: the nodes mask these values in output
+    if requeue and overrides.command:
+        # Your program asks for a requeue as the workload does: after SIGUSR2, save, leave this file, exit 0.
+        env["FSDPCTL_REQUEUE_MARKER"] = NodeExpr(f'"$FSDPCTL_RUN_DIR"/{train_config.REQUEUE_MARKER}')
     python = profile.python or (local_python if profile.on_this_machine else "python3")
     workdir = profile.workdir
     if profile.on_this_machine and not workdir.startswith(("/", "~")):
@@ -248,7 +258,7 @@ def make_plan(
         step_args = _torchrun_args(**rdzv, master_addr=NodeExpr('"$FSDPCTL_HEAD_ADDR"'),
                                    node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc)
         slurm_plan = make_slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args, requeue,
-                                     profile_source, chdir)
+                                     profile_source, chdir, secrets)
     return LaunchPlan(
         run_id=run_id, profile_name=profile.name, profile_source=profile_source,
         backend="slurm" if for_slurm else profile.backend, fsdpctl_version=__version__,
@@ -258,6 +268,6 @@ def make_plan(
         setup=profile.setup, workdir=workdir, run_dir=run_dir, local_run_dir=local_run_dir,
         train=train, nodes=tuple(nodes), slurm=slurm_plan, debug=overrides.debug,
         warnings=tuple(warnings), requirements=requirements, command=tuple(overrides.command),
-        code=overrides.code, chdir=chdir,
+        code=overrides.code, chdir=chdir, secrets=secrets,
     )
 

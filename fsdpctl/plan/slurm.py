@@ -55,7 +55,7 @@ def _check_slurm_submission(profile: ClusterProfile, source: str, time_limit: Op
 
 def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
                     num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str,
-                    chdir: str = ".") -> SlurmPlan:
+                    chdir: str = ".", secrets: tuple[str, ...] = ()) -> SlurmPlan:
     slurm = profile.slurm
     assert slurm is not None
     directives: list[tuple[str, str]] = [
@@ -82,9 +82,19 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
     # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
     ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
     enter = "" if chdir == "." else f"cd {quote_path(chdir)} || exit 1; "  # the user's code: ranks start there
-    command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
-               f'{{ {enter}echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
-               f'attempt $((${{SLURM_RESTART_COUNT:-0}} + 1))"; '
-               f'exec "$FSDPCTL_PYTHON" {shell_join(step_args)}; }} >> node"$SLURM_NODEID".log 2>&1')
+    announce = (f'echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
+                f'attempt $((${{SLURM_RESTART_COUNT:-0}} + 1))"; ')
+    torchrun = f'"$FSDPCTL_PYTHON" {shell_join(step_args)}'
+    if secrets:
+        # What the ranks print passes the node's mask on its way to the log; torchrun's own per-rank
+        # copies are masked once it ends (so it is not exec'd: the shell waits for it).
+        mask = '"$FSDPCTL_PYTHON" -m fsdpctl.node.mask'
+        command = (f'set -o pipefail && cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && '
+                   f'{ignore}{{ {enter}{announce}{torchrun}; code=$?; '
+                   f'{mask} --scrub "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID"; exit $code; }} 2>&1 | '
+                   f'{mask} >> node"$SLURM_NODEID".log')
+    else:
+        command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
+                   f'{{ {enter}{announce}exec {torchrun}; }} >> node"$SLURM_NODEID".log 2>&1')
     return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,
                      signal_seconds=slurm.signal_seconds, via=via)

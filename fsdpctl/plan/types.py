@@ -56,6 +56,8 @@ class Overrides:
     """``--no-code``: where the ranks start instead (a folder every node already has)."""
     requirements: tuple[str, ...] = ()
     """Requirement lines (``numpy>=1.24``) every node must satisfy, besides what the job itself needs."""
+    secrets: tuple[str, ...] = ()
+    """Names of variables every rank gets from the launcher's environment (``--env NAME``, ``secrets:``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +134,8 @@ class LaunchPlan:
     code: Optional[CodePlan] = None
     chdir: str = "."
     """Where the ranks start, relative to the run directory on the node (``code``) or absolute."""
+    secrets: tuple[str, ...] = ()
+    """Names of the variables every rank gets from the launcher's environment; their values are in no file."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
@@ -148,6 +152,7 @@ def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
                          "warnings": tuple(data.get("warnings", ())),
                          "requirements": tuple(data.get("requirements", ())),
                          "command": tuple(data.get("command", ())),
+                         "secrets": tuple(data.get("secrets", ())),
                          "code": CodePlan(**{**data["code"], "largest": tuple(map(tuple, data["code"]["largest"])),
                                              "skipped_links": tuple(data["code"].get("skipped_links", ()))})
                          if data.get("code") else None,

@@ -76,6 +76,15 @@ def _slurm_rules(slurm: schema.SlurmSpec):
     return None
 
 
+def _secrets_problem(secrets: tuple[str, ...], env: dict[str, str]):
+    for i, name in enumerate(secrets):
+        if problem := schema.env_name_problem(name):
+            return f"secrets[{i}]", f"{name!r} {problem[0]}", problem[1]
+        if name in env:
+            return f"secrets[{i}]", f"{name} is also in env, with its value written out", f"remove env.{name}"
+    return None
+
+
 def _profile_rules(p: ClusterProfile):
     if not schema.NAME_PATTERN.match(p.name):
         return "name", f"{p.name!r} cannot be used in a run id", "use letters, digits, '.', '_' and '-'"
@@ -101,6 +110,8 @@ def _profile_rules(p: ClusterProfile):
             return f"setup[{i}]", "contains a newline or NUL", "write one command per list item"
     if p.python is not None and (not p.python.strip() or any(c in p.python for c in "\n\0")):
         return "python", f"{p.python!r} is not an interpreter path", "give e.g. /opt/venv/bin/python"
+    if problem := _secrets_problem(p.secrets, p.env):
+        return problem
     if not p.workdir or not schema.WORKDIR_PATTERN.match(p.workdir):
         return ("workdir", f"{p.workdir!r} is not a usable directory path",
                 "give e.g. ~/fsdpctl or /scratch/me/fsdpctl (no spaces, quotes or shell characters)")
@@ -118,6 +129,8 @@ def _job_rules(job: schema.JobSpec):
         value = getattr(job, name)
         if value is not None and value < 1:
             return name, f"{value} is not positive", "give 1 or more"
+    if problem := _secrets_problem(job.secrets, job.env):
+        return problem
     if job.time is not None and not schema.SLURM_TIME_PATTERN.match(job.time):
         return "time", f"{job.time!r} is not a Slurm time limit", "write e.g. \"02:00:00\""
     for i, path in enumerate(job.fetch):

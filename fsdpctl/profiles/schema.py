@@ -34,7 +34,15 @@ SLURM_DIRECTIVE_PATTERN = re.compile(r"^--[a-z][a-z0-9-]*(?:=[^\s'\"`$\\;|&<>]+)
 NETWORK_OWNED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA")
 # Variables fsdpctl sets for every run: the run's processes are found and stopped by FSDPCTL_RUN_ID.
 FSDPCTL_OWNED_ENV = ("FSDPCTL_RUN_ID", "FSDPCTL_RUN_DIR", "FSDPCTL_NODE_RANK", "FSDPCTL_PYTHON",
-                     "FSDPCTL_HEAD_ADDR")
+                     "FSDPCTL_HEAD_ADDR", "FSDPCTL_SECRET_NAMES", "FSDPCTL_REQUEUE_MARKER")
+
+
+CREDENTIAL_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+
+def looks_like_credential(name: str) -> bool:
+    """A variable name that usually holds a credential (``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``)."""
+    return any(word in name.upper() for word in CREDENTIAL_WORDS)
 
 
 def env_name_problem(name: str) -> tuple[str, str] | None:
@@ -173,6 +181,9 @@ class JobSpec:
     """Refuse to copy more code than this many MB."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables for every rank, after the profile's."""
+    secrets: tuple[str, ...] = ()
+    """Names of variables taken from the environment fsdpctl runs in and handed to every rank, never
+    written anywhere (see the profile's ``secrets``)."""
     requirements: tuple[str, ...] = ()
     """Requirement lines every node must meet (``numpy>=1.24``), the same versions everywhere."""
     requirements_file: Optional[str] = None
@@ -215,7 +226,11 @@ class ClusterProfile:
     """Working directory on the nodes; runs go to ``<workdir>/runs/<run_id>/``. local: relative to
     the current directory."""
     env: dict[str, str] = field(default_factory=dict)
-    """Extra environment variables for every rank."""
+    """Extra environment variables for every rank. Written into the run's scripts: credentials go in ``secrets``."""
+    secrets: tuple[str, ...] = ()
+    """Names of credentials (``HF_TOKEN``, ``WANDB_API_KEY``...) every rank gets from the environment
+    fsdpctl runs in: their values travel inside the command that starts each node and are written in
+    no file, script or command line; what a rank prints of them shows as ``***``."""
     ssh: SSHSpec = field(default_factory=SSHSpec)
     """SSH connection settings."""
     slurm: Optional[SlurmSpec] = None

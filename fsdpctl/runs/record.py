@@ -31,6 +31,8 @@ def record(paths: RunPaths, plan: LaunchPlan, nodes: list[dict[str, Any]] | None
         "run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend, "state": state,
         "run_dir_on_nodes": plan.run_dir, "num_nodes": plan.num_nodes, "world_size": plan.world_size,
     })
+    if plan.secrets:
+        data["secrets"] = {name: "<secret>" for name in plan.secrets}  # names only: values are written nowhere
     if nodes is not None:
         data["nodes"] = nodes
     data.update(extra)
@@ -40,10 +42,13 @@ def record(paths: RunPaths, plan: LaunchPlan, nodes: list[dict[str, Any]] | None
 
 def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str) -> None:
     """The local run directory: plan, scripts, the profile as it was, and a first run.json."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.root.chmod(0o700)  # whatever the umask: code, outputs and logs are the user's alone
     write_json_atomic(paths.plan, plan.to_json())
     paths.scripts.mkdir(parents=True, exist_ok=True)
     for name, text in scripts.items():
         paths.script(name).write_text(text, encoding="utf-8")
+        paths.script(name).chmod(0o700)
     (paths.root / "profile.yaml").write_text(profile_text, encoding="utf-8")
     paths.logs.mkdir(parents=True, exist_ok=True)
     record(paths, plan, None, "starting", created_at=now())

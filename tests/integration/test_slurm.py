@@ -247,3 +247,29 @@ def test_a_user_project_through_slurm(lab, slurm, tmp_path, via):
     assert not (run_dir / "code" / "data").exists() and not list(tmp_path.rglob("PWNED"))
     logs = fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
     assert "[n1 r0] [rank0]:user step=4 loss=" in logs
+
+
+@pytest.mark.parametrize("via", ["sbatch", "submitit"])
+def test_a_secret_reaches_every_rank_through_slurm_and_no_file(lab, slurm, tmp_path, via):
+    import hashlib
+
+    from tests.integration.test_secrets import SECRET, leaks, readable_by_others
+    from tests.integration.user_project import write_project
+
+    project = write_project(tmp_path / "project")
+    env = {**os.environ, **slurm.env, "HOME": str(tmp_path), "FSDPCTL_RUNS_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": str(REPO), "USER_SECRET": SECRET}
+    result = subprocess.run(lab.in_client([sys.executable, "-m", "fsdpctl", "submit", "--slurm", "-p",
+                                           str(profile(lab, tmp_path, 8)), "--via", via, "--code", str(project),
+                                           "--env", "USER_SECRET", "--env", "PRINT_SECRET=1", "--follow",
+                                           "--", "train.py"]),
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    run_id = result.stdout.strip().splitlines()[0]
+    run_dir = tmp_path / "work" / "runs" / run_id
+    records = [json.loads(p.read_text()) for p in (run_dir / "out").glob("rank*.json")]
+    assert len(records) == 2 and {r["secret_sha256"] for r in records} == {hashlib.sha256(SECRET.encode()).hexdigest()}
+    assert "the secret is: ***" in result.stdout and "zq8" not in result.stdout + result.stderr
+    assert "the secret is: ***" in fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
+    assert leaks(run_dir, tmp_path / "runs") == []  # the batch script, submitit's files, every log
+    assert readable_by_others(run_dir, tmp_path / "runs") == []

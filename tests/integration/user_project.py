@@ -3,7 +3,8 @@ script on gloo, a requirements.txt, and a data folder that git ignores.
 
 The script records on every rank what it received (argv, working folder, host, environment) under
 ``$FSDPCTL_RUN_DIR/out/``, prints ``user step=S loss=L`` on rank 0, and reads a few knobs from its
-environment: ``STEPS``, ``STEP_SLEEP``, ``FAIL_RANK`` (that rank exits 3 after the first step).
+environment: ``STEPS``, ``STEP_SLEEP``, ``FAIL_RANK`` (that rank exits 3 after the first step),
+``PRINT_SECRET`` (rank 0 prints ``USER_SECRET``, which every rank records as a SHA-256 only).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def main():
               "secret_sha256": hashlib.sha256(secret.encode()).hexdigest() if secret is not None else None}
     with open(os.path.join(out, "rank%d.json" % rank), "w") as handle:
         json.dump(record, handle)
+    if os.environ.get("PRINT_SECRET") and rank == 0:
+        print("the secret is: %s" % secret, flush=True)
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
     model = TinyNet()

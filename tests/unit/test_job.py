@@ -44,8 +44,9 @@ def test_a_job_file_is_read_strictly(tmp_path):
 
 
 def test_env_items_are_checked_like_a_profiles_env():
-    assert parse_env_items(("A=1", "B=x=y", "EMPTY=")) == {"A": "1", "B": "x=y", "EMPTY": ""}
-    for item, words in (("NOEQUALS", "expected NAME=VALUE"), ("1A=x", "not a valid environment variable name"),
+    assert parse_env_items(("A=1", "B=x=y", "EMPTY=", "HF_TOKEN")) == ({"A": "1", "B": "x=y", "EMPTY": ""},
+                                                                       ("HF_TOKEN",))
+    for item, words in (("1A=x", "not a valid environment variable name"), ("bad-name", "not a valid"),
                         ("NCCL_SOCKET_IFNAME=eth1", "set from the network section"),
                         ("FSDPCTL_RUN_DIR=/x", "set by fsdpctl")):
         with pytest.raises(UsageError, match=words):
@@ -120,7 +121,7 @@ def test_the_payload_holds_scripts_workload_and_code(tmp_path):
     manifest = collect_code(project(tmp_path / "p"), 10**6)
     with tarfile.open(fileobj=io.BytesIO(node_payload({"node0.sh": "echo hi\n"}, manifest))) as tar:
         members = {m.name: m for m in tar.getmembers()}
-    assert members["node0.sh"].mode == 0o755
+    assert members["node0.sh"].mode == 0o700 and members["code/pkg/a.py"].mode == 0o600
     assert "pkg/fsdpctl/workload/train.py" in members and "code/pkg/a.py" in members
     assert members["code/inside-link"].issym() and "code/outside-link" not in members
 

@@ -81,10 +81,13 @@ def test_the_rules_see_every_package():
     assert "fsdpctl.backends.nodes" in internal("fsdpctl.backends.local")  # relative imports are resolved
 
 
-def test_the_workload_imports_nothing_of_the_launcher():
-    for name in under("fsdpctl.workload"):
-        outside = {m for m in closure(name) if m not in ("fsdpctl",) and not m.startswith("fsdpctl.workload")}
-        assert not outside, f"{name} imports {sorted(outside)}: the nodes get only the workload package"
+@pytest.mark.parametrize("package", ["fsdpctl.workload", "fsdpctl.node"])
+def test_what_the_nodes_get_imports_nothing_of_the_launcher(package):
+    for name in under(package):
+        outside = {m for m in closure(name) if m not in ("fsdpctl",) and not m.startswith(package)}
+        assert not outside, f"{name} imports {sorted(outside)}: the nodes get only the shipped packages"
+    if package == "fsdpctl.node":  # next to any user's program: the standard library alone
+        assert not set().union(*(third_party(m) for m in under(package))) - set(sys.stdlib_module_names)
 
 
 @pytest.mark.parametrize("name", [m for m in MODULES if m.startswith("fsdpctl.plan")])

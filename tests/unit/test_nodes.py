@@ -18,7 +18,7 @@ from pathlib import Path
 from fsdpctl.backends.ssh import SSHBackend
 from fsdpctl.backends.supervisor import stop_run
 from fsdpctl.backends.transport import LocalTransport
-from fsdpctl.bundle import node_payload
+from fsdpctl.bundle import Payload, node_payload
 from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.render import render_all
 from fsdpctl.profiles.loader import parse_profile
@@ -65,7 +65,7 @@ def launch(tmp_path: Path, env: dict[str, str]):
     scripts = render_all(plan)
     backend = SSHBackend(profile, transports=[LocalTransport(tmp_path) for _ in plan.nodes])
     run = create_run(plan, profile, scripts, text)
-    backend.start(run, node_payload(scripts), detached=False)
+    backend.start(run, Payload(node_payload(scripts)), detached=False)
     seen: list[tuple[int, str]] = []
     started = time.monotonic()
     outcome = backend.follow(run, lambda rank, host, line: seen.append((rank, line)), owner=True)

@@ -24,7 +24,7 @@ from fsdpctl.shell import NodeExpr, quote_path
 GOLDEN = Path(__file__).parent / "golden"
 USER_CODE = CodePlan(source="/home/me/project", files=3, bytes=4096, largest=(("train.py", 2048),), origin="git")
 USER_JOB = Overrides(command=("train.py", "--config", "conf/a b.yaml", "$(id)"), code=USER_CODE,
-                     requirements=("numpy>=1.24",))
+                     requirements=("numpy>=1.24",), secrets=("HF_TOKEN",))
 CASES = {
     "two-node": dict(for_slurm=False),
     "slurm": dict(for_slurm=True),

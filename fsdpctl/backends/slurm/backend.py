@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...bundle import Payload
 from ...doctor.checks import DoctorReport, HostReport
 from ...plan.types import LaunchPlan
 from ...profiles.schema import ClusterProfile
@@ -42,7 +43,7 @@ class SlurmBackend:
 
         return run_slurm_doctor(self.profile, request, python=self.profile.python or "python3", on_host=on_host)
 
-    def preflight(self, plan: LaunchPlan, payload: bytes,
+    def preflight(self, plan: LaunchPlan, payload: Payload,
                   on_host: Callable[[HostReport], None] | None = None) -> None:
         return None  # the nodes are not known before Slurm allocates them; `doctor` probes an allocation
 
@@ -55,7 +56,7 @@ class SlurmBackend:
         folder, python, params = submitit_job(plan, Path(plan.run_dir), scripts["submitit-setup.sh"])
         return {"submitit.sbatch (as submitit will write it)": submitit_preview(folder, python, params)}
 
-    def start(self, run: Run, payload: bytes, *, detached: bool) -> str:
+    def start(self, run: Run, payload: Payload, *, detached: bool) -> str:
         return f"submitted as Slurm job {submit_slurm(run, payload)}"
 
     def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:

@@ -6,10 +6,12 @@ a node that can submit jobs; they read ``SLURM_CONF`` like any other client. Arg
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Optional
 
 from ...errors import FsdpctlError, UsageError
 
@@ -18,12 +20,15 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPT
             "BOOT_FAIL", "DEADLINE"}
 
 
-def run_client(argv: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run one Slurm client command (an argument list, never a shell line) and capture its output."""
+def run_client(argv: list[str], timeout: float = TIMEOUT,
+               env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Run one Slurm client command (an argument list, never a shell line) and capture its output;
+    ``env`` adds variables to its environment (sbatch hands its environment to the job)."""
     if shutil.which(argv[0]) is None:
         raise UsageError(f"{argv[0]} not found", "run fsdpctl on a machine that can submit Slurm jobs")
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **env} if env else None)
     except subprocess.TimeoutExpired:
         raise FsdpctlError(f"{argv[0]} did not answer within {timeout:g} s",
                            "is slurmctld up? (scontrol ping)") from None
@@ -36,9 +41,10 @@ def last_line(text: str | bytes | None, default: str) -> str:
     return (str(text or "").strip().splitlines() or [default])[-1]
 
 
-def submit_batch(script: str, cwd: str) -> str:
-    """``sbatch`` the script; returns the job id."""
-    done = run_client(["sbatch", "--parsable", f"--chdir={cwd}", script])
+def submit_batch(script: str, cwd: str, secrets: Optional[dict[str, str]] = None) -> str:
+    """``sbatch`` the script; returns the job id. ``secrets`` reach the job through sbatch's own
+    environment (Slurm exports the submitting environment to the job), never the script."""
+    done = run_client(["sbatch", "--parsable", "--export=ALL", f"--chdir={cwd}", script], env=secrets)
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job_id.isdigit():
         raise FsdpctlError(f"sbatch refused the job: {last_line(done.stderr, 'no answer')}",

@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from ...bundle import Payload
 from ...plan.make import SHIPPED_PACKAGE_DIR
 from ...plan.types import LaunchPlan
 from ...runs.record import Run, now
@@ -14,7 +15,7 @@ from ...shell import quote_path
 from . import client, via_submitit
 
 
-def submit_slurm(run: Run, payload: bytes) -> str:
+def submit_slurm(run: Run, payload: Payload) -> str:
     """Write the run directory on the nodes' shared storage once (the scripts, the workload package,
     the user's code) and submit the job, through ``sbatch`` or submitit's executor; returns Slurm's
     job id, recorded in run.json."""
@@ -22,14 +23,15 @@ def submit_slurm(run: Run, payload: bytes) -> str:
     assert plan.slurm is not None
     run_dir = Path(plan.run_dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
+    with tarfile.open(fileobj=io.BytesIO(payload.files), mode="r:") as tar:
         tar.extractall(run_dir, filter="data")
     script_name = "submitit-setup.sh" if plan.slurm.via == "submitit" else "sbatch.sh"
     if plan.slurm.via == "submitit":
-        job_id = _submit_with_submitit(plan, run_dir, (run_dir / script_name).read_text(encoding="utf-8"))
+        job_id = _submit_with_submitit(plan, run_dir, (run_dir / script_name).read_text(encoding="utf-8"),
+                                       payload.secrets)
         output = run_dir / "submitit" / f"{job_id}_0_log.out"
     else:
-        job_id = client.submit_batch(str(run_dir / script_name), str(run_dir))
+        job_id = client.submit_batch(str(run_dir / script_name), str(run_dir), payload.secrets)
         output = run_dir / f"slurm-{job_id}.out"
     run.update("submitted", [{"node_rank": r, "host": f"slurm node {r}", "state": "pending", "exit_code": None}
                              for r in range(plan.num_nodes)],
@@ -45,7 +47,7 @@ def submitit_job(plan: LaunchPlan, run_dir: Path, setup: str) -> tuple[str, str,
     return str(run_dir / "submitit"), quote_path(plan.python), params
 
 
-def _submit_with_submitit(plan: LaunchPlan, run_dir: Path, setup: str) -> str:
+def _submit_with_submitit(plan: LaunchPlan, run_dir: Path, setup: str, secrets: dict[str, str]) -> str:
     from ...workload.slurm_task import NodeTask
 
     assert plan.slurm is not None
@@ -54,4 +56,4 @@ def _submit_with_submitit(plan: LaunchPlan, run_dir: Path, setup: str) -> str:
     # Leave submitit's task most of the warning time to wait for the workers' checkpoint.
     task = NodeTask(plan.slurm.step_command, str(run_dir), plan.slurm.requeue,
                     save_seconds=max(5.0, plan.slurm.signal_seconds - 10.0))
-    return via_submitit.submit_with_submitit(folder, python, params, task)
+    return via_submitit.submit_with_submitit(folder, python, params, task, secrets)

@@ -5,6 +5,8 @@ submitit is imported here only, and only for such a submission.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -48,6 +50,21 @@ def submitit_parameters(directives: tuple[tuple[str, str], ...], setup: list[str
     return params
 
 
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]):
+    """``extra`` in os.environ while the block runs, then the environment as it was."""
+    before = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _import_submitit():
     try:
         import submitit
@@ -76,15 +93,20 @@ def ship_submitit(pkg_dir: str) -> None:
     _import_submitit()
     for name in SUBMITIT_PACKAGES:
         source = Path(importlib.import_module(name).__file__)  # type: ignore[arg-type]
+        # Copied without their modes: what fsdpctl puts in a run directory is its owner's alone.
         if source.name == "__init__.py":
-            shutil.copytree(source.parent, Path(pkg_dir) / name, dirs_exist_ok=True,
+            shutil.copytree(source.parent, Path(pkg_dir) / name, dirs_exist_ok=True, copy_function=shutil.copyfile,
                             ignore=shutil.ignore_patterns("__pycache__", "test_*.py", "conftest.py"))
+            for folder in [Path(pkg_dir) / name, *(p for p in (Path(pkg_dir) / name).rglob("*") if p.is_dir())]:
+                folder.chmod(0o700)
         else:
-            shutil.copy2(source, Path(pkg_dir) / source.name)
+            shutil.copyfile(source, Path(pkg_dir) / source.name)
 
 
-def submit_with_submitit(folder: str, python: str, params: dict[str, object], task: object) -> str:
-    """Submit ``task`` (one per node) through submitit's SlurmExecutor; returns the job id."""
+def submit_with_submitit(folder: str, python: str, params: dict[str, object], task: object,
+                         secrets: dict[str, str] | None = None) -> str:
+    """Submit ``task`` (one per node) through submitit's SlurmExecutor; returns the job id. submitit
+    runs sbatch with this process's environment: ``secrets`` are in it for the submission only."""
     submitit = _import_submitit()
     if shutil.which("srun") is None or shutil.which("sbatch") is None:
         raise UsageError("srun/sbatch not found", "run fsdpctl submit on a machine that can submit Slurm jobs")
@@ -92,7 +114,8 @@ def submit_with_submitit(folder: str, python: str, params: dict[str, object], ta
         # max_num_timeout: requeue as often as the time limit comes, like the batch script does.
         executor = submitit.SlurmExecutor(folder=folder, python=python, max_num_timeout=1_000_000)
         executor.update_parameters(**params)
-        job = executor.submit(task)
+        with _environment(secrets or {}):
+            job = executor.submit(task)
     except (subprocess.CalledProcessError, submitit.core.utils.FailedJobError) as exc:
         detail = last_line(getattr(exc, "stderr", None) or getattr(exc, "output", None) or str(exc), "no answer")
         raise FsdpctlError(f"sbatch (through submitit) refused the job: {detail}",

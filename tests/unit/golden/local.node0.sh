@@ -2,6 +2,7 @@
 # fsdpctl node script: run local-20261121-120000-abcd, node 0 of 1 (localhost)
 # Profile local, fsdpctl 0.1.0. Running it again by hand repeats this node's part.
 set -eo pipefail
+umask 077  # the run directory and everything in it: this user's only
 set -u
 mkdir -p /home/me/project/runs/local-20261121-120000-abcd
 cd /home/me/project/runs/local-20261121-120000-abcd

@@ -12,6 +12,7 @@
 # fsdpctl batch script: run slurm-user-20261121-120000-abcd on 2 nodes, profile slurm,
 # fsdpctl 0.1.0. Submitted again with `sbatch`, it continues from its newest checkpoint.
 set -eo pipefail
+umask 077  # the run directory and everything in it: this user's only
 set -u
 export FSDPCTL_PYTHON="$HOME"/venv/bin/python
 export FSDPCTL_RUN_DIR=/home/me/fsdpctl/runs/slurm-user-20261121-120000-abcd
@@ -23,6 +24,8 @@ export NCCL_SOCKET_IFNAME=eth0
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
 export FSDPCTL_RUN_ID=slurm-user-20261121-120000-abcd
+export FSDPCTL_SECRET_NAMES=HF_TOKEN
+: "${HF_TOKEN?fsdpctl: the secret HF_TOKEN is not in this environment; sbatch hands over the submitting environment}"
 mkdir -p "$FSDPCTL_RUN_DIR"
 # The head node's address, as the other nodes reach it (a host name may resolve differently there).
 # `sed -n 1p` rather than `head`: head exits early and pipefail would turn scontrol's SIGPIPE into a failure.
@@ -31,4 +34,4 @@ FSDPCTL_HEAD_ADDR=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ 
 export FSDPCTL_HEAD_ADDR="${FSDPCTL_HEAD_ADDR:-$head_node}"
 echo "fsdpctl: job $SLURM_JOB_ID (attempt $((${SLURM_RESTART_COUNT:-0} + 1))) head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
 # One torchrun per node; any task failing ends the whole step.
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { cd code || exit 1; echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, attempt $((${SLURM_RESTART_COUNT:-0} + 1))"; exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-user-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID" --tee 3 train.py --config '"'"'conf/a b.yaml'"'"' '"'"'$(id)'"'"'; } >> node"$SLURM_NODEID".log 2>&1'
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'set -o pipefail && cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { cd code || exit 1; echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, attempt $((${SLURM_RESTART_COUNT:-0} + 1))"; "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-user-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID" --tee 3 train.py --config '"'"'conf/a b.yaml'"'"' '"'"'$(id)'"'"'; code=$?; "$FSDPCTL_PYTHON" -m fsdpctl.node.mask --scrub "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID"; exit $code; } 2>&1 | "$FSDPCTL_PYTHON" -m fsdpctl.node.mask >> node"$SLURM_NODEID".log'

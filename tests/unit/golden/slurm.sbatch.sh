@@ -12,6 +12,7 @@
 # fsdpctl batch script: run slurm-20261121-120000-abcd on 2 nodes, profile slurm,
 # fsdpctl 0.1.0. Submitted again with `sbatch`, it continues from its newest checkpoint.
 set -eo pipefail
+umask 077  # the run directory and everything in it: this user's only
 set -u
 export FSDPCTL_PYTHON="$HOME"/venv/bin/python
 export FSDPCTL_RUN_DIR=/home/me/fsdpctl/runs/slurm-20261121-120000-abcd

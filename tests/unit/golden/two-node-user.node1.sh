@@ -2,6 +2,7 @@
 # fsdpctl node script: run two-node-user-20261121-120000-abcd, node 1 of 2 (node2)
 # Profile two-node, fsdpctl 0.1.0. Running it again by hand repeats this node's part.
 set -eo pipefail
+umask 077  # the run directory and everything in it: this user's only
 set -u
 mkdir -p "$HOME"/fsdpctl/runs/two-node-user-20261121-120000-abcd
 cd "$HOME"/fsdpctl/runs/two-node-user-20261121-120000-abcd
@@ -15,7 +16,9 @@ export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export FSDPCTL_RUN_ID=two-node-user-20261121-120000-abcd
+export FSDPCTL_SECRET_NAMES=HF_TOKEN
 export FSDPCTL_NODE_RANK=1
+: "${HF_TOKEN?fsdpctl: the secret HF_TOKEN is not in this environment; fsdpctl hands it over when it starts the node}"
 cd code
 echo "fsdpctl: node 1 of 2 on $(hostname) in $PWD"
 exec "$HOME"/venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node gpu --rdzv-id two-node-user-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:23981 --local-addr 10.0.0.2 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node1 --tee 3 train.py --config 'conf/a b.yaml' '$(id)'
