@@ -23,6 +23,7 @@ BENCHMARKS = {
     "doctor": ["doctor_fanout.py"],
     "launch": ["launch_overhead.py"],
     "copy": ["code_copy.py"],
+    "heartbeat": ["heartbeat.py"],
     "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
     "gpu": ["gpu_workload.py"],
@@ -68,6 +69,17 @@ def rows() -> list[tuple[str, str, str, str]]:
     copy = load("code_copy").get("cases", {})
     add("code copy, 50 MB to 2 nodes / tar c | ssh tar x in parallel",
         copy.get("fsdpctl (collect, pack, send, unpack, start)", {}).get("ratio_to_baseline"), 1.2)
+    beat = load("heartbeat")
+    if beat:
+        ours = next(row for name, row in beat["cases"].items() if name.startswith("this tree"))
+        base = beat["cases"][beat["baseline"]]
+        add(f"launch with heartbeats: time to first step / without ({beat['baseline_rev']})",
+            ours["ratio_to_baseline"], 1.05)
+        kib = [row["bytes_per_node_per_minute"] / 1024 for row in (ours, base)]
+        out.append(("heartbeats: bytes per node per minute, silent run (without)",
+                    f"{kib[0]:.1f} KiB ({kib[1]:.1f})", "-", "-"))
+    else:
+        add("launch with heartbeats: time to first step / without", None, 1.05)
     slurm = load("slurm_submit").get("cases", {})
     for case, label in (("fsdpctl submit --slurm", "sbatch"), ("fsdpctl submit --slurm --via submitit", "submitit")):
         ratio = slurm.get(case, {}).get("ratio_to_baseline")
@@ -111,7 +123,7 @@ def main() -> None:
     if args.markdown:
         print("| figure | measured | goal | |\n|---|---|---|---|")
         for row in table:
-            print("| " + " | ".join(row) + " |")
+            print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     else:
         for figure, value, goal, verdict in table:
             print(f"{figure:52s} {value:>26s} {goal:>14s}  {verdict}")

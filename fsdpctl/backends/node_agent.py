@@ -1,36 +1,82 @@
 """The node's side of a launch, in one command: stage what the launcher sends, answer the preflight
-probe, wait for the launcher's word, start the node script detached.
+probe, wait for the launcher's word, start the node script detached, and (for a foreground run)
+watch over it for the launcher until it ends.
 
 Sent as ``python -c`` after the probe's own source (``agent_source``), so it runs with whatever
 Python the profile names, needs nothing installed, and uses the standard library only (3.8+).
-One SSH command per node does what took three (probe, stage, start): each command costs a login
-shell and its rc files on the node, and the launch waits on them.
+One SSH command per node does what took several (probe, stage, start, follow, poll): each command
+costs a login shell and its rc files on the node, and the launch waits on them.
 
-Protocol on the command's stdin/stdout (argument: JSON with run_dir, rank, bytes, secret_bytes, probe,
-go_timeout):
+Protocol on the command's stdin/stdout (argument: JSON with run_id, run_dir, rank, bytes,
+secret_bytes, probe, go_timeout):
 
 1. the launcher writes ``bytes`` bytes: an uncompressed tar of the node scripts, the workload
    package (``pkg/``) and the user's code (``code/``); the agent unpacks it into ``run_dir``
    (privately first, so nodes sharing ``run_dir`` on NFS never see half a file, and readable by this
    user only); then ``secret_bytes`` bytes of JSON, the run's secrets, kept in memory only;
-2. with ``probe``: the agent prints the probe's facts between its sentinels, then reads one line:
-   ``go`` starts the node, anything else (or end of input, or ``go_timeout`` seconds) does not, and
-   what this agent staged is removed again;
-3. it starts ``bash node<R>.sh`` in a session of its own (a dropped connection does not end it),
-   with the secrets in its environment (never on disk or in a command line), writing ``node<R>.pid``,
-   ``node<R>.log`` (through ``fsdpctl.node.mask`` when there are secrets) and, when it ends,
-   ``node<R>.exit``; prints ``pid <N>``.
+2. with ``probe``: the agent prints the probe's facts between its sentinels;
+3. it reads one line: ``go <node_timeout>`` starts the node; anything else (or the end of input,
+   or ``go_timeout`` seconds) does not, and what this agent staged is removed again;
+4. it starts ``bash node<R>.sh`` in a session of its own, with the secrets in its environment
+   (never on disk or in a command line), writing ``node<R>.pid``, ``node<R>.log`` (through
+   ``fsdpctl.node.mask`` when there are secrets) and, when it ends, ``node<R>.exit``; prints
+   ``fsdpctl-agent: pid <N>``;
+5. with a node timeout (a foreground run; 0: detached, the agent leaves now), it stays: it sends
+   every line the node logs as ``|<line>``, ``!alive`` every few seconds, and ``!exit <code>`` at
+   the end. It reads the launcher's ``hb`` (heartbeat), ``stop`` (TERM, a grace period, KILL) and
+   ``kill``. When the launcher's input ends (it died, or its connection closed) or nothing came for
+   the node timeout (a cut link), the agent itself ends every process of the run: a node never
+   outlives its launcher.
 """
 
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
+import time
 
 AGENT_STARTED = "fsdpctl-agent: pid"
 AGENT_REFUSED = "fsdpctl-agent: not started"
+GRACE_SECONDS = 10.0
+ORPHAN_GRACE_SECONDS = 5.0
+"""Between TERM and KILL when the launcher is gone: the run ends within the node timeout + 10 s."""
+OUT_LIMIT = 4 << 20  # bytes waiting for a launcher that does not read: older log lines are dropped
+
+
+class Input:
+    """The launcher's side of stdin, read from the file descriptor itself: nothing is buffered away
+    from the select() that waits on it."""
+
+    def __init__(self, fd=0):
+        self.fd = fd
+
+    def read(self, n):
+        return os.read(self.fd, n) if n > 0 else b""
+
+    def read_exactly(self, n):
+        data = b""
+        while len(data) < n:
+            chunk = os.read(self.fd, n - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    def read_line(self, timeout):
+        """One line within ``timeout`` seconds ('' on end of input or timeout)."""
+        deadline, line = time.time() + timeout, b""
+        while not line.endswith(b"\n"):
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.time()))
+            if not ready:
+                return ""
+            byte = os.read(self.fd, 1)
+            if not byte:
+                return ""
+            line += byte
+        return line.decode("utf-8", "replace").strip()
 
 
 class _Limited:
@@ -53,12 +99,12 @@ def stage(stream, size):
     placed = []
     payload = _Limited(stream, size)
     try:
-        with tarfile.open(fileobj=payload, mode="r|") as tar:
+        with tarfile.open(fileobj=payload, mode="r|", bufsize=1 << 16) as tar:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(scratch, filter="data")
             else:  # Python < 3.11.4: the launcher built this tar itself from relative names
                 tar.extractall(scratch)
-        while payload.read(1 << 16):  # the padding after the archive's end: the next line is the launcher's word
+        while payload.read(1 << 16):  # the padding after the archive's end: the next bytes are the secrets
             pass
         for name in sorted(os.listdir(scratch)):
             source = os.path.join(scratch, name)
@@ -74,12 +120,6 @@ def stage(stream, size):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return placed
-
-
-def read_word(stream, timeout):
-    """One line from the launcher within ``timeout`` seconds ('' on end of input or timeout)."""
-    ready, _, _ = select.select([stream], [], [], timeout)
-    return stream.readline().decode("utf-8", "replace").strip() if ready else ""
 
 
 def start(rank, secrets):
@@ -107,8 +147,126 @@ def start(rank, secrets):
     return process.pid
 
 
+def run_processes(run_id):
+    """Every process whose environment says it belongs to the run (torchrun puts its workers in
+    sessions of their own: only the environment finds them all)."""
+    mark = ("FSDPCTL_RUN_ID=%s" % run_id).encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/environ" % name, "rb") as handle:
+                    if mark in handle.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def end_run(run_id, grace):
+    """TERM every process of the run, KILL what is left after ``grace`` seconds; the pids left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in run_processes(run_id):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.time() + (grace if sig == signal.SIGTERM else 1.0)
+        while run_processes(run_id) and time.time() < deadline:
+            time.sleep(0.1)
+    return run_processes(run_id)
+
+
+class Watch:
+    """Step 5: the node's log and end to the launcher, heartbeats both ways, and no run left behind."""
+
+    def __init__(self, run_id, rank, node_timeout, inp):
+        self.run_id, self.rank, self.timeout, self.inp = run_id, rank, node_timeout, inp
+        self.out = bytearray()
+        self.log, self.partial = None, b""
+        self.last_heard = time.time()
+        self.interval = max(1.0, min(5.0, node_timeout / 6.0))
+        self.next_alive = 0.0
+        self.ending = None  # why this agent is ending the run itself
+        self.ended_at = None
+        self.launcher_gone = False
+
+    def send(self, data):
+        self.out += data
+        if len(self.out) > OUT_LIMIT:  # the launcher stopped reading: keep the newest
+            del self.out[:len(self.out) - OUT_LIMIT]
+
+    def pump_log(self):
+        if self.log is None:
+            try:
+                self.log = open("node%d.log" % self.rank, "rb")  # noqa: SIM115 - read as it grows, until exit
+            except OSError:
+                return
+        while True:
+            chunk = self.log.read(1 << 16)
+            if not chunk:
+                return
+            *lines, self.partial = (self.partial + chunk).split(b"\n")
+            for line in lines:
+                self.send(b"|" + line + b"\n")
+
+    def end(self, why, grace=GRACE_SECONDS):
+        if self.ending is None:
+            self.ending = why
+            left = end_run(self.run_id, grace)
+            self.ended_at = time.time()
+            self.send(("!stopped %s%s\n" % (why, " left: %s" % left if left else "")).encode())
+
+    def listen(self, wait):
+        want_write = [1] if self.out and not self.launcher_gone else []
+        readable, writable, _ = select.select([self.inp.fd], want_write, [], wait)
+        if readable:
+            data = self.inp.read(4096)
+            if not data:
+                self.launcher_gone = True  # it died, or its connection closed: nobody will stop the run
+                self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
+            self.last_heard = time.time()
+            for word in data.decode("utf-8", "replace").split():
+                if word in ("stop", "kill"):
+                    self.end("asked by the launcher", GRACE_SECONDS if word == "stop" else 0.0)
+        if writable:
+            try:
+                written = os.write(1, bytes(self.out))
+                del self.out[:written]
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.launcher_gone = True
+                self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
+
+    def run(self):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # sshd hangs up on a launcher that died: we stay to clean up
+        os.set_blocking(1, False)  # never block on a launcher that stopped reading
+        exit_file = "node%d.exit" % self.rank
+        while True:
+            self.pump_log()
+            if os.path.exists(exit_file):
+                time.sleep(0.05)  # the wrapper wrote the exit after the log's last line
+                self.pump_log()
+                with open(exit_file) as handle:
+                    self.send(("!exit %s\n" % (handle.read().strip() or "255")).encode())
+                deadline = time.time() + 5.0
+                while self.out and not self.launcher_gone and time.time() < deadline:
+                    self.listen(0.1)
+                return 0
+            now = time.time()
+            if now >= self.next_alive:
+                self.send(b"!alive\n")
+                self.next_alive = now + self.interval
+            if now - self.last_heard > self.timeout and not self.launcher_gone:
+                self.end("nothing heard from the launcher for %.0f s" % self.timeout, ORPHAN_GRACE_SECONDS)
+            if self.ended_at is not None and now - self.ended_at > 15.0:
+                return 1  # the run is ended; its wrapper left no exit file (it was killed too)
+            self.listen(0.2)
+
+
 def agent(args):
-    """Steps 1-3 above; returns the exit status."""
+    """Steps 1-5 above; returns the exit status."""
     import json
     import sys
 
@@ -117,21 +275,25 @@ def agent(args):
     created = not os.path.isdir(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     os.chdir(run_dir)
-    stdin = sys.stdin.buffer
-    placed = stage(stdin, args["bytes"])
-    secrets = json.loads(stdin.read(args["secret_bytes"]).decode("utf-8")) if args.get("secret_bytes") else {}
+    inp = Input()
+    placed = stage(inp, args["bytes"])
+    secrets = json.loads(inp.read_exactly(args["secret_bytes"]).decode("utf-8")) if args.get("secret_bytes") else {}
     if args.get("probe") is not None:
         answer(collect(args["probe"]))  # noqa: F821 - the probe's functions come first in the source
-        if read_word(stdin, args.get("go_timeout", 120.0)) != "go":
-            for name in placed:
-                shutil.rmtree(name, ignore_errors=True) if os.path.isdir(name) else os.remove(name)
-            if created:
-                os.chdir("/")
-                shutil.rmtree(run_dir, ignore_errors=True)
-            sys.stdout.write("%s\n" % AGENT_REFUSED)
-            return 3
+    word = inp.read_line(args.get("go_timeout", 120.0)).split()
+    if word[:1] != ["go"]:
+        for name in placed:
+            shutil.rmtree(name, ignore_errors=True) if os.path.isdir(name) else os.remove(name)
+        if created:
+            os.chdir("/")
+            shutil.rmtree(run_dir, ignore_errors=True)
+        sys.stdout.write("%s\n" % AGENT_REFUSED)
+        return 3
     sys.stdout.write("%s %d\n" % (AGENT_STARTED, start(args["rank"], secrets)))
     sys.stdout.flush()
+    node_timeout = float(word[1]) if len(word) > 1 else 0.0
+    if node_timeout > 0:
+        return Watch(args["run_id"], args["rank"], node_timeout, inp).run()
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,9 +26,11 @@ from ..runs.paths import files_under
 from ..runs.record import Run, last_metrics, now
 from ..shell import after_mark, marked, quote_path
 from .base import DoctorRequest, LineSink, Outcome
+from .feeds import AgentFeed, TailFeed
 from .node_commands import STAGED, poll_command
+from .node_runs import COMMAND_TIMEOUT, NodeRun, fetch_from_node, fetch_logs, node_records, stop_run
 from .starter import NodeStarter
-from .supervisor import COMMAND_TIMEOUT, NodeRun, Supervisor, fetch_from_node, fetch_logs, node_records, stop_run
+from .supervisor import Supervisor
 from .transport import Transport
 
 PREFLIGHT_TIMEOUT = 20.0
@@ -47,6 +50,7 @@ class NodesBackend:
         self.profile = profile
         self._transports = transports
         self._starter: NodeStarter | None = None  # agents the preflight staged, waiting for start
+        self._started: dict[str, list[NodeRun]] = {}  # runs this process started, with their agents
 
     # ---- what a subclass says --------------------------------------------------------------------
     def open_transports(self) -> list[Transport]:
@@ -106,7 +110,10 @@ class NodesBackend:
         starter = self._starter if self._starter is not None and self._starter.plan.run_id == run.run_id \
             else NodeStarter(run.plan, payload, self.transports, run.plan.python)
         self._starter = None
-        started = starter.start()
+        # A foreground run's agents stay on to watch over their nodes for this process; a detached
+        # run is meant to outlive it, and its agents leave.
+        started = starter.start(watch=0.0 if detached else float(run.plan.node_timeout))
+        self._started[run.run_id] = started
         run.update("running", node_records(started), started_at=now(), detached=detached)
         world = run.plan.world_size or "from GPU count"
         return f"started on {run.plan.num_nodes} node(s), world size {world}"
@@ -119,16 +126,22 @@ class NodesBackend:
     def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:
         """Stream every node until the run ends, failing fast. The owner keeps the local logs, ends
         the run on Ctrl-C, collects torchrun's log folders and records the outcome."""
-        plan, node_runs = run.plan, self._node_runs(run)
+        plan = run.plan
+        started = self._started.pop(run.run_id, None)
+        watched = owner and started is not None and all(r.session is not None for r in started)
+        node_runs = started if watched else self._node_runs(run)
+        feed = AgentFeed(plan.node_timeout) if watched else TailFeed()
         # The values are in this environment (they were read from it at launch; a follower in another
         # shell may have them too); the nodes mask their logs themselves as well.
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
-        result = Supervisor(plan, node_runs, run.paths.logs, sink, write_local=owner,
+        result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner,
                             stop_on_interrupt=owner, mask=masker.text).run()
         if result.interrupted and not owner:
-            return Outcome(exit_code=130, state="detached", message=f"stopped following; run {plan.run_id} goes on")
+            return Outcome(exit_code=result.exit_code, state="detached",
+                           message=f"stopped following; run {plan.run_id} goes on (end it with "
+                                   f"`fsdpctl stop {plan.run_id}`)")
         failure = result.first_failure
-        if failure and failure.get("error_file"):
+        if failure and failure.get("error_file") and failure.get("state") != "lost":
             error = read_error_file(node_runs[failure["node_rank"]].transport, failure["error_file"])
             failure["error"] = masker.text(error) if error else error
         state = "interrupted" if result.interrupted else ("failed" if result.exit_code else "succeeded")
@@ -142,7 +155,11 @@ class NodesBackend:
             # records how it ended.
             run.update(state, node_records(node_runs), exit_code=result.exit_code, first_failure=failure,
                        finished_at=now())
-        return Outcome(exit_code=result.exit_code, state=state, first_failure=failure)
+        message = None
+        if result.interrupted:
+            by = signal.Signals(result.signal).name if result.signal else "a signal"
+            message = f"run {plan.run_id} interrupted by {by}; every process of it was stopped"
+        return Outcome(exit_code=result.exit_code, state=state, first_failure=failure, message=message)
 
     def status(self, run: Run) -> dict[str, Any]:
         """run.json, with each node asked for its script's state while the run is marked running,

@@ -18,7 +18,7 @@ from ..errors import HostError
 from ..plan.types import LaunchPlan
 from ..shell import OUTPUT_MARK, marked
 from .node_commands import AGENT_REFUSED, AGENT_STARTED, agent_command
-from .supervisor import COMMAND_TIMEOUT, NodeRun, stop_run
+from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
 from .transport import Session, Transport
 
 GO_TIMEOUT = 120.0
@@ -35,7 +35,8 @@ class NodeStarter:
     def _agent(self, rank: int, probe: dict[str, Any] | None, timeout: float) -> Session:
         """The node's agent, its payload sent; what a chatty shell rc printed before it is read past."""
         secrets = self.payload.secret_blob()
-        args = {"run_dir": self.plan.run_dir, "rank": rank, "bytes": len(self.payload.files),
+        args = {"run_id": self.plan.run_id, "run_dir": self.plan.run_dir, "rank": rank,
+                "bytes": len(self.payload.files),
                 "secret_bytes": len(secrets), "probe": probe, "go_timeout": GO_TIMEOUT}
         session = self.transports[rank].session(marked(agent_command(self.python, args)))
         self.sessions[rank] = session
@@ -55,21 +56,24 @@ class NodeStarter:
             return status, out + rest, err
         return run
 
-    def start(self) -> list[NodeRun]:
+    def start(self, watch: float) -> list[NodeRun]:
         """Start every node (those the preflight staged, on their word); raises HostError, after
-        stopping the nodes that did start (they must not run on alone)."""
+        stopping the nodes that did start (they must not run on alone). ``watch``: the node timeout
+        of a foreground run, whose agents stay to watch over their nodes (their sessions are kept
+        in the returned NodeRuns); 0 for a detached run, whose agents leave."""
         runs = [NodeRun(node, t) for node, t in zip(self.plan.nodes, self.transports, strict=True)]
 
         def start_one(run: NodeRun) -> None:
-            session = self.sessions.get(run.rank)
-            if session is None:
-                session = self._agent(run.rank, None, COMMAND_TIMEOUT)
-            else:
-                session.send(b"go\n")
+            session = self.sessions.get(run.rank) or self._agent(run.rank, None, COMMAND_TIMEOUT)
+            session.send(f"go {watch:g}\n".encode())
             out = session.read_until(AGENT_STARTED, COMMAND_TIMEOUT)
+            words = out.rsplit(AGENT_STARTED, 1)[-1].split() if AGENT_STARTED in out else []
+            if words and words[0].isdigit() and watch > 0:
+                run.pid, run.state, run.session = int(words[0]), "running", session
+                self.sessions.pop(run.rank, None)  # the run's now: closed when following ends
+                return
             status, rest, err = session.finish(COMMAND_TIMEOUT)
             self.sessions.pop(run.rank, None)
-            words = out.rsplit(AGENT_STARTED, 1)[-1].split() if AGENT_STARTED in out else []
             if status != 0 or not words or not words[0].isdigit():
                 said = (err.strip() or (out + rest).replace(AGENT_REFUSED, "").strip() or f"exit {status}")
                 raise HostError(run.node.host, "start", f"could not stage or start the node script in "
@@ -81,6 +85,9 @@ class NodeStarter:
             with ThreadPoolExecutor(max_workers=max(1, min(32, len(runs)))) as pool:
                 list(pool.map(start_one, runs))
         except HostError:
+            for run in runs:
+                if run.session is not None:
+                    run.session.close()
             stop_run(self.plan.run_id, self.transports)
             raise
         finally:

@@ -37,10 +37,15 @@ def launch(
     debug: bool = common.DebugOpt,
     dry_run: bool = common.DryRunOpt,
     as_json: bool = common.JsonOpt,
-    detach: bool = typer.Option(False, "--detach", help="Start the run and return; follow it with `fsdpctl logs -f`."),
+    detach: bool = typer.Option(False, "--detach", help="Start the run and return; it outlives this command "
+                                "(no node timeout). Follow it with `fsdpctl logs -f`, end it with `fsdpctl stop`."),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip doctor's checks before starting."),
     fetch: Optional[list[str]] = typer.Option(None, "--fetch", help="When the run ends, copy this file or folder "
                                               "(under $FSDPCTL_RUN_DIR) back from every node (repeatable)."),
+    node_timeout: Optional[int] = typer.Option(None, "--node-timeout", min=3, help="Seconds the launcher and a "
+                                               "node may hear nothing from each other before the node is lost and "
+                                               "stops its own ranks (default: the profile's node_timeout, 30). A "
+                                               "--detach run outlives its launcher and is not bound by it."),
 ) -> None:
     """Start your program (after --) or the bundled FSDP/FSDP2 GPT training on every node of PROFILE.
 
@@ -56,7 +61,7 @@ def launch(
         flags=jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements),
         workload={"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
                   "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings},
-        nproc_per_node=nproc_per_node, master_port=master_port, debug=debug)
+        nproc_per_node=nproc_per_node, master_port=master_port, debug=debug, node_timeout=node_timeout)
     if dry_run:
         print_dry_run(prepared.plan, common.with_previews(prepared.loaded.profile, prepared.plan, prepared.scripts),
                       as_json)

@@ -27,7 +27,9 @@ def status(
         code = "" if node.get("exit_code") is None else f" (exit {node['exit_code']})"
         typer.echo(f"  node {node['node_rank']} {node['host']}: {node['state']}{code}")
     failure = info.get("first_failure")
-    if failure:
+    if failure and failure.get("lost"):
+        typer.echo(f"  first failure: {failure['host']} node {failure['node_rank']} was lost: {failure['lost']}")
+    elif failure:
         typer.echo(f"  first failure: {failure['host']} node {failure['node_rank']} rank {failure.get('rank')} "
                    f"exit {failure['exit_code']}")
 

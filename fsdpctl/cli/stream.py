@@ -57,8 +57,8 @@ class LinePrinter:
         for note in outcome.notes:
             typer.echo(note, err=True)
         if outcome.state == "interrupted":
-            typer.secho(f"fsdpctl: run {run_id} interrupted; every process of it was stopped", err=True,
-                        fg="yellow")
+            typer.secho(f"fsdpctl: {outcome.message or f'run {run_id} interrupted; every process of it was stopped'}",
+                        err=True, fg="yellow")
             return
         if outcome.message:
             colour = "yellow" if outcome.state == "detached" else "red" if outcome.exit_code else "green"
@@ -69,6 +69,12 @@ class LinePrinter:
             typer.secho(f"fsdpctl: run {run_id} succeeded{last}; logs in {run_dir}", err=True, fg="green")
             return
         failure = outcome.first_failure
+        if failure.get("lost"):
+            typer.secho(f"fsdpctl: run {run_id} FAILED: {failure['host']} (node {failure['node_rank']}) was lost: "
+                        f"{failure['lost']}; every other node was stopped, and a lost node stops its own ranks "
+                        f"once it hears nothing from this launcher", err=True, fg="red")
+            typer.echo(f"  logs in {run_dir}", err=True)
+            return
         who = f"rank {failure['rank']} (local rank {failure['local_rank']}) on " if failure.get("rank") is not None \
             else ""
         code = failure["exit_code"]

@@ -269,5 +269,6 @@ def make_plan(
         train=train, nodes=tuple(nodes), slurm=slurm_plan, debug=overrides.debug,
         warnings=tuple(warnings), requirements=requirements, command=tuple(overrides.command),
         code=overrides.code, chdir=chdir, secrets=secrets,
+        node_timeout=overrides.node_timeout or profile.node_timeout,
     )
 

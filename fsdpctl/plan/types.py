@@ -58,6 +58,8 @@ class Overrides:
     """Requirement lines (``numpy>=1.24``) every node must satisfy, besides what the job itself needs."""
     secrets: tuple[str, ...] = ()
     """Names of variables every rank gets from the launcher's environment (``--env NAME``, ``secrets:``)."""
+    node_timeout: Optional[int] = None
+    """``--node-timeout`` (over ``node_timeout``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +138,8 @@ class LaunchPlan:
     """Where the ranks start, relative to the run directory on the node (``code``) or absolute."""
     secrets: tuple[str, ...] = ()
     """Names of the variables every rank gets from the launcher's environment; their values are in no file."""
+    node_timeout: int = 30
+    """Seconds a foreground run's launcher and nodes may hear nothing from each other."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""

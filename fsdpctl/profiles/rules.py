@@ -112,6 +112,8 @@ def _profile_rules(p: ClusterProfile):
         return "python", f"{p.python!r} is not an interpreter path", "give e.g. /opt/venv/bin/python"
     if problem := _secrets_problem(p.secrets, p.env):
         return problem
+    if not 3 <= p.node_timeout <= 86400:
+        return "node_timeout", f"{p.node_timeout} is outside 3-86400", "give seconds, e.g. 30"
     if not p.workdir or not schema.WORKDIR_PATTERN.match(p.workdir):
         return ("workdir", f"{p.workdir!r} is not a usable directory path",
                 "give e.g. ~/fsdpctl or /scratch/me/fsdpctl (no spaces, quotes or shell characters)")

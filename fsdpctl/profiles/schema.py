@@ -231,6 +231,10 @@ class ClusterProfile:
     """Names of credentials (``HF_TOKEN``, ``WANDB_API_KEY``...) every rank gets from the environment
     fsdpctl runs in: their values travel inside the command that starts each node and are written in
     no file, script or command line; what a rank prints of them shows as ``***``."""
+    node_timeout: int = 30
+    """Seconds a foreground run's launcher and each node may hear nothing from each other: the
+    launcher then declares the node lost and stops the others, and the node stops its own ranks (a
+    killed launcher or a cut link leaves nothing running). Detached runs are not bound by it."""
     ssh: SSHSpec = field(default_factory=SSHSpec)
     """SSH connection settings."""
     slurm: Optional[SlurmSpec] = None

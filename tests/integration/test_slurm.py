@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -101,6 +102,37 @@ def test_stop_mid_run_ends_every_process_on_both_nodes(lab, slurm, tmp_path, via
         time.sleep(0.2)
     assert not processes_of(run_id)
     assert json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)["state"] == "stopped"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_an_interrupted_follow_says_the_job_goes_on_and_how_to_end_it(lab, slurm, tmp_path, signum):
+    env = {**os.environ, **slurm.env, "HOME": str(tmp_path), "FSDPCTL_RUNS_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": str(REPO)}
+    follower = subprocess.Popen(
+        lab.in_client([sys.executable, "-m", "fsdpctl", "submit", "--slurm", "-p", str(profile(lab, tmp_path, 5000)),
+                       "--follow"]), env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "work" / "runs").glob("*/node0.log")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        run_dir = next((tmp_path / "work" / "runs").glob("*"))
+        wait_for_line(run_dir / "node0.log", r"step=\d+ loss=")
+        follower.send_signal(signum)  # `ip netns exec` has exec'd: this is fsdpctl itself
+        out, err = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 128 + signum, err[-2000:]
+    job_id = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_dir.name, "--json").stdout)["job_id"]
+    assert f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop {run_dir.name}` " \
+           f"or `scancel {job_id}`)" in err
+    assert "Traceback" not in err
+    assert job_id in queue(slurm) and processes_of(run_dir.name)  # the job is Slurm's: it went on
+    assert fsdpctl(lab, slurm, tmp_path, "stop", run_dir.name).returncode == 0
+    deadline = time.monotonic() + 30
+    while processes_of(run_dir.name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_of(run_dir.name)
 
 
 def test_a_failing_job_reports_failed_with_its_exit_code(lab, slurm, tmp_path):

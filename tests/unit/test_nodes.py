@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from fsdpctl.backends.node_runs import stop_run
 from fsdpctl.backends.ssh import SSHBackend
-from fsdpctl.backends.supervisor import stop_run
 from fsdpctl.backends.transport import LocalTransport
 from fsdpctl.bundle import Payload, node_payload
 from fsdpctl.plan.make import make_plan
@@ -126,15 +126,14 @@ def test_stop_run_ends_only_that_run(tmp_path):
         other.wait()
 
 
-def test_ctrl_c_stops_everything_and_exits_130(tmp_path):
+def local_launch(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    """A foreground `fsdpctl launch` of the stand-in on this machine, once both processes of node 0 run."""
     (tmp_path / "cluster_profiles").mkdir()
     (tmp_path / "cluster_profiles" / "t.yaml").write_text(
-        profile_text(tmp_path, {"RUN_SECONDS": "60"}, backend="local")
-        + "\n")
+        profile_text(tmp_path, {"RUN_SECONDS": "60"}, backend="local") + "\n")
     env = {**os.environ, "FSDPCTL_RUNS_DIR": str(tmp_path / "runs")}
-    launcher = subprocess.Popen([sys.executable, "-m", "fsdpctl", "launch", "-p", "t", "--no-preflight"],
-                                cwd=tmp_path, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen([sys.executable, "-m", "fsdpctl", "launch", "-p", "t", "--no-preflight", *extra],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pid_file = None
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and pid_file is None:
@@ -142,10 +141,15 @@ def test_ctrl_c_stops_everything_and_exits_130(tmp_path):
         time.sleep(0.1)
     assert pid_file is not None, launcher.communicate(timeout=5)
     time.sleep(0.3)
+    return launcher, pid_file
+
+
+def test_ctrl_c_stops_everything_and_exits_130(tmp_path):
+    launcher, pid_file = local_launch(tmp_path)
     launcher.send_signal(signal.SIGINT)
     out, err = launcher.communicate(timeout=30)
     assert launcher.returncode == 130, err
-    assert "interrupted" in err
+    assert "interrupted by SIGINT; every process of it was stopped" in err
     assert "[localhost r0] node 0 starting" in out and "\x1b[" not in out  # no colour codes into a pipe
     for pid in (int(p) for p in pid_file.read_text().split()):
         assert not alive(pid), pid
@@ -153,8 +157,19 @@ def test_ctrl_c_stops_everything_and_exits_130(tmp_path):
     assert record["state"] == "interrupted"
 
 
+def test_a_killed_launcher_leaves_nothing_behind(tmp_path):
+    launcher, pid_file = local_launch(tmp_path)
+    launcher.send_signal(signal.SIGKILL)  # no cleanup of its own: the node's agent sees its input end
+    launcher.communicate(timeout=10)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+
+
 def test_root_cause_is_the_earliest_failure_and_not_a_lost_peer():
-    from fsdpctl.backends.supervisor import root_cause
+    from fsdpctl.backends.node_runs import root_cause
 
     victim = {"node_rank": 0, "failed_at": "2026-11-21_13:05:01", "peer_gone": True, "exit_code": 1}
     killed = {"node_rank": 1, "failed_at": "2026-11-21_13:05:01", "peer_gone": False, "exit_code": -9}

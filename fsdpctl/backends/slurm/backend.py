@@ -6,6 +6,7 @@ every node appends to ``node<R>.log``. ``doctor`` probes nodes allocated with ``
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from ...runs.paths import files_under
 from ...runs.record import Run, last_metrics, now
 from ..base import DoctorRequest, LineSink, Outcome
 from ..node_commands import STAGED
+from ..supervisor import Interrupted, on_stop_signals, raise_interrupted
 from . import client
 from .logs import NodeLogs, follow
 from .submit import submit_slurm, submitit_job
@@ -63,13 +65,17 @@ class SlurmBackend:
         """The node logs as they grow until Slurm says the job has ended; records how it ended.
         Ctrl-C stops following only: the job is Slurm's, and goes on."""
         plan, job_id = run.plan, run.record["job_id"]
+        previous = on_stop_signals(raise_interrupted)  # SIGTERM and SIGHUP as Ctrl-C: say what goes on
         try:
             state = follow(Path(plan.run_dir), plan.num_nodes, job_id, sink,
                            requeueable=bool(plan.slurm and plan.slurm.requeue))
-        except KeyboardInterrupt:
-            return Outcome(exit_code=130, state="detached",
+        except Interrupted as stop:
+            return Outcome(exit_code=128 + stop.signum, state="detached",
                            message=f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop "
-                                   f"{plan.run_id}`)")
+                                   f"{plan.run_id}` or `scancel {job_id}`)")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         code = state.exit_code if state.exit_code is not None else (0 if state.state == "COMPLETED" else 1)
         succeeded = state.state == "COMPLETED" and code == 0
         notes = () if succeeded else tuple(batch_output(run.record, f"job {job_id} ended {state.state}"))

@@ -1,0 +1,200 @@
+"""How a supervisor learns what its nodes do: from the node agents it started, or by looking.
+
+``AgentFeed``: the launcher of a foreground run keeps each node agent's session open: the node's log
+lines, ``!alive`` every few seconds and its ``!exit`` arrive on it, and the launcher's heartbeats go
+the other way. A node heard from neither for the node timeout is lost; its agent, hearing nothing
+either, ends the run on its side. ``TailFeed``: any other process (``logs -f``) follows each node's
+log with ``tail -F`` and polls its exit file over SSH.
+
+Every thread here turns whatever goes wrong into that node's failure: none dies silently, and the
+supervisor never waits on one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import FsdpctlError, HostError
+from ..shell import OUTPUT_MARK, after_mark, marked
+from .node_commands import follow_command, poll_command
+from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
+
+POLL_SECONDS = 2.0
+# While a node's log stream is open it says when the node ends; polls (an SSH command each, with the
+# login shell's rc files, on nodes busy starting torch) are then only a safety net.
+SAFETY_POLL_SECONDS = 10.0
+
+
+def heartbeat_seconds(node_timeout: float) -> float:
+    """How often each side says it is alive: several times per node timeout, at most every 5 s."""
+    return max(1.0, min(5.0, node_timeout / 6.0))
+
+
+class Feed(Protocol):
+    def start(self, sup: Supervisor) -> None:
+        """Begin delivering lines and answers to ``sup.put``."""
+
+    def ended_stream(self, sup: Supervisor, run: NodeRun) -> None:
+        """A running node's stream ended: find out how it stands."""
+
+    def check(self, sup: Supervisor) -> list[tuple[NodeRun, tuple[str, ...]]]:
+        """Answers found by looking now (a node silent for too long)."""
+
+    def stop(self, sup: Supervisor, runs: Sequence[NodeRun], hurry: bool) -> None:
+        """End these nodes' processes: TERM, a grace period, KILL (``hurry``: KILL now)."""
+
+    def close(self) -> None:
+        """Release what the feed holds."""
+
+
+def _guarded(sup: Supervisor, run: NodeRun, body) -> None:
+    """Run a feed thread's body; whatever it raises becomes that node's loss, in one line."""
+    try:
+        body()
+    except Exception as exc:  # noqa: BLE001 - a monitoring thread must never die silently
+        sup.put(run, ("lost", f"{type(exc).__name__}: {exc}"))
+        sup.put(run, None)
+
+
+class AgentFeed:
+    """The node agents of a run this process started."""
+
+    def __init__(self, node_timeout: float):
+        self.node_timeout = node_timeout
+        self.runs: list[NodeRun] = []
+
+    def start(self, sup: Supervisor) -> None:
+        self.runs = list(sup.runs)
+        now = time.monotonic()
+        for run in self.runs:
+            run.last_heard = now
+            threading.Thread(target=_guarded, args=(sup, run, lambda run=run: self._watch(sup, run)),
+                             daemon=True).start()
+        threading.Thread(target=self._heartbeats, args=(sup,), daemon=True).start()
+
+    def _watch(self, sup: Supervisor, run: NodeRun) -> None:
+        session, ended = run.session, False
+        assert session is not None
+        while not sup.finished.is_set():
+            try:
+                line = session.read_until("\n", 1.0)
+            except HostError:  # nothing for a second: liveness is check()'s business
+                continue
+            if not line:
+                if not ended:
+                    sup.put(run, ("lost", "its agent's connection closed before the node ended"))
+                sup.put(run, None)
+                return
+            run.last_heard = time.monotonic()
+            line = line.rstrip("\n")
+            kind, text = line[:1], line[1:]
+            if kind == "|":
+                sup.put(run, text)
+            elif text.startswith("exit "):
+                ended = True
+                sup.put(run, ("exit", text.split()[1]))
+            elif text.startswith("stopped "):
+                sup.put(run, f"fsdpctl: the node ended its processes: {text[8:]}")
+
+    def _heartbeats(self, sup: Supervisor) -> None:
+        every = heartbeat_seconds(self.node_timeout)
+        while not sup.finished.wait(every):
+            for run in self.runs:
+                if run.state == "running" and run.session is not None:
+                    try:
+                        run.session.send(b"hb\n")
+                    except (HostError, OSError):
+                        pass  # a node that cannot be written to is found silent by check()
+
+    def ended_stream(self, sup: Supervisor, run: NodeRun) -> None:
+        return None  # the agent's stream carries the node's end; a stream without one was reported lost
+
+    def check(self, sup: Supervisor) -> list[tuple[NodeRun, tuple[str, ...]]]:
+        lost = []
+        for run in self.runs:
+            silent = time.monotonic() - run.last_heard
+            if run.state == "running" and silent > self.node_timeout:
+                since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
+                lost.append((run, ("lost", f"nothing heard from it since {since} ({silent:.0f} s; the node "
+                                           f"timeout is {self.node_timeout:g} s)")))
+        return lost
+
+    def stop(self, sup: Supervisor, runs: Sequence[NodeRun], hurry: bool) -> None:
+        for run in runs:
+            if run.session is not None:
+                try:
+                    run.session.send(b"kill\n" if hurry else b"stop\n")
+                except (HostError, OSError):
+                    pass  # unreachable: its agent ends the run itself when it stops hearing from us
+
+    def close(self) -> None:
+        for run in self.runs:
+            if run.session is not None:
+                run.session.close()  # an agent whose input ends leaves nothing of the run behind
+
+
+class TailFeed:
+    """A run followed from outside: its nodes' logs with ``tail -F``, their exit files polled."""
+
+    def __init__(self) -> None:
+        self.runs: list[NodeRun] = []
+
+    def start(self, sup: Supervisor) -> None:
+        self.runs = list(sup.runs)
+        for run in self.runs:
+            threading.Thread(target=_guarded, args=(sup, run, lambda run=run: self._follow(sup, run)),
+                             daemon=True).start()
+        # Polls are SSH round trips: a thread of their own, so printing never waits behind one.
+        threading.Thread(target=self._poller, args=(sup,), daemon=True).start()
+
+    def _follow(self, sup: Supervisor, run: NodeRun) -> None:
+        try:
+            stream = run.transport.stream(follow_command(sup.plan.run_dir, run.rank, run.pid))
+            started = False
+            for line in stream.lines():
+                if started:
+                    sup.put(run, line)
+                started = started or line == OUTPUT_MARK  # before it: whatever the shell's rc printed
+            stream.close()
+        except (HostError, OSError, EOFError):
+            pass  # the poll decides whether the host is gone
+        sup.put(run, None)
+
+    def _poller(self, sup: Supervisor) -> None:
+        last = {run.rank: time.monotonic() for run in self.runs}
+        while not sup.finished.wait(POLL_SECONDS):
+            for run in self.runs:
+                due = not run.streaming or time.monotonic() - last[run.rank] >= SAFETY_POLL_SECONDS
+                if run.state == "running" and due and not sup.finished.is_set():
+                    last[run.rank] = time.monotonic()
+                    sup.put(run, self.ask(sup, run))
+
+    def ask(self, sup: Supervisor, run: NodeRun) -> tuple[str, ...]:
+        """The node's own word on its script: ("exit", code), ("running",), ("gone",) or ("lost", why)."""
+        try:
+            _, out, _ = run.transport.run(marked(poll_command(sup.plan.run_dir, run.rank, run.pid)),
+                                          COMMAND_TIMEOUT)
+        except (HostError, FsdpctlError, OSError) as exc:
+            return ("lost", str(exc))
+        words = after_mark(out).strip().split()
+        if words[:1] == ["exit"] and len(words) == 2 and words[1].lstrip("-").isdigit():
+            return ("exit", words[1])
+        return ("gone",) if words[:1] == ["gone"] else ("running",)
+
+    def ended_stream(self, sup: Supervisor, run: NodeRun) -> None:
+        sup.put(run, self.ask(sup, run))  # its log ended: it has probably just exited
+
+    def check(self, sup: Supervisor) -> list[tuple[NodeRun, tuple[str, ...]]]:
+        return []
+
+    def stop(self, sup: Supervisor, runs: Sequence[NodeRun], hurry: bool) -> None:
+        stop_run(sup.plan.run_id, [r.transport for r in runs], 0.0 if hurry else sup.grace)
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,170 @@
+"""A run's nodes as fsdpctl tracks them: their state, ending them, fetching from them, and deciding
+which failure caused the others.
+
+The commands themselves are the node protocol (``node_commands``); this module runs them over each
+node's transport, in parallel.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import tarfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import HostError
+from ..plan.types import LaunchPlan, NodeSpec
+from ..shell import after_mark, marked
+from .node_commands import FETCH_MISSING, fetch_command, kill_command
+from .transport import Session, Transport
+
+GRACE_SECONDS = 10.0
+COMMAND_TIMEOUT = 30.0
+FETCH_TIMEOUT = 600.0
+TAIL_LINES = 30
+# Lines kept per node for the failure summary: torchrun's Root Cause block and the failing rank's
+# traceback are at the end; older lines are in the log files, not in memory.
+KEEP_LINES = 2000
+@dataclass
+class NodeRun:
+    """One node's part of the run, as far as fsdpctl knows."""
+
+    node: NodeSpec
+    transport: Transport
+    pid: int = 0
+    exit_code: int | None = None
+    state: str = "starting"  # starting, running, succeeded, failed, lost
+    streaming: bool = True  # its log stream is open
+    tail: deque = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
+    session: Session | None = None
+    """The node agent that started it and watches over it (a foreground run started here)."""
+    last_heard: float = field(default_factory=time.monotonic)
+    lost_reason: str | None = None
+    """Why the node counts as lost (it stopped answering), when it does."""
+
+    @property
+    def rank(self) -> int:
+        return self.node.node_rank
+
+
+def node_records(runs: Sequence[NodeRun]) -> list[dict[str, Any]]:
+    """Each node as run.json records it."""
+    return [{"node_rank": r.rank, "host": r.node.host, "pid": r.pid, "state": r.state, "exit_code": r.exit_code}
+            for r in runs]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How the run ended: the job's exit code, and the first failure if there was one."""
+
+    exit_code: int
+    first_failure: dict[str, Any] | None
+    interrupted: bool
+    signal: int | None = None
+    """The signal that interrupted the launcher (SIGINT, SIGTERM, SIGHUP), when one did."""
+
+
+def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any]:
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(runs)))) as pool:
+        return list(pool.map(fn, runs))
+
+
+def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_SECONDS) -> dict[str, str]:
+    """End every process of ``run_id`` on every node; returns what each host reported remaining."""
+    def kill(transport: Transport) -> str:
+        try:
+            _, out, _ = transport.run(marked(kill_command(run_id, grace)), grace + COMMAND_TIMEOUT)
+            return after_mark(out).strip().rsplit("remaining:", 1)[-1].strip()
+        except HostError as exc:
+            return f"unreachable: {exc.detail}"
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(transports)))) as pool:
+        return dict(zip([t.host for t in transports], pool.map(kill, transports), strict=True))
+
+
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_ERROR_FILE = re.compile(r"error_file\s*:\s*(\S+)")
+_FAILED_AT = re.compile(r"time\s*:\s*(\S+)")
+# What a rank says when another one died under it: such a failure is a consequence, not the cause.
+_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote worker|remote process exited|"
+                        r"communicator was aborted|Broken pipe", re.IGNORECASE)
+
+
+def first_failure_of(run: NodeRun, log_lines: Sequence[str]) -> dict[str, Any]:
+    """What failed on a node: torchrun's 'Root Cause' block when it printed one, else the node."""
+    failure: dict[str, Any] = {"host": run.node.host, "node_rank": run.rank, "exit_code": run.exit_code,
+                               "state": run.state, "rank": None, "local_rank": None, "error_file": None}
+    text = "\n".join(log_lines)
+    cause = text.rfind("Root Cause (first observed failure)")
+    if cause >= 0:
+        block = text[cause:cause + 2000]
+        if match := _ROOT_CAUSE.search(block):
+            failure["rank"], failure["local_rank"] = int(match.group(1)), int(match.group(2))
+        if match := _EXITCODE.search(block):
+            failure["exit_code"] = int(match.group(1))
+        if match := _ERROR_FILE.search(block):
+            failure["error_file"] = None if match.group(1) == "<N/A>" else match.group(1)
+        if match := _FAILED_AT.search(block):
+            failure["failed_at"] = match.group(1)
+    if failure["rank"] is not None:
+        prefix = f"[rank{failure['rank']}]:"
+        own = [line for line in log_lines if line.startswith(prefix)]
+        failure["last_lines"] = (own or list(log_lines))[-TAIL_LINES:]
+    else:
+        failure["last_lines"] = list(log_lines)[-TAIL_LINES:]
+    failure["peer_gone"] = any(_PEER_GONE.search(line) for line in failure["last_lines"])
+    if run.state == "lost":
+        failure["lost"] = run.lost_reason or "it stopped answering"
+    return failure
+
+
+def root_cause(failures: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The failure that caused the others: one that is not a rank reporting that a peer went away,
+    then the earliest by torchrun's failure time, then the lowest node rank. Time alone misleads:
+    torchrun stamps a worker killed by a signal when its monitor notices, which can be after its
+    peers' "connection reset" exceptions were stamped (seen under load: a second later)."""
+    return min(failures, key=lambda f: (f["peer_gone"], f.get("failed_at") or "9999", f["node_rank"]))
+
+
+def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,
+                    timeout: float = FETCH_TIMEOUT) -> list[str]:
+    """Copy ``path`` (under the node's run directory) into ``dest``; returns the files that came
+    (empty when the node has no such path). Raises HostError."""
+    status, out, err = transport.run(marked(fetch_command(run_dir, path)), timeout)
+    out = after_mark(out).strip()
+    if out == FETCH_MISSING or (status == 0 and not out):
+        return []
+    if status != 0:
+        raise HostError(transport.host, "fetch", f"could not read {path}: {err.strip() or f'exit {status}'}",
+                        "look at the run directory on that node")
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)), mode="r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
+        tar.extractall(dest, members=members, filter="data")
+        return sorted(str(dest / m.name) for m in members if m.isfile())
+
+
+def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path,
+               mask_bytes: Callable[[bytes], bytes] | None = None) -> None:
+    """Copy each node's torchrun log folder (``logs/node<R>``) into the local run directory, with the
+    run's secrets masked in every file (``mask_bytes``)."""
+    def fetch(run: NodeRun) -> None:
+        if run.state == "lost":
+            return  # it does not answer: its streamed log is here anyway
+        try:
+            files = fetch_from_node(run.transport, plan.run_dir, f"logs/node{run.rank}", local_dir)
+        except HostError:
+            return
+        for name in files if mask_bytes else ():
+            data = Path(name).read_bytes()
+            if (masked := mask_bytes(data)) != data:
+                Path(name).write_bytes(masked)
+
+    _parallel(fetch, runs)

@@ -1,0 +1,114 @@
+"""The supervisor's own decisions, with each node agent's session scripted: a monitoring thread that
+raises, a node that falls silent, and a second stop signal. The real agents, signals and a real cut link
+are in tests/integration/test_resilience.py."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+
+from fsdpctl.backends.feeds import AgentFeed
+from fsdpctl.backends.node_runs import NodeRun
+from fsdpctl.backends.supervisor import NODE_LOST_EXIT, Supervisor
+from fsdpctl.errors import HostError
+from fsdpctl.plan.types import NodeSpec
+
+
+class ScriptedAgent:
+    """A node agent's session: says it is alive, obeys stop and kill the way the real agent does."""
+
+    def __init__(self, fail_with: Exception | None = None, silent: bool = False):
+        self.fail_with, self.silent = fail_with, silent
+        self.out: queue.Queue[str] = queue.Queue()
+        self.received: list[bytes] = []
+        self.closed = False
+        self.out.put("|step=1 loss=4.0\n")
+
+    def send(self, data: bytes) -> None:
+        self.received.append(data)
+        if data == b"kill\n":
+            self.end(137)
+        # "stop" starts the agent's grace period: this one only ends on kill
+
+    def end(self, code: int) -> None:
+        self.out.put(f"!exit {code}\n")
+        self.out.put("")  # the agent leaves after its exit line: end of output
+
+    def read_until(self, marker: str, timeout: float) -> str:
+        if self.fail_with is not None:
+            raise self.fail_with
+        if self.silent:
+            time.sleep(timeout)
+            raise HostError("n", "timeout", "no answer", "")
+        try:
+            return self.out.get(timeout=timeout)
+        except queue.Empty:
+            return "!alive\n"  # the real agent says so every few seconds
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def supervise(tmp_path: Path, agents: list[ScriptedAgent], node_timeout: float = 30.0, grace: float = 10.0):
+    runs = []
+    for rank, agent in enumerate(agents):
+        node = NodeSpec(node_rank=rank, host=f"n{rank + 1}", address=f"10.0.0.{rank + 1}", nproc="2",
+                        script_path="/r/node.sh", torchrun_args=())
+        runs.append(NodeRun(node, transport=None, pid=100 + rank, state="running", session=agent))
+    shown: list[str] = []
+    sup = Supervisor(plan=None, runs=runs, log_dir=tmp_path / "logs", grace=grace,
+                     sink=lambda rank, host, line: shown.append(f"[{host}] {line}"), feed=AgentFeed(node_timeout))
+    started = time.monotonic()
+    result = sup.run()
+    return result, runs, shown, time.monotonic() - started
+
+
+def test_a_monitoring_thread_that_raises_makes_its_node_lost_and_stops_the_others(tmp_path):
+    broken, healthy = ScriptedAgent(fail_with=RuntimeError("unexpected reply")), ScriptedAgent()
+    # The healthy node ends when told to stop (its agent's TERM is enough here).
+    healthy.send = lambda data, agent=healthy: (agent.received.append(data), agent.end(143))
+    result, runs, _, took = supervise(tmp_path, [broken, healthy])
+    assert runs[0].state == "lost" and runs[0].lost_reason == "RuntimeError: unexpected reply"
+    assert healthy.received[:1] == [b"stop\n"]
+    assert result.exit_code == NODE_LOST_EXIT and result.first_failure["node_rank"] == 0
+    assert result.first_failure["lost"] == "RuntimeError: unexpected reply"
+    assert took < 5, took
+    assert broken.closed and healthy.closed  # the agents see their input end
+
+
+def test_a_silent_node_is_lost_after_the_node_timeout_and_named_with_since_when(tmp_path):
+    silent, healthy = ScriptedAgent(silent=True), ScriptedAgent()
+    healthy.send = lambda data, agent=healthy: (agent.received.append(data),
+                                                 data != b"hb\n" and agent.end(143))
+    result, runs, _, took = supervise(tmp_path, [healthy, silent], node_timeout=1.5)
+    assert runs[1].state == "lost"
+    assert runs[1].lost_reason.startswith("nothing heard from it since ")
+    assert "the node timeout is 1.5 s" in runs[1].lost_reason
+    assert b"hb\n" in healthy.received  # heartbeats went out while waiting
+    assert result.first_failure["node_rank"] == 1 and result.exit_code == NODE_LOST_EXIT
+    assert 1.5 <= took < 5, took
+
+
+def test_a_second_signal_skips_the_grace_period(tmp_path):
+    agents = [ScriptedAgent(), ScriptedAgent()]
+
+    def signal_twice():
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_twice, daemon=True).start()
+    result, runs, shown, took = supervise(tmp_path, agents, grace=60.0)
+    assert result.interrupted and result.signal == signal.SIGTERM and result.exit_code == 143
+    for agent in agents:
+        orders = [d for d in agent.received if d != b"hb\n"]
+        assert orders == [b"stop\n", b"kill\n"]
+    assert took < 10, took  # not the 60 s grace period
+    assert result.first_failure is None  # the nodes ended because they were told to
+    assert "[n1] step=1 loss=4.0" in shown
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the launcher's handlers are put back
