@@ -26,6 +26,7 @@ BENCHMARKS = {
     "heartbeat": ["heartbeat.py"],
     "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
+    "stacks": ["stacks.py"],
     "gpu": ["gpu_workload.py"],
 }
 
@@ -85,8 +86,19 @@ def rows() -> list[tuple[str, str, str, str]]:
         ratio = slurm.get(case, {}).get("ratio_to_baseline")
         out.append((f"Slurm submit to first step ({label}) / hand-written sbatch script",
                     f"{ratio:.3f}" if ratio else "not measured", "no goal set", "-"))
+    for ranks in (4, 32):
+        stacks = load(f"stacks_{ranks}_ranks").get("cases", {})
+        ours = stacks.get("fsdpctl stacks", {})
+        if ranks == 4:
+            add("stacks, 2 nodes x 2 ranks / ssh py-spy dump per rank, in parallel", ours.get("ratio_to_baseline"),
+                1.5)
+        elif ours:
+            by_hand = stacks["ssh host py-spy dump --pid P, all at once"]["median_s"]
+            out.append((f"stacks, {ranks} ranks: seconds (ssh py-spy dump per rank, in parallel)",
+                        f"{ours['median_s']:.2f} ({by_hand:.2f})", "-", "-"))
     work = load("workload").get("ratios", {})
     add("workload step / bare FSDP2 loop", work.get("workload_over_bare_fsdp2"), 1.05)
+    add("workload step, hook + flight recorder on / off", work.get("hooked_over_plain"), 1.02)
     add("per-rank state bytes, world 2 / world 1 (full)", work.get("state_bytes_world2_over_world1_fsdp2_full"), 0.55)
     logs = load("log_latency").get("cases", {})
     ours = logs.get("fsdpctl launch", {})

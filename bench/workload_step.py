@@ -6,6 +6,8 @@ Every figure is a ratio against a baseline measured in this same run, from confi
 interleaved (A B C D, B C D A, ...) and summarised by medians:
 
 * step time of the workload (FSDP2, 2 ranks) / the bare FSDP2 loop (bench/bare_fsdp2.py); goal <= 1.05
+* step time with fsdpctl's rank start-up hook armed and torch's flight recorder on (2000 entries), as
+  every launch runs the ranks, / with neither (the recorder off): what diagnosing a hang costs a step
 * step time FSDP1 / FSDP2 (workload, 2 ranks)
 * step time world 2 / world 1 (workload FSDP2, same per-rank batch: weak scaling)
 * per-rank parameter + gradient + optimizer bytes (fp32 AdamW) at world 1, 2, 4 against the
@@ -46,26 +48,31 @@ def torchrun(nproc: int) -> list[str]:
             "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
 
 
-def env() -> dict[str, str]:
-    out = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+def env(run_dir: Path | None = None) -> dict[str, str]:
+    """The ranks' environment; with ``run_dir``, as a launch arms them (the start-up hook first on the
+    path, the flight recorder on); without, neither (the recorder off)."""
+    out = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", TORCH_FR_BUFFER_SIZE="0")
     out["PYTHONPATH"] = str(REPO) + os.pathsep + out.get("PYTHONPATH", "")
+    if run_dir is not None:
+        out.update(TORCH_FR_BUFFER_SIZE="2000", FSDPCTL_RUN_DIR=str(run_dir))
+        out["PYTHONPATH"] = str(REPO / "fsdpctl" / "node" / "startup") + os.pathsep + out["PYTHONPATH"]
     return out
 
 
-def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+def run(cmd: list[str], hooked: Path | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=REPO, env=env(hooked), capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-4000:]}")
     return proc.stdout
 
 
-def workload(args, nproc: int, run_dir: Path, *flags: str) -> dict:
+def workload(args, nproc: int, run_dir: Path, *flags: str, hooked: bool = False) -> dict:
     cmd = [*torchrun(nproc), "-m", "fsdpctl.workload.train", "--preset", args.preset,
            "--vocab-size", str(args.vocab_size), "--cache-dir", str(args.cache_dir),
            "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
            "--log-interval", "10", "--eval-interval", "0", "--eval-steps", "1", "--no-checkpoint",
            "--mixed-precision", "fp32", "--optimizer", "adamw", "--run-dir", str(run_dir), *flags]
-    run(cmd)
+    run(cmd, run_dir if hooked else None)
     return json.loads((run_dir / "summary.json").read_text())
 
 
@@ -104,6 +111,8 @@ def measure(args, scratch: Path) -> None:
     configs = {
         "bare_fsdp2_w2": lambda d: bare(args, 2),
         "workload_fsdp2_w2": lambda d: workload(args, 2, d, *steps, "--fsdp", "2")["median_step_time_s"],
+        "workload_fsdp2_w2_hooked": lambda d: workload(args, 2, d, *steps, "--fsdp", "2",
+                                                       hooked=True)["median_step_time_s"],
         "workload_fsdp1_w2": lambda d: workload(args, 2, d, *steps, "--fsdp", "1")["median_step_time_s"],
         "workload_fsdp2_w1": lambda d: workload(args, 1, d, *steps, "--fsdp", "2")["median_step_time_s"],
     }
@@ -143,6 +152,7 @@ def measure(args, scratch: Path) -> None:
         "ratios": {
             "workload_over_bare_fsdp2": median["workload_fsdp2_w2"] / median["bare_fsdp2_w2"],
             "fsdp1_over_fsdp2": median["workload_fsdp1_w2"] / median["workload_fsdp2_w2"],
+            "hooked_over_plain": median["workload_fsdp2_w2_hooked"] / median["workload_fsdp2_w2"],
             "world2_over_world1_step_time": median["workload_fsdp2_w2"] / median["workload_fsdp2_w1"],
             "world2_over_world1_tokens_per_s":
                 2 * median["workload_fsdp2_w1"] / median["workload_fsdp2_w2"],

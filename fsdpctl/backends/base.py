@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
     from ..runs.record import Run
+    from .hang_watch import HangWatch
 
 LineSink = Callable[[int, str, str], None]
 """Where a run's lines go: (node rank, host, line)."""
@@ -81,15 +82,24 @@ class Backend(Protocol):
         """Start (or submit) the run with ``payload`` on its nodes; says how in a few words
         ("submitted as Slurm job 12")."""
 
-    def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:
+    def follow(self, run: Run, sink: LineSink, *, owner: bool, watch: HangWatch | None = None) -> Outcome:
         """Stream the run's lines to ``sink`` until it ends. ``owner``: the process that started it
-        (it keeps the local logs, and Ctrl-C ends the run); otherwise Ctrl-C only stops following."""
+        (it keeps the local logs, and Ctrl-C ends the run); otherwise Ctrl-C only stops following.
+        ``watch``: the hang watchdog; when its handler says stop, the run is ended and fails with
+        exit 124."""
 
     def status(self, run: Run) -> dict[str, Any]:
         """run.json, refreshed from the nodes or the scheduler while the run is live."""
 
     def read_logs(self, run: Run, sink: LineSink) -> list[str]:
         """Every line the run has written so far; returns notes for the user (a node that did not answer)."""
+
+    def stacks(self, run: Run, *, flight: bool = False, py_spy: bool = True, native: bool = False
+               ) -> list[dict[str, Any]]:
+        """Every rank's stack, one dict per node as ``fsdpctl.node.stacks`` reports it (``error``: that
+        node did not answer). ``py_spy``: use it where a node has it (``native``: C/C++ frames too);
+        ``flight``: each rank also dumps its flight recorder into ``flight/`` under the node's run
+        directory (``fetch(run, "flight")`` brings them here)."""
 
     def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
         """Bring ``path`` (under the run directory on the nodes) here; per node, the local files."""

@@ -9,6 +9,8 @@ On every node the run lives in ``<run_dir>`` (``<workdir>/runs/<run_id>``):
   end it); the wrapper writes ``node<R>.pid`` and, when the script ends, ``node<R>.exit``;
 - followed with ``tail -F --pid`` on ``node<R>.log``, and polled for its exit file; a poll that
   fails means the host stopped answering;
+- asked for every rank's stack (``fsdpctl.node.stacks``: py-spy where the node has it, else the
+  dump handler fsdpctl's start-up hook installed in each rank), and for flight-recorder dumps;
 - ended by signalling exactly the processes whose environment carries this run's
   ``FSDPCTL_RUN_ID`` (torchrun puts its workers in sessions of their own, so a process-group kill
   would miss them): TERM, a grace period, then KILL.
@@ -65,6 +67,15 @@ def kill_command(run_id: str, grace: float) -> str:
     return (f"{find}; [ -n \"$ps\" ] && kill -TERM $ps 2>/dev/null; "
             f"for _ in $(seq {steps}); do {find}; [ -z \"$ps\" ] && break; sleep 0.1; done; "
             f"[ -n \"$ps\" ] && kill -KILL $ps 2>/dev/null; sleep 0.2; {find}; echo \"remaining:$ps\"")
+
+
+def stacks_command(run_dir: str, run_id: str, python: str, node_rank: str, *, flight: bool, py_spy: bool,
+                   native: bool) -> str:
+    """Every rank of node ``node_rank`` (a shell word: a number, or ``"$SLURM_NODEID"``), as one JSON
+    line (``fsdpctl.node.stacks``, shipped with the run)."""
+    flags = (" --flight" if flight else "") + ("" if py_spy else " --no-py-spy") + (" --native" if native else "")
+    return (f"cd {quote_path(run_dir)} && PYTHONPATH=pkg {quote_path(python)} -m fsdpctl.node.stacks "
+            f"{shlex.quote(run_id)} \"$PWD\" --node-rank {node_rank}{flags}")
 
 
 FETCH_MISSING = "fsdpctl: no such file"

@@ -69,6 +69,8 @@ class RunResult:
     interrupted: bool
     signal: int | None = None
     """The signal that interrupted the launcher (SIGINT, SIGTERM, SIGHUP), when one did."""
+    hung: bool = False
+    """The hang watchdog ended the run."""
 
 
 def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any]:

@@ -20,6 +20,7 @@ from ..doctor.checks import DoctorReport, HostReport
 from ..doctor.fanout import ProbeRunner, make_jobs, run_doctor
 from ..errors import HostError
 from ..node.mask import Masker
+from ..node.stacks import answer_of
 from ..plan.types import LaunchPlan
 from ..profiles.schema import ClusterProfile
 from ..runs.paths import files_under
@@ -27,13 +28,15 @@ from ..runs.record import Run, last_metrics, now
 from ..shell import after_mark, marked, quote_path
 from .base import DoctorRequest, LineSink, Outcome
 from .feeds import AgentFeed, TailFeed
-from .node_commands import STAGED, poll_command
+from .hang_watch import HangWatch
+from .node_commands import STAGED, poll_command, stacks_command
 from .node_runs import COMMAND_TIMEOUT, NodeRun, fetch_from_node, fetch_logs, node_records, stop_run
 from .starter import NodeStarter
 from .supervisor import Supervisor
 from .transport import Transport
 
 PREFLIGHT_TIMEOUT = 20.0
+STACKS_TIMEOUT = 60.0
 # A line of the merged log: "[host rN] text".
 _MERGED_LINE = re.compile(r"^\[(?P<host>\S+) r(?P<node>\d+)\] (?P<text>.*)$")
 
@@ -123,7 +126,7 @@ class NodesBackend:
         return [NodeRun(node, transport, pid=pids.get(node.node_rank, 0), state="running")
                 for node, transport in zip(run.plan.nodes, self.transports, strict=True)]
 
-    def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:
+    def follow(self, run: Run, sink: LineSink, *, owner: bool, watch: HangWatch | None = None) -> Outcome:
         """Stream every node until the run ends, failing fast. The owner keeps the local logs, ends
         the run on Ctrl-C, collects torchrun's log folders and records the outcome."""
         plan = run.plan
@@ -135,7 +138,7 @@ class NodesBackend:
         # shell may have them too); the nodes mask their logs themselves as well.
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
         result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner,
-                            stop_on_interrupt=owner, mask=masker.text).run()
+                            stop_on_interrupt=owner, mask=masker.text, watch=watch).run()
         if result.interrupted and not owner:
             return Outcome(exit_code=result.exit_code, state="detached",
                            message=f"stopped following; run {plan.run_id} goes on (end it with "
@@ -145,6 +148,9 @@ class NodesBackend:
             error = read_error_file(node_runs[failure["node_rank"]].transport, failure["error_file"])
             failure["error"] = masker.text(error) if error else error
         state = "interrupted" if result.interrupted else ("failed" if result.exit_code else "succeeded")
+        if result.hung and not owner and not run.record.get("detached"):
+            # The launcher that owns it does the same; this follower only reports.
+            return Outcome(exit_code=result.exit_code, state="failed", first_failure=failure)
         if owner:
             if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
                 fetch_logs(plan, node_runs, run.root, masker.bytes if masker else None)
@@ -202,6 +208,29 @@ class NodesBackend:
             for line in after_mark(out).splitlines():
                 sink(node.node_rank, node.host, line)
         return notes
+
+    def stacks(self, run: Run, *, flight: bool = False, py_spy: bool = True, native: bool = False
+               ) -> list[dict[str, Any]]:
+        """Every rank's stack: one command per node, all nodes at once."""
+        plan = run.plan
+
+        def one(node_and_transport) -> dict[str, Any]:
+            node, transport = node_and_transport
+            command = marked(stacks_command(plan.run_dir, plan.run_id, plan.python, str(node.node_rank),
+                                            flight=flight, py_spy=py_spy, native=native))
+            try:
+                status, out, err = transport.run(command, STACKS_TIMEOUT)
+                found = answer_of(after_mark(out))
+            except HostError as exc:
+                return {"host": node.host, "node_rank": node.node_rank, "ranks": [], "error": exc.detail}
+            except ValueError:
+                why = (err.strip().splitlines() or [f"exit {status}"])[-1]
+                return {"host": node.host, "node_rank": node.node_rank, "ranks": [],
+                        "error": f"the stack reader failed: {why}"}
+            return {**found, "hostname": found.get("host"), "host": node.host, "node_rank": node.node_rank}
+
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(plan.nodes)))) as pool:
+            return list(pool.map(one, zip(plan.nodes, self.transports, strict=True)))
 
     def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
         """Copy ``path`` from every node's run directory into ``runs/<id>/fetched/node<R>/`` here

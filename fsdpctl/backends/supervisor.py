@@ -21,6 +21,7 @@ from typing import Any
 
 from ..plan.types import LaunchPlan
 from .feeds import Feed
+from .hang_watch import HANG_EXIT, HangWatch
 from .node_runs import GRACE_SECONDS, NodeRun, RunResult, first_failure_of, root_cause
 
 LineSink = Callable[[int, str, str], None]  # (node rank, host, line)
@@ -58,7 +59,7 @@ class Supervisor:
 
     def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink, feed: Feed,
                  grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True,
-                 mask: Callable[[str], str] = str):
+                 mask: Callable[[str], str] = str, watch: HangWatch | None = None):
         self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
         self.feed = feed
         self.mask = mask  # the run's secrets, masked in every line shown or kept
@@ -71,6 +72,8 @@ class Supervisor:
         self.finished = threading.Event()
         self.hurry = threading.Event()  # a second signal: no grace period
         self.stopping = False  # ending every node on a signal: how they end is our doing, not a failure
+        self.watch = watch
+        self.hang_failure: dict[str, Any] | None = None  # the watchdog ended the run
 
     def _open(self, name: str):
         if self.write_local:
@@ -133,6 +136,10 @@ class Supervisor:
         for run, answer in self.feed.check(self):
             self._settle(run, answer)
         self._flush()
+        if self.watch is not None and not self.stopping and self.first_failure is None:
+            silent = self.watch.due()
+            if silent is not None:
+                self._hang(silent)
 
     def _drain_ended(self) -> None:
         """Every node has ended: take the lines still on their way from nodes that answer."""
@@ -140,7 +147,15 @@ class Supervisor:
         if open_streams:
             self._loop(lambda: any(r.streaming for r in open_streams), time.monotonic() + DRAIN_SECONDS)
 
-    def _stop_all(self, signum: int) -> None:
+    def _hang(self, silent: float) -> None:
+        """No progress for the watchdog's timeout: its handler gathers and reports; end the run if it says so."""
+        verdict = self.watch.fire(silent)
+        self._flush()
+        if verdict.stop:
+            self.hang_failure = verdict.failure
+            self._stop_all(None)
+
+    def _stop_all(self, signum: int | None) -> None:
         """An orderly stop of every node: TERM, the grace period (unless a second signal), KILL."""
         self.stopping = True
         running = [r for r in self.runs if r.state == "running"]
@@ -154,7 +169,7 @@ class Supervisor:
                 self.feed.stop(self, [r for r in running if r.state == "running"], hurry=True)
         for run in running:
             if run.state == "running":
-                run.state, run.exit_code = "failed", 128 + signum
+                run.state, run.exit_code = "failed", HANG_EXIT if signum is None else 128 + signum
 
     # ---- what the feed says ----------------------------------------------------------------------
     def put(self, run: NodeRun, item: Any) -> None:
@@ -166,6 +181,8 @@ class Supervisor:
             run.streaming = False
             return
         run.last_heard = time.monotonic()
+        if self.watch is not None:
+            self.watch.saw(line)
         line = self.mask(line)
         run.tail.append(line)
         self.files[run.rank].write(line + "\n")
@@ -224,6 +241,8 @@ class Supervisor:
             self.feed.stop(self, others, hurry=False)
 
     def _result(self, signum: int | None) -> RunResult:
+        if self.hang_failure is not None and signum is None:
+            return RunResult(HANG_EXIT, self.hang_failure, False, hung=True)
         if self.first_failure is not None:
             # The first node seen failing may only have lost a peer: decide once every node has ended.
             failed = [self.first_failure] + [first_failure_of(r, list(r.tail)) for r in self.runs

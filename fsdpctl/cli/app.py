@@ -9,7 +9,7 @@ import typer
 
 from .. import __version__
 from ..errors import FsdpctlError
-from . import doctor, fetch, launch, logs, profiles, render, status, submit
+from . import doctor, fetch, launch, logs, profiles, render, stacks, status, submit
 
 app = typer.Typer(
     name="fsdpctl",
@@ -42,6 +42,7 @@ app.command(name="submit")(submit.submit)
 app.command(name="logs")(logs.logs)
 app.command(name="status")(status.status)
 app.command(name="stop")(status.stop)
+app.command(name="stacks")(stacks.stacks)
 app.command(name="fetch")(fetch.fetch)
 app.command(name="runs")(status.runs)
 app.command(name="render")(render.render)

@@ -39,6 +39,29 @@ DebugOpt = typer.Option(
 )
 DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan and every rendered script; touch nothing.")
 JsonOpt = typer.Option(False, "--json", help="With --dry-run: print the plan and scripts as JSON.")
+HangTimeoutOpt = typer.Option(
+    None, "--hang-timeout", min=0, metavar="SECONDS",
+    help="Hang watchdog: after this long without progress (no new line from any rank; for the bundled workload, "
+         "no new step) every rank's stack and the flight-recorder dumps go to runs/<id>/hang/, the odd rank is "
+         "named, and the run ends with exit 124 (see --on-hang). 0: off. Default: the profile's hang_timeout.")
+OnHangOpt = typer.Option(None, "--on-hang", metavar="stop|keep",
+                         help="What a hang does: stop (end the run, exit 124) or keep (report and let it run). "
+                              "Default: the profile's on_hang, stop.")
+
+
+def hang_timeout_choice(value: Optional[int]) -> Optional[int]:
+    """--hang-timeout, checked: 0 (off) or 5 seconds and more."""
+    if value is not None and 0 < value < 5:
+        raise UsageError(f"--hang-timeout {value}: too short to tell a hang from a pause",
+                         "give 5 seconds or more (e.g. 600), or 0 to turn the watchdog off")
+    return value
+
+
+def on_hang_choice(value: Optional[str]) -> Optional[str]:
+    """--on-hang, checked."""
+    if value is not None and value not in ("stop", "keep"):
+        raise UsageError(f"--on-hang {value!r}: not stop or keep", "give --on-hang stop or --on-hang keep")
+    return value
 
 
 def train_overrides(*, fsdp: Optional[int] = None, preset: Optional[str] = None, steps: Optional[int] = None,

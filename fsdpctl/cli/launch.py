@@ -42,6 +42,8 @@ def launch(
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip doctor's checks before starting."),
     fetch: Optional[list[str]] = typer.Option(None, "--fetch", help="When the run ends, copy this file or folder "
                                               "(under $FSDPCTL_RUN_DIR) back from every node (repeatable)."),
+    hang_timeout: Optional[int] = common.HangTimeoutOpt,
+    on_hang: Optional[str] = common.OnHangOpt,
     node_timeout: Optional[int] = typer.Option(None, "--node-timeout", min=3, help="Seconds the launcher and a "
                                                "node may hear nothing from each other before the node is lost and "
                                                "stops its own ranks (default: the profile's node_timeout, 30). A "
@@ -61,7 +63,8 @@ def launch(
         flags=jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements),
         workload={"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
                   "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings},
-        nproc_per_node=nproc_per_node, master_port=master_port, debug=debug, node_timeout=node_timeout)
+        nproc_per_node=nproc_per_node, master_port=master_port, debug=debug, node_timeout=node_timeout,
+        hang_timeout=common.hang_timeout_choice(hang_timeout), on_hang=common.on_hang_choice(on_hang))
     if dry_run:
         print_dry_run(prepared.plan, common.with_previews(prepared.loaded.profile, prepared.plan, prepared.scripts),
                       as_json)
@@ -114,11 +117,19 @@ def run_plan(prepared: jobopts.Prepared, *, preflight: bool, detach: bool, annou
 
 def follow_run(backend, run, *, owner: bool, sink=None) -> int:
     """Follow a run to its end through its backend, print how it ended; its exit code."""
+    from ..diagnose.hang import flight_after_failure, watch_for
     from .stream import LinePrinter
 
     printer = LinePrinter(total_steps=run.plan.train.get("steps"))
-    outcome = backend.follow(run, sink or printer, owner=owner)
+    # A follower of someone else's foreground run only reports a hang; its launcher acts on it. A
+    # detached or queued run has no such owner: whoever follows it acts.
+    act = owner or bool(run.record.get("detached")) or backend.queued
+    watch = watch_for(backend, run, act=act, echo=lambda line: typer.echo(line, err=True))
+    outcome = backend.follow(run, sink or printer, owner=owner, watch=watch)
     printer.summary(run.run_id, outcome, run.root)
+    failure = outcome.first_failure or {}
+    if act and outcome.state == "failed" and not failure.get("hang") and not failure.get("lost"):
+        flight_after_failure(backend, run, echo=lambda line: typer.echo(line, err=True))
     return outcome.exit_code
 
 

@@ -27,7 +27,10 @@ def status(
         code = "" if node.get("exit_code") is None else f" (exit {node['exit_code']})"
         typer.echo(f"  node {node['node_rank']} {node['host']}: {node['state']}{code}")
     failure = info.get("first_failure")
-    if failure and failure.get("lost"):
+    if failure and failure.get("hang"):
+        typer.echo(f"  hung: {failure['hang']}")
+        typer.echo(f"  stacks and flight-recorder dumps in {failure.get('hang_dir')}")
+    elif failure and failure.get("lost"):
         typer.echo(f"  first failure: {failure['host']} node {failure['node_rank']} was lost: {failure['lost']}")
     elif failure:
         typer.echo(f"  first failure: {failure['host']} node {failure['node_rank']} rank {failure.get('rank')} "

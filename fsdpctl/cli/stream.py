@@ -69,6 +69,11 @@ class LinePrinter:
             typer.secho(f"fsdpctl: run {run_id} succeeded{last}; logs in {run_dir}", err=True, fg="green")
             return
         failure = outcome.first_failure
+        if failure.get("hang"):
+            typer.secho(f"fsdpctl: run {run_id} FAILED: hung: {failure['hang']}; every node was stopped "
+                        f"(exit {outcome.exit_code})", err=True, fg="red")
+            typer.echo(f"  stacks and flight-recorder dumps in {failure.get('hang_dir')}; logs in {run_dir}", err=True)
+            return
         if failure.get("lost"):
             typer.secho(f"fsdpctl: run {run_id} FAILED: {failure['host']} (node {failure['node_rank']}) was lost: "
                         f"{failure['lost']}; every other node was stopped, and a lost node stops its own ranks "

@@ -44,6 +44,8 @@ def submit(
     dry_run: bool = common.DryRunOpt,
     as_json: bool = common.JsonOpt,
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
+    hang_timeout: Optional[int] = common.HangTimeoutOpt,
+    on_hang: Optional[str] = common.OnHangOpt,
 ) -> None:
     """Submit your program (after --) or the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or
     submitit). The run directory, your code included, goes once to storage every node shares."""
@@ -58,7 +60,8 @@ def submit(
         workload={"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
                   "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings},
         nproc_per_node=nproc_per_node, master_port=master_port, debug=debug, slurm_nodes=nodes, slurm_time=time,
-        slurm_partition=partition, slurm_requeue=requeue, slurm_via=via)
+        slurm_partition=partition, slurm_requeue=requeue, slurm_via=via,
+        hang_timeout=common.hang_timeout_choice(hang_timeout), on_hang=common.on_hang_choice(on_hang))
     if dry_run:
         print_dry_run(prepared.plan, common.with_previews(prepared.loaded.profile, prepared.plan, prepared.scripts),
                       as_json)

@@ -119,6 +119,7 @@ def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[i
     checks += _gpu_checks(profile, facts, nproc)
     checks += _network_checks(profile, facts)
     checks += _storage_checks(facts)
+    checks += _stack_checks(facts)
     return checks
 
 
@@ -222,6 +223,24 @@ def _storage_checks(facts: dict[str, Any]) -> list[Check]:
         checks.append(Check("disk", "warn", f"{_gib(disk['free_bytes'])} free at {disk['path']}",
                             "checkpoints need room; free space or move workdir"))
     return checks
+
+
+def _stack_checks(facts: dict[str, Any]) -> list[Check]:
+    """What `fsdpctl stacks` and the hang watchdog will read on this node (never a failure: Python
+    frames come from fsdpctl's own dump handler without any tool)."""
+    stacks = facts.get("stacks")
+    if not stacks:
+        return []
+    py_spy, scope = stacks.get("py_spy"), stacks.get("ptrace_scope")
+    if not py_spy:
+        return [Check("stacks", "pass", "Python frames by fsdpctl's dump handler; no py-spy for native frames",
+                      "pip install py-spy into the nodes' Python for native (C++/CUDA) frames too")]
+    blocked = scope == 3 or (scope in (1, 2) and not stacks.get("root"))
+    if blocked:
+        return [Check("stacks", "warn", f"py-spy at {py_spy} cannot attach (kernel.yama.ptrace_scope={scope}); "
+                      "Python frames only, by fsdpctl's dump handler",
+                      "sysctl kernel.yama.ptrace_scope=0, or give py-spy CAP_SYS_PTRACE")]
+    return [Check("stacks", "pass", f"py-spy {py_spy} (native frames too)")]
 
 
 # ---- across hosts -----------------------------------------------------------------------------

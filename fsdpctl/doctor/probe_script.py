@@ -288,6 +288,17 @@ def tools():
     return {name: shutil.which(name) for name in ("ip", "nvidia-smi", "ibstat", "py-spy")}
 
 
+def stack_tools():
+    """What ``fsdpctl stacks`` can use here: py-spy (next to this Python, or on PATH) and whether the
+    kernel lets it attach (Yama's ptrace_scope: 1 allows only root or a parent, 2 root, 3 nobody)."""
+    import shutil
+
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    scope = (read("/proc/sys/kernel/yama/ptrace_scope") or "").strip()
+    return {"py_spy": beside if os.access(beside, os.X_OK) else shutil.which("py-spy"),
+            "ptrace_scope": int(scope) if scope.isdigit() else None, "root": os.geteuid() == 0}
+
+
 def listen(spec):
     """On the master: bind the rendezvous port (is it free?) and accept the other nodes' connects."""
     result = {"port": spec["port"], "free": False, "peers": []}
@@ -355,6 +366,7 @@ def collect(args):
         "disk": space(args.get("workdir")),
         "clock": time.time(),
         "tools": tools(),
+        "stacks": stack_tools(),
     }
     if args.get("packages"):
         facts["packages"] = packages(args["packages"])

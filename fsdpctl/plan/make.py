@@ -22,6 +22,11 @@ from .types import LaunchPlan, NodeSpec, Overrides
 
 WORKLOAD_MODULE = "fsdpctl.workload.train"
 SHIPPED_PACKAGE_DIR = "pkg"
+STARTUP_HOOK_DIR = f"{SHIPPED_PACKAGE_DIR}/fsdpctl/node/startup"
+# torch's flight recorder: the last collectives of every process group, kept in memory, dumped by NCCL's
+# watchdog on a timeout and by fsdpctl's hook on demand. The TORCH_FR_* names (torch 2.7 and later;
+# the older TORCH_NCCL_* ones make torch warn on every rank).
+FLIGHT_RECORDER_ENTRIES = "2000"
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ALL", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 # Settings of the workload that fsdpctl owns: each node writes into its own run directory.
 _PLAN_OWNED_SETTINGS = ("run_dir",)
@@ -70,10 +75,12 @@ def auto_port(run_id: str) -> int:
 
 
 def _pythonpath(chdir: str, extra: Optional[str]) -> NodeExpr:
-    """The ranks' PYTHONPATH, expanded on the node: the folder they start in (the user's code), the
-    shipped package (the workload: a node needs nothing of fsdpctl installed and always runs the
-    launcher's own version of it), then the profile's own entries."""
-    parts = [] if chdir == "." else [f'"$FSDPCTL_RUN_DIR"/{shlex.quote(chdir)}' if not chdir.startswith(("/", "~"))
+    """The ranks' PYTHONPATH, expanded on the node: fsdpctl's start-up hook (a ``sitecustomize``:
+    stack dumps on demand and on a crash, flight-recorder dumps), the folder they start in (the
+    user's code), the shipped package (the workload: a node needs nothing of fsdpctl installed and
+    always runs the launcher's own version of it), then the profile's own entries."""
+    parts = [f'"$FSDPCTL_RUN_DIR"/{STARTUP_HOOK_DIR}']
+    parts += [] if chdir == "." else [f'"$FSDPCTL_RUN_DIR"/{shlex.quote(chdir)}' if not chdir.startswith(("/", "~"))
                                      else quote_path(chdir)]
     parts.append(f'"$FSDPCTL_RUN_DIR"/{SHIPPED_PACKAGE_DIR}')
     if extra:
@@ -88,6 +95,9 @@ def _env(profile: ClusterProfile, debug: bool, run_id: str, chdir: str) -> dict[
         "PYTHONPATH": _pythonpath(chdir, profile.env.get("PYTHONPATH")),
         # Every line a worker prints starts with its global rank: logs can be filtered by rank.
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
+        "TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": NodeExpr('"$FSDPCTL_RUN_DIR"/flight/on-timeout/rank_'),
     }
     net = profile.network
     if net.interface:
@@ -270,5 +280,7 @@ def make_plan(
         warnings=tuple(warnings), requirements=requirements, command=tuple(overrides.command),
         code=overrides.code, chdir=chdir, secrets=secrets,
         node_timeout=overrides.node_timeout or profile.node_timeout,
+        hang_timeout=(overrides.hang_timeout if overrides.hang_timeout is not None else profile.hang_timeout) or None,
+        on_hang=overrides.on_hang or profile.on_hang,
     )
 

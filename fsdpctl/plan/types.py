@@ -60,6 +60,10 @@ class Overrides:
     """Names of variables every rank gets from the launcher's environment (``--env NAME``, ``secrets:``)."""
     node_timeout: Optional[int] = None
     """``--node-timeout`` (over ``node_timeout``)."""
+    hang_timeout: Optional[int] = None
+    """``--hang-timeout`` (over ``hang_timeout``; 0 turns the watchdog off)."""
+    on_hang: Optional[str] = None
+    """``--on-hang`` (over ``on_hang``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +144,10 @@ class LaunchPlan:
     """Names of the variables every rank gets from the launcher's environment; their values are in no file."""
     node_timeout: int = 30
     """Seconds a foreground run's launcher and nodes may hear nothing from each other."""
+    hang_timeout: Optional[int] = None
+    """Seconds without progress after which the run counts as hung (None: no watchdog)."""
+    on_hang: str = "stop"
+    """What a hang does: ``stop`` (stacks gathered, the run ended, exit 124) or ``keep`` (reported only)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""

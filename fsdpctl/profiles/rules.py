@@ -114,6 +114,10 @@ def _profile_rules(p: ClusterProfile):
         return problem
     if not 3 <= p.node_timeout <= 86400:
         return "node_timeout", f"{p.node_timeout} is outside 3-86400", "give seconds, e.g. 30"
+    if p.hang_timeout is not None and p.hang_timeout != 0 and not 5 <= p.hang_timeout <= 604800:
+        return "hang_timeout", f"{p.hang_timeout} is outside 5-604800", "give seconds, e.g. 600 (0 or unset: off)"
+    if p.on_hang not in ("stop", "keep"):
+        return "on_hang", f"{p.on_hang!r} is not stop or keep", "give on_hang: stop (end the run) or keep"
     if not p.workdir or not schema.WORKDIR_PATTERN.match(p.workdir):
         return ("workdir", f"{p.workdir!r} is not a usable directory path",
                 "give e.g. ~/fsdpctl or /scratch/me/fsdpctl (no spaces, quotes or shell characters)")

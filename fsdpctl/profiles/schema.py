@@ -235,6 +235,14 @@ class ClusterProfile:
     """Seconds a foreground run's launcher and each node may hear nothing from each other: the
     launcher then declares the node lost and stops the others, and the node stops its own ranks (a
     killed launcher or a cut link leaves nothing running). Detached runs are not bound by it."""
+    hang_timeout: Optional[int] = None
+    """Seconds without progress (no new line from any rank; for the bundled workload, no new
+    ``step=`` line once it printed one) after which the run counts as hung: every rank's stack and
+    the flight-recorder dumps go to ``runs/<id>/hang/``, the odd rank is named, and the run ends with
+    exit 124 (see ``on_hang``). Unset or 0: no watchdog. Must exceed the longest quiet stretch of a
+    healthy run (compilation, an evaluation, a checkpoint, the time between logged steps)."""
+    on_hang: str = "stop"
+    """What a hang does: ``stop`` (end the run, exit 124) or ``keep`` (report it and let it run)."""
     ssh: SSHSpec = field(default_factory=SSHSpec)
     """SSH connection settings."""
     slurm: Optional[SlurmSpec] = None

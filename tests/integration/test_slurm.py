@@ -49,6 +49,24 @@ def fsdpctl(lab, slurm, tmp_path: Path, *args: str, timeout: float = 300) -> sub
                           capture_output=True, text=True, timeout=timeout)
 
 
+def follow_submit(lab, slurm, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """Start `fsdpctl submit --slurm --follow ARGS` in the client namespace; return it and the run
+    directory once the job's first node log exists."""
+    env = {**os.environ, **slurm.env, "HOME": str(tmp_path), "FSDPCTL_RUNS_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "fsdpctl", "submit", "--slurm", "--follow", *args]  # before any `--`
+    follower = subprocess.Popen(lab.in_client(command),
+                                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "work" / "runs").glob("*/node0.log")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    found = list((tmp_path / "work" / "runs").glob("*"))
+    if not found:
+        follower.kill()
+        raise AssertionError(f"no run directory after 120 s: {follower.communicate()[1][-2000:]}")
+    return follower, found[0]
+
+
 def queue(slurm) -> str:
     return subprocess.run(slurm.client(["squeue", "-h"]), capture_output=True, text=True, timeout=30).stdout
 
@@ -106,16 +124,8 @@ def test_stop_mid_run_ends_every_process_on_both_nodes(lab, slurm, tmp_path, via
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_an_interrupted_follow_says_the_job_goes_on_and_how_to_end_it(lab, slurm, tmp_path, signum):
-    env = {**os.environ, **slurm.env, "HOME": str(tmp_path), "FSDPCTL_RUNS_DIR": str(tmp_path / "runs"),
-           "PYTHONPATH": str(REPO)}
-    follower = subprocess.Popen(
-        lab.in_client([sys.executable, "-m", "fsdpctl", "submit", "--slurm", "-p", str(profile(lab, tmp_path, 5000)),
-                       "--follow"]), env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follower, run_dir = follow_submit(lab, slurm, tmp_path, "-p", str(profile(lab, tmp_path, 5000)))
     try:
-        deadline = time.monotonic() + 120
-        while not list((tmp_path / "work" / "runs").glob("*/node0.log")) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        run_dir = next((tmp_path / "work" / "runs").glob("*"))
         wait_for_line(run_dir / "node0.log", r"step=\d+ loss=")
         follower.send_signal(signum)  # `ip netns exec` has exec'd: this is fsdpctl itself
         out, err = follower.communicate(timeout=30)
@@ -305,3 +315,37 @@ def test_a_secret_reaches_every_rank_through_slurm_and_no_file(lab, slurm, tmp_p
     assert "the secret is: ***" in fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
     assert leaks(run_dir, tmp_path / "runs") == []  # the batch script, submitit's files, every log
     assert readable_by_others(run_dir, tmp_path / "runs") == []
+
+
+def test_stacks_and_the_hang_watchdog_on_a_slurm_job(lab, slurm, tmp_path):
+    """`fsdpctl stacks` goes into the job with `srun --overlap` (one task per node); a hang that
+    `submit --follow` sees is cancelled with its stacks and flight-recorder dumps kept."""
+    from tests.integration.user_project import write_project
+
+    project = write_project(tmp_path / "project")
+    follower, run_dir = follow_submit(
+        lab, slurm, tmp_path, "-p", str(profile(lab, tmp_path, 8)), "--nproc-per-node", "2", "--code", str(project),
+        "--env", "STEPS=1000", "--env", "HANG_RANK=3", "--env", "STEP_SLEEP=0.2", "--hang-timeout", "20", "--",
+        "train.py")
+    try:
+        wait_for_line(run_dir / "node0.log", r"user step=2 ")
+        time.sleep(2)
+        shown = fsdpctl(lab, slurm, tmp_path, "stacks", run_dir.name)
+        print(f"\n--- fsdpctl stacks (Slurm) ---\n{shown.stdout}")
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        blocks = shown.stdout.split("\n\n")[1:]
+        assert blocks[0].startswith("rank 3 on n2  (1 of 4) - the odd one out"), shown.stdout
+        assert "in wait_for_a_lock_that_never_frees" in blocks[0]
+        assert blocks[1].startswith("ranks 0-2 on n1,n2  (3 of 4)"), shown.stdout
+        out, err = follower.communicate(timeout=120)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 124, err[-3000:]
+    assert "rank 3 on n2 stands apart" in err and (tmp_path / "runs" / run_dir.name / "hang" / "stacks.json").is_file()
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_dir.name, "--json").stdout)
+    assert status["state"] == "failed" and status["exit_code"] == 124 and status["first_failure"]["rank"] == 3
+    deadline = time.monotonic() + 30
+    while (processes_of(run_dir.name) or status["job_id"] in queue(slurm)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not processes_of(run_dir.name) and status["job_id"] not in queue(slurm)

@@ -4,7 +4,11 @@ script on gloo, a requirements.txt, and a data folder that git ignores.
 The script records on every rank what it received (argv, working folder, host, environment) under
 ``$FSDPCTL_RUN_DIR/out/``, prints ``user step=S loss=L`` on rank 0, and reads a few knobs from its
 environment: ``STEPS``, ``STEP_SLEEP``, ``FAIL_RANK`` (that rank exits 3 after the first step),
-``PRINT_SECRET`` (rank 0 prints ``USER_SECRET``, which every rank records as a SHA-256 only).
+``PRINT_SECRET`` (rank 0 prints ``USER_SECRET``, which every rank records as a SHA-256 only),
+``HANG_RANK`` (after step 2 that rank waits in ``wait_for_a_lock_that_never_frees`` while the others
+enter the next step's collectives), ``SEGV_RANK`` (after step 1 that rank reads address 0 in
+``read_a_null_pointer``), ``DUMP_FLIGHT_RECORDER`` (after step 1 every rank writes its flight recorder
+where torch's NCCL watchdog writes it when a collective times out).
 """
 
 from __future__ import annotations
@@ -44,6 +48,16 @@ from torch.distributed.fsdp import fully_shard
 from proj.model import TinyNet
 
 
+def wait_for_a_lock_that_never_frees():
+    time.sleep(3600)
+
+
+def read_a_null_pointer():
+    import ctypes
+
+    return ctypes.string_at(0)
+
+
 def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -71,9 +85,20 @@ def main():
         optimizer.zero_grad()
         if rank == 0:
             print("user step=%d loss=%.4f" % (step, loss.item()), flush=True)
+        if os.environ.get("DUMP_FLIGHT_RECORDER") and step == 1:  # as torch's NCCL watchdog does on a timeout
+            import torch._C._distributed_c10d as c10d
+
+            folder = os.path.join(os.environ["FSDPCTL_RUN_DIR"], "flight", "on-timeout")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "rank_%d" % rank), "wb") as handle:
+                handle.write(c10d._dump_fr_trace())
         if os.environ.get("FAIL_RANK") == str(rank):
             print("rank %d failing on purpose" % rank, flush=True)
             sys.exit(3)
+        if os.environ.get("HANG_RANK") == str(rank) and step == 2:
+            wait_for_a_lock_that_never_frees()
+        if os.environ.get("SEGV_RANK") == str(rank):
+            read_a_null_pointer()
         time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -81,6 +81,23 @@ def test_bad_flag_value_is_one_error_with_hint():
     assert unknown.returncode == 2 and "no such profile" in unknown.stderr
 
 
+def test_hang_options_are_checked_and_land_in_the_plan():
+    short = run_cli("launch", "-p", "local", "--dry-run", "--hang-timeout", "3")
+    assert short.returncode == 2 and "--hang-timeout 3: too short" in short.stderr and "hint:" in short.stderr
+    wrong = run_cli("launch", "-p", "local", "--dry-run", "--on-hang", "wait")
+    assert wrong.returncode == 2 and "--on-hang 'wait': not stop or keep" in wrong.stderr
+    plan = json.loads(run_cli("launch", "-p", "local", "--dry-run", "--json", "--hang-timeout", "600", "--on-hang",
+                              "keep").stdout)["plan"]
+    assert plan["hang_timeout"] == 600 and plan["on_hang"] == "keep"
+    assert json.loads(run_cli("launch", "-p", "local", "--dry-run", "--json").stdout)["plan"]["hang_timeout"] is None
+
+
+def test_stacks_of_an_unknown_run_is_one_line(tmp_path):
+    result = run_cli("stacks", "nosuchrun", env={"FSDPCTL_RUNS_DIR": str(tmp_path)})
+    assert result.returncode == 2 and "error: run nosuchrun: not found" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_debug_env_shows_the_traceback(tmp_path):
     path = bad_profile(tmp_path, "name: x\nbackend: ssh\n")
     result = run_cli("launch", "-p", str(path), "--dry-run", env={"FSDPCTL_DEBUG": "1"})

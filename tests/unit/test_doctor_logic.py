@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +61,17 @@ def test_each_problem_is_judged(change, check, status):
     found = [c for c in checks if c.name == check]
     assert found and found[0].status == status, checks
     assert found[0].hint
+
+
+@pytest.mark.parametrize(("stacks", "status", "words"), [
+    ({"py_spy": None, "ptrace_scope": 1, "root": False}, "pass", "no py-spy for native frames"),
+    ({"py_spy": "/v/bin/py-spy", "ptrace_scope": 1, "root": False}, "warn", "cannot attach (kernel.yama"),
+    ({"py_spy": "/v/bin/py-spy", "ptrace_scope": 1, "root": True}, "pass", "py-spy /v/bin/py-spy (native frames too)"),
+    ({"py_spy": "/v/bin/py-spy", "ptrace_scope": 3, "root": True}, "warn", "ptrace_scope=3"),
+])
+def test_doctor_says_how_stacks_will_be_read(stacks, status, words):
+    (check,) = [c for c in judge_host(profile(), facts(stacks=stacks), nproc=2) if c.name == "stacks"]
+    assert check.status == status and words in check.detail, check
 
 
 def test_ib_true_needs_an_active_port():
@@ -129,6 +142,8 @@ def test_real_probe_on_this_machine_reads_torch_without_importing_it():
     assert found["interfaces"]["lo"]["up"] is True and "127.0.0.1/8" in found["interfaces"]["lo"]["ipv4"]
     assert found["python"]["version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}")
     assert found["probe_seconds"] < 1.0  # no `import torch` in the default probe
+    beside = Path(sys.executable).parent / "py-spy"
+    assert found["stacks"]["py_spy"] == (str(beside) if beside.exists() else shutil.which("py-spy"))
     assert "deep" not in found
     assert json.dumps(found)
 

@@ -76,7 +76,7 @@ def under(prefix: str) -> list[str]:
 
 def test_the_rules_see_every_package():
     for package in ("fsdpctl.cli", "fsdpctl.plan", "fsdpctl.backends", "fsdpctl.doctor", "fsdpctl.workload",
-                    "fsdpctl.profiles", "fsdpctl.runs"):
+                    "fsdpctl.profiles", "fsdpctl.runs", "fsdpctl.diagnose"):
         assert len(under(package)) >= 3, package
     assert "fsdpctl.backends.nodes" in internal("fsdpctl.backends.local")  # relative imports are resolved
 
@@ -102,6 +102,14 @@ def test_plan_and_render_stay_pure(name):
 
 def test_backends_never_import_the_cli():
     for name in under("fsdpctl.backends"):
+        assert not any(m.startswith("fsdpctl.cli") for m in closure(name)), name
+
+
+def test_diagnosis_sits_above_the_backends():
+    """The backends keep the watchdog's clock and read stacks; what a hang means is decided above them."""
+    for name in under("fsdpctl.backends"):
+        assert not any(m.startswith("fsdpctl.diagnose") for m in closure(name)), name
+    for name in under("fsdpctl.diagnose"):
         assert not any(m.startswith("fsdpctl.cli") for m in closure(name)), name
 
 

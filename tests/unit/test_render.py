@@ -119,7 +119,8 @@ def test_node_script_passes_nasty_values_verbatim_and_runs_nothing(tmp_path):
         # Node-side words (the log folder) expand on the node; every other word arrives verbatim.
         assert record["argv"] == [a.replace('"$FSDPCTL_RUN_DIR"', run_dir) if isinstance(a, NodeExpr) else a
                                   for a in node.torchrun_args]
-        assert record["env"]["PYTHONPATH"] == f"{run_dir}/pkg" and record["env"]["FSDPCTL_RUN_DIR"] == run_dir
+        assert record["env"]["PYTHONPATH"] == f"{run_dir}/pkg/fsdpctl/node/startup:{run_dir}/pkg"
+        assert record["env"]["FSDPCTL_RUN_DIR"] == run_dir
         assert record["env"]["NASTY"] == NASTY
         assert record["argv"][record["argv"].index("--dataset") + 1] == NASTY
         assert record["cwd"] == str(tmp_path / "work" / "runs" / plan.run_id)

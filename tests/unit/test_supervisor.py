@@ -112,3 +112,51 @@ def test_a_second_signal_skips_the_grace_period(tmp_path):
     assert result.first_failure is None  # the nodes ended because they were told to
     assert "[n1] step=1 loss=4.0" in shown
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the launcher's handlers are put back
+
+
+def watched(tmp_path: Path, agents: list[ScriptedAgent], on_hang, timeout: float = 0.6):
+    from fsdpctl.backends.hang_watch import HangWatch
+
+    runs = []
+    for rank, agent in enumerate(agents):
+        node = NodeSpec(node_rank=rank, host=f"n{rank + 1}", address=f"10.0.0.{rank + 1}", nproc="2",
+                        script_path="/r/node.sh", torchrun_args=())
+        runs.append(NodeRun(node, transport=None, pid=100 + rank, state="running", session=agent))
+    watch = HangWatch(timeout, on_hang)
+    return Supervisor(plan=None, runs=runs, log_dir=tmp_path / "logs", sink=lambda *a: None,
+                      feed=AgentFeed(30.0), watch=watch).run(), runs
+
+
+def test_a_hang_the_handler_ends_stops_every_node_and_exits_124(tmp_path):
+    from fsdpctl.backends.hang_watch import HangVerdict
+
+    agents = [ScriptedAgent(), ScriptedAgent()]
+    for agent in agents:  # the real agent's stop: TERM, and the node ends
+        agent.send = lambda data, agent=agent: (agent.received.append(data), data == b"stop\n" and agent.end(143))
+    calls = []
+    failure = {"hang": "no progress", "rank": 1, "host": "n1", "node_rank": 0}
+    result, runs = watched(tmp_path, agents, lambda silent: (calls.append(silent), HangVerdict(True, failure))[1])
+    assert len(calls) == 1 and calls[0] > 0.6
+    assert result.exit_code == 124 and result.hung and result.first_failure is failure
+    assert all(b"stop\n" in agent.received for agent in agents)
+    assert {r.state for r in runs} == {"failed"}
+
+
+def test_on_hang_keep_reports_once_per_stall_and_the_run_goes_on(tmp_path):
+    from fsdpctl.backends.hang_watch import HangVerdict
+
+    agent = ScriptedAgent()
+    calls = []
+
+    def on_hang(silent):
+        calls.append(silent)
+        if len(calls) == 1:
+            agent.out.put("|step=2 loss=3.0\n")  # progress after the first report: a new stall may be reported
+        else:
+            agent.end(0)
+        return HangVerdict(False, {"hang": "no progress"})
+
+    result, runs = watched(tmp_path, [agent], on_hang)
+    assert len(calls) == 2  # one report per stall, not one per check
+    assert result.exit_code == 0 and not result.hung and runs[0].state == "succeeded"
+    assert not [d for d in agent.received if d != b"hb\n"]  # never told to stop

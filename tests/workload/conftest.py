@@ -14,6 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+STARTUP_HOOK = REPO / "fsdpctl" / "node" / "startup"
 VOCAB = 1024  # small vocabulary: a ~1.1M-parameter tiny GPT, fast on CPU
 # Small, fast defaults for every run; a test's own flags come later and win (argparse: last wins).
 BASE_FLAGS = ["--vocab-size", str(VOCAB), "--seq-len", "32", "--batch-size", "4",
@@ -39,10 +40,15 @@ def torchrun_cmd(nproc: int, nnodes: int = 1, node_rank: int = 0, port: int | No
             "--max-restarts=0", "-m", "fsdpctl.workload.train"]
 
 
-def child_env() -> dict[str, str]:
+def child_env(run_dir: Path | None = None) -> dict[str, str]:
+    """The ranks' environment as a launch gives it: fsdpctl's start-up hook first on the path (with
+    ``run_dir`` it is fully armed: stack dumps on a signal, the flight-recorder pipe), so every
+    workload test also proves the hook changes nothing of the training."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(STARTUP_HOOK), str(REPO), env.get("PYTHONPATH", "")])
+    if run_dir is not None:
+        env["FSDPCTL_RUN_DIR"] = str(run_dir)
     return env
 
 
@@ -86,7 +92,7 @@ class Runner:
             cmd = [sys.executable, "-m", "fsdpctl.workload.train", *argv]
         else:
             cmd = [*torchrun_cmd(nproc), *argv]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), cwd=REPO,
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(run_dir), cwd=REPO,
                               timeout=timeout)
         result = Result(proc, run_dir)
         if expect_rc is not None and proc.returncode != expect_rc:
@@ -100,7 +106,7 @@ class Runner:
         argv = [*BASE_FLAGS, "--cache-dir", str(self.cache_dir), "--run-dir", str(run_dir), *flags]
         port = free_port()
         procs = [subprocess.Popen([*torchrun_cmd(1, nnodes, rank, port), *argv], cwd=REPO,
-                                  env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  env=child_env(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True) for rank in range(nnodes)]
         done = []
         try:

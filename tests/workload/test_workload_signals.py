@@ -50,7 +50,7 @@ def start(trainer, run_dir: Path, *flags: str) -> subprocess.Popen:
     argv = [*BASE_FLAGS, "--cache-dir", str(trainer.cache_dir), "--run-dir", str(run_dir), *FLAGS, *flags]
     run_dir.mkdir(parents=True, exist_ok=True)
     out = (run_dir / "out.txt").open("w")
-    return subprocess.Popen([*torchrun_cmd(2), *argv], cwd=REPO, env=child_env(), stdout=out,
+    return subprocess.Popen([*torchrun_cmd(2), *argv], cwd=REPO, env=child_env(run_dir), stdout=out,
                             stderr=subprocess.STDOUT)
 
 

@@ -13,18 +13,24 @@ from typing import Any
 
 from ...bundle import Payload
 from ...doctor.checks import DoctorReport, HostReport
+from ...node.stacks import BEGIN as STACKS_BEGIN
+from ...node.stacks import END as STACKS_END
+from ...node.stacks import answer_of
 from ...plan.types import LaunchPlan
 from ...profiles.schema import ClusterProfile
 from ...runs.paths import files_under
 from ...runs.record import Run, last_metrics, now
 from ..base import DoctorRequest, LineSink, Outcome
-from ..node_commands import STAGED
+from ..hang_watch import HANG_EXIT, HangWatch
+from ..node_commands import STAGED, stacks_command
 from ..supervisor import Interrupted, on_stop_signals, raise_interrupted
 from . import client
 from .logs import NodeLogs, follow
 from .submit import submit_slurm, submitit_job
+from .tasks import split_tasks
 
 BATCH_TAIL_LINES = 20
+STACKS_TIMEOUT = 120.0
 
 
 class SlurmBackend:
@@ -61,14 +67,30 @@ class SlurmBackend:
     def start(self, run: Run, payload: Payload, *, detached: bool) -> str:
         return f"submitted as Slurm job {submit_slurm(run, payload)}"
 
-    def follow(self, run: Run, sink: LineSink, *, owner: bool) -> Outcome:
+    def follow(self, run: Run, sink: LineSink, *, owner: bool, watch: HangWatch | None = None) -> Outcome:
         """The node logs as they grow until Slurm says the job has ended; records how it ended.
-        Ctrl-C stops following only: the job is Slurm's, and goes on."""
+        Ctrl-C stops following only: the job is Slurm's, and goes on. A hang the watch ends is
+        cancelled with scancel and recorded as failed (exit 124)."""
         plan, job_id = run.plan, run.record["job_id"]
         previous = on_stop_signals(raise_interrupted)  # SIGTERM and SIGHUP as Ctrl-C: say what goes on
+        hang: dict[str, Any] = {}
+
+        def show(rank: int, host: str, line: str) -> None:
+            if watch is not None:
+                watch.saw(line)
+            sink(rank, host, line)
+
+        def hung() -> bool:
+            silent = watch.due() if watch is not None else None
+            if silent is not None and (verdict := watch.fire(silent)).stop:
+                hang.update(verdict.failure)
+                client.cancel(job_id)
+                return True
+            return False
+
         try:
-            state = follow(Path(plan.run_dir), plan.num_nodes, job_id, sink,
-                           requeueable=bool(plan.slurm and plan.slurm.requeue))
+            state = follow(Path(plan.run_dir), plan.num_nodes, job_id, show,
+                           requeueable=bool(plan.slurm and plan.slurm.requeue), give_up=hung)
         except Interrupted as stop:
             return Outcome(exit_code=128 + stop.signum, state="detached",
                            message=f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop "
@@ -76,6 +98,9 @@ class SlurmBackend:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if hang:
+            run.update("failed", exit_code=HANG_EXIT, slurm_state=state.state, finished_at=now(), first_failure=hang)
+            return Outcome(exit_code=HANG_EXIT, state="failed", first_failure=hang)
         code = state.exit_code if state.exit_code is not None else (0 if state.state == "COMPLETED" else 1)
         succeeded = state.state == "COMPLETED" and code == 0
         notes = () if succeeded else tuple(batch_output(run.record, f"job {job_id} ended {state.state}"))
@@ -88,7 +113,7 @@ class SlurmBackend:
         """The job's state from Slurm (the controller, then accounting), each node from its log."""
         plan, record = run.plan, run.record
         info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state"), "job_id": record.get("job_id"),
-                                "exit_code": record.get("exit_code"), "first_failure": None}
+                                "exit_code": record.get("exit_code"), "first_failure": record.get("first_failure")}
         if record.get("state") in ("submitted", "running"):
             state = client.job_state(record["job_id"], requeueable=bool(plan.slurm and plan.slurm.requeue))
             info["slurm_state"] = state.state
@@ -108,6 +133,27 @@ class SlurmBackend:
         if NodeLogs(Path(run.plan.run_dir), run.plan.num_nodes).read_new(sink):
             return []
         return batch_output(run.record, "no node has written a log yet")
+
+    def stacks(self, run: Run, *, flight: bool = False, py_spy: bool = True, native: bool = False
+               ) -> list[dict[str, Any]]:
+        """Every rank's stack: one ``srun --overlap`` step into the job, one task per node."""
+        plan, job_id = run.plan, run.record.get("job_id")
+        command = stacks_command(plan.run_dir, plan.run_id, plan.python, '"$SLURM_NODEID"', flight=flight,
+                                 py_spy=py_spy, native=native)
+        argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={plan.num_nodes}", "--ntasks-per-node=1",
+                "--label", "--kill-on-bad-exit=0", "bash", "-c", command]
+        done = client.run_client(argv, timeout=STACKS_TIMEOUT)
+        tasks = split_tasks(done.stdout, STACKS_BEGIN, STACKS_END)
+        nodes = []
+        for task in range(plan.num_nodes):
+            try:
+                found = answer_of(tasks.get(task, ""))
+            except ValueError:
+                why = client.last_line(done.stderr, f"srun exited {done.returncode}")
+                nodes.append({"host": f"task {task}", "node_rank": task, "ranks": [], "error": why})
+                continue
+            nodes.append({**found, "hostname": found.get("host")})
+        return sorted(nodes, key=lambda n: n.get("node_rank") if n.get("node_rank") is not None else 1 << 30)
 
     def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
         """The run directory is on storage this machine shares with the nodes: the files are named

@@ -9,7 +9,6 @@ their environment after the profile's setup lines, their network between each ot
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import shlex
 import time
@@ -26,8 +25,8 @@ from ...profiles.schema import ClusterProfile, slurm_directive_name
 from ...shell import quote_path
 from ..base import DoctorRequest
 from . import client as slurm
+from .tasks import split_tasks
 
-_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 _HEAD_PLACEHOLDER = "FSDPCTL_HEAD_ADDRESS"
 # The profile's extra directives that shape which nodes a job gets; doctor's srun passes them on
 # (the others, like --mail-type, mean nothing to a probe or are sbatch-only).
@@ -103,26 +102,6 @@ def srun_argv(profile: ClusterProfile, nodes: int, partition: Optional[str], wai
     return [*argv, "bash", "-c", script]
 
 
-def split_tasks(stdout: str) -> dict[int, str]:
-    """srun --label output, back into each task's own text.
-
-    srun cuts long lines into labelled pieces; the probe's JSON has no newline of its own (json.dumps
-    escapes them), so between the sentinels the pieces are joined back without one."""
-    tasks: dict[int, list[str]] = {}
-    for line in stdout.split("\n"):
-        if match := _LABEL.match(line):
-            tasks.setdefault(int(match.group(1)), []).append(match.group(2))
-    joined = {}
-    for task, lines in tasks.items():
-        text = "\n".join(lines)
-        start = text.rfind(BEGIN)
-        end = text.find(END, start + 1) if start >= 0 else -1
-        if end > 0:
-            text = text[:start + len(BEGIN)] + text[start + len(BEGIN):end].replace("\n", "") + text[end:]
-        joined[task] = text
-    return joined
-
-
 def storage_check(facts: dict, workdir: str) -> Check:
     if facts.get("shared_file"):
         return Check("storage", "pass", f"sees this machine's {workdir}")
@@ -163,7 +142,7 @@ def _probe_allocation(profile: ClusterProfile, request: DoctorRequest, python: s
         done = slurm.run_client(srun_argv(profile, nodes, partition, int(timeout), script), timeout=timeout + 60)
     finally:
         token.unlink(missing_ok=True)
-    tasks = split_tasks(done.stdout)
+    tasks = split_tasks(done.stdout, BEGIN, END)
     if not tasks:
         last = slurm.last_line(done.stderr, f"srun exited {done.returncode}")
         cluster.append(Check("allocation", "fail", f"srun on {nodes} node(s): {last}",

@@ -44,11 +44,15 @@ class NodeLogs:
         return count
 
 
-def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show, requeueable: bool = False) -> JobState:
-    """Show the node logs as they grow until Slurm says the job has ended (a requeued job goes on)."""
+def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show, requeueable: bool = False,
+           give_up: Callable[[], bool] = lambda: False) -> JobState:
+    """Show the node logs as they grow until Slurm says the job has ended (a requeued job goes on).
+    ``give_up`` is asked after each read; once it says so (it cancelled the job) the job's end is awaited."""
     logs = NodeLogs(run_dir, num_nodes)
     while True:
         logs.read_new(show)
+        if give_up():
+            requeueable = False  # a cancelled job is over, whatever its requeue setting
         state = job_state(job_id, requeueable)
         if state.finished:
             time.sleep(0.5)  # the nodes' last writes

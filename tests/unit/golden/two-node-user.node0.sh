@@ -9,8 +9,11 @@ cd "$HOME"/fsdpctl/runs/two-node-user-20261121-120000-abcd
 export FSDPCTL_RUN_DIR="$PWD"
 export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=1
-export PYTHONPATH="$FSDPCTL_RUN_DIR"/code:"$FSDPCTL_RUN_DIR"/pkg
+export PYTHONPATH="$FSDPCTL_RUN_DIR"/pkg/fsdpctl/node/startup:"$FSDPCTL_RUN_DIR"/code:"$FSDPCTL_RUN_DIR"/pkg
 export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'
+export TORCH_FR_BUFFER_SIZE=2000
+export TORCH_NCCL_DUMP_ON_TIMEOUT=1
+export TORCH_FR_DUMP_TEMP_FILE="$FSDPCTL_RUN_DIR"/flight/on-timeout/rank_
 export NCCL_SOCKET_IFNAME=eth0
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1

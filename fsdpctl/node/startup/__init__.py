@@ -1,0 +1,1 @@
+"""What every rank runs before its own code: this folder is first on the ranks' PYTHONPATH."""
