@@ -124,7 +124,10 @@ def collect_flight(backend: Backend, run: Run, into: Path, path: str = "flight"
                 dump.unlink()  # only carried here to be kept with the run
     lines: list[str] = []
     found: list[Disagreement] = []
-    for kind in sorted(p for p in into.iterdir() if p.is_dir()) if into.is_dir() else []:
+    kinds = sorted(p for p in into.iterdir() if p.is_dir()) if into.is_dir() else []
+    for kind in kinds:
+        if not any(kind.glob("rank_*")):
+            continue  # a folder torch made and never wrote into (a local run's own directory)
         kind_lines, kind_found = analyse(kind)
         lines += kind_lines
         found += kind_found

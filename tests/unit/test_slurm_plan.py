@@ -3,6 +3,7 @@ submitit, time limits, and the sbatch options a profile may not set."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -103,6 +104,18 @@ def test_srun_label_pieces_of_a_long_probe_line_are_joined_back():
     tasks = split_tasks(out, BEGIN, END)
     assert parse_probe_output(tasks[0]) == {"hostname": "n2", "ok": True, "note": "a\\nb"}
     assert parse_probe_output(tasks[1]) == {"hostname": "n1"} and tasks[1].startswith("welcome")
+
+
+def test_srun_pieces_that_cut_through_a_sentinel_are_joined_back():
+    from fsdpctl.backends.slurm.tasks import split_tasks
+    from fsdpctl.node.stacks import BEGIN, END, answer_of
+
+    line = BEGIN + json.dumps({"host": "n2", "ranks": [{"rank": 1, "frames": ["x" * 30]}]}) + END
+    pieces = [line[i:i + 17] for i in range(0, len(line), 17)]  # cuts BEGIN, the JSON and END alike
+    out = "".join(f"1: {piece}\n" for piece in pieces) + "0: " + BEGIN + '{"host": "n1"}' + END + "\n"
+    tasks = split_tasks(out, BEGIN, END)
+    assert answer_of(tasks[1]) == {"host": "n2", "ranks": [{"rank": 1, "frames": ["x" * 30]}]}
+    assert answer_of(tasks[0]) == {"host": "n1"}
 
 
 def test_a_node_that_does_not_see_the_workdir_is_warned_about():
