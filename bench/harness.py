@@ -62,6 +62,17 @@ def report(name: str, baseline: str, summary: dict[str, dict[str, float]], extra
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
+def fsdpctl_env(root: Path) -> dict[str, str]:
+    """The environment a benchmark runs fsdpctl in: its own HOME and runs folder, this tree's code,
+    no SSH agent (the testbed's key is named in the profile)."""
+    import os
+
+    env = {**os.environ, "HOME": str(root), "FSDPCTL_RUNS_DIR": str(root / "runs"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("SSH_AUTH_SOCK", None)
+    return env
+
+
 def start_lab(bench: str, names: tuple[str, ...] = ("n1", "n2")):
     """The namespace testbed with sshd on every host, for a benchmark: (root folder, lab). Exits
     with the reason where it cannot be built (it needs root)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import interleaved, report, start_lab, summarize  # noqa: E402
+from harness import fsdpctl_env, interleaved, report, start_lab, summarize  # noqa: E402
 
 from tests.integration.user_project import write_project  # noqa: E402
 
@@ -56,8 +56,7 @@ def main() -> None:
     try:
         profile = root / "lab.yaml"
         profile.write_text(lab.profile_yaml(["n1", "n2"], python=sys.executable) + TRAIN)
-        env = {**os.environ, "HOME": str(root), "FSDPCTL_RUNS_DIR": str(root / "runs"), "PYTHONPATH": str(REPO)}
-        env.pop("SSH_AUTH_SOCK", None)
+        env = fsdpctl_env(root)
         fsdpctl = [sys.executable, "-m", "fsdpctl"]
 
         project = write_project(root / "project")

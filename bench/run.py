@@ -27,6 +27,7 @@ BENCHMARKS = {
     "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
     "stacks": ["stacks.py"],
+    "restart": ["restart.py"],
     "gpu": ["gpu_workload.py"],
 }
 
@@ -86,6 +87,12 @@ def rows() -> list[tuple[str, str, str, str]]:
         ratio = slurm.get(case, {}).get("ratio_to_baseline")
         out.append((f"Slurm submit to first step ({label}) / hand-written sbatch script",
                     f"{ratio:.3f}" if ratio else "not measured", "no goal set", "-"))
+    restart = load("restart")
+    if restart:
+        ours = restart["cases"]["fsdpctl: rank killed -> first step of attempt 2"]
+        phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in restart["phases_median_s"].items())
+        out.append(("restart: rank killed -> first step of attempt 2 / the same run started fresh by hand",
+                    f"{ours['ratio_to_baseline']:.3f} ({ours['median_s']:.1f} s: {phases})", "no goal set", "-"))
     for ranks in (4, 32):
         stacks = load(f"stacks_{ranks}_ranks").get("cases", {})
         ours = stacks.get("fsdpctl stacks", {})

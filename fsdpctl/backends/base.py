@@ -91,8 +91,13 @@ class Backend(Protocol):
     def status(self, run: Run) -> dict[str, Any]:
         """run.json, refreshed from the nodes or the scheduler while the run is live."""
 
-    def read_logs(self, run: Run, sink: LineSink) -> list[str]:
-        """Every line the run has written so far; returns notes for the user (a node that did not answer)."""
+    def checkpoint_steps(self, run: Run) -> list[int]:
+        """The steps of the bundled workload's complete checkpoints in the run directory on the nodes,
+        oldest first (raises HostError when no node answers)."""
+
+    def read_logs(self, run: Run, sink: LineSink, attempt: int | None = None) -> list[str]:
+        """Every line the run has written so far (``attempt``: an earlier attempt's; None: the newest);
+        returns notes for the user (a node that did not answer)."""
 
     def stacks(self, run: Run, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:

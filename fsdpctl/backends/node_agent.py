@@ -16,7 +16,9 @@ secret_bytes, probe, go_timeout):
    user only); then ``secret_bytes`` bytes of JSON, the run's secrets, kept in memory only;
 2. with ``probe``: the agent prints the probe's facts between its sentinels;
 3. it reads one line: ``go <node_timeout>`` starts the node; anything else (or the end of input,
-   or ``go_timeout`` seconds) does not, and what this agent staged is removed again;
+   or ``go_timeout`` seconds) does not, and what this agent staged is removed again; with
+   ``archive`` (a later attempt of the run), the last attempt's files of this node move into
+   ``archive.to`` first;
 4. it starts ``bash node<R>.sh`` in a session of its own, with the secrets in its environment
    (never on disk or in a command line), writing ``node<R>.pid``, ``node<R>.log`` (through
    ``fsdpctl.node.mask`` when there are secrets) and, when it ends, ``node<R>.exit``; prints
@@ -120,6 +122,19 @@ def stage(stream, size):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return placed
+
+
+def keep_apart(spec):
+    """Move the last attempt's files of this node (``spec``: names, and the folder they go to) out
+    of the way of the new attempt's, keeping their paths below that folder."""
+    for name in spec["names"]:
+        if os.path.lexists(name):
+            target = os.path.join(spec["to"], name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            try:
+                shutil.move(name, target)
+            except FileNotFoundError:
+                pass  # another node sharing the run directory moved it first
 
 
 def start(rank, secrets):
@@ -289,6 +304,8 @@ def agent(args):
             shutil.rmtree(run_dir, ignore_errors=True)
         sys.stdout.write("%s\n" % AGENT_REFUSED)
         return 3
+    if args.get("archive"):
+        keep_apart(args["archive"])
     sys.stdout.write("%s %d\n" % (AGENT_STARTED, start(args["rank"], secrets)))
     sys.stdout.flush()
     node_timeout = float(word[1]) if len(word) > 1 else 0.0

@@ -23,9 +23,11 @@ from ..node.mask import Masker
 from ..node.stacks import answer_of
 from ..plan.types import LaunchPlan
 from ..profiles.schema import ClusterProfile
+from ..runs.attempts import attempt_folder
 from ..runs.paths import files_under
 from ..runs.record import Run, last_metrics, now
 from ..shell import after_mark, marked, quote_path
+from ..workload.layout import complete_steps_command, parse_steps
 from .base import DoctorRequest, LineSink, Outcome
 from .feeds import AgentFeed, TailFeed
 from .hang_watch import HangWatch
@@ -189,9 +191,23 @@ class NodesBackend:
         info["last_metrics"] = last_metrics(texts)
         return info
 
-    def read_logs(self, run: Run, sink: LineSink) -> list[str]:
-        """The merged log kept here; for a run nobody followed (detached), each node's log, read once."""
-        merged = run.paths.logs / "merged.log"
+    def checkpoint_steps(self, run: Run) -> list[int]:
+        """Asked of the nodes in turn (node 0 first: its rank 0 completes every checkpoint) until one answers."""
+        errors = []
+        for transport in self.transports:
+            try:
+                _, out, _ = transport.run(marked(complete_steps_command(quote_path(run.plan.run_dir))),
+                                          COMMAND_TIMEOUT)
+                return parse_steps(after_mark(out))
+            except HostError as exc:
+                errors.append(exc)
+        raise errors[0]
+
+    def read_logs(self, run: Run, sink: LineSink, attempt: int | None = None) -> list[str]:
+        """The merged log kept here; for a run nobody followed (detached), each node's log, read once.
+        ``attempt``: an earlier attempt's, from where its files were moved."""
+        folder = "" if attempt in (None, run.attempt) else attempt_folder(attempt) + "/"
+        merged = (run.root / folder / "logs" / "merged.log") if folder else run.paths.logs / "merged.log"
         if merged.exists() and merged.stat().st_size:
             with merged.open(encoding="utf-8", errors="replace") as handle:
                 for raw in handle:
@@ -201,7 +217,8 @@ class NodesBackend:
         notes = []
         for node, transport in zip(run.plan.nodes, self.transports, strict=True):
             try:
-                _, out, _ = transport.run(marked(f"cat {quote_path(run.plan.run_dir)}/node{node.node_rank}.log"), 60)
+                log = f"{quote_path(run.plan.run_dir)}/{folder}node{node.node_rank}.log"
+                _, out, _ = transport.run(marked(f"cat {log}"), 60)
             except HostError as exc:
                 notes.append(f"fsdpctl: {exc.message}")
                 continue

@@ -16,6 +16,7 @@ from ..doctor.fanout import HostJob, ProbeRunner
 from ..doctor.probe_script import END
 from ..errors import HostError
 from ..plan.types import LaunchPlan
+from ..runs.attempts import attempt_folder, node_files
 from ..shell import OUTPUT_MARK, marked
 from .node_commands import AGENT_REFUSED, AGENT_STARTED, agent_command
 from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
@@ -38,6 +39,8 @@ class NodeStarter:
         args = {"run_id": self.plan.run_id, "run_dir": self.plan.run_dir, "rank": rank,
                 "bytes": len(self.payload.files),
                 "secret_bytes": len(secrets), "probe": probe, "go_timeout": GO_TIMEOUT}
+        if self.plan.attempt > 1:  # the last attempt's node files move aside when this one starts
+            args["archive"] = {"to": attempt_folder(self.plan.attempt - 1), "names": node_files(rank)}
         session = self.transports[rank].session(marked(agent_command(self.python, args)))
         self.sessions[rank] = session
         session.send(self.payload.files + secrets)

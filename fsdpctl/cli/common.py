@@ -113,12 +113,16 @@ def build_plan(profile_name: str, overrides: Overrides, *, for_slurm: bool) -> t
 
     loaded = load_profile(profile_name)
     run_id = new_run_id(loaded.profile.name)
-    plan = make_plan(
-        loaded.profile, run_id=run_id, local_run_dir=str(runs_root() / run_id),
-        profile_source=str(loaded.path), overrides=overrides, local_python=sys.executable,
-        home=str(Path.home()), local_cwd=str(Path.cwd()), for_slurm=for_slurm,
-    )
+    plan = make_plan(loaded.profile, run_id=run_id, local_run_dir=str(runs_root() / run_id),
+                     overrides=overrides, **plan_inputs(loaded, for_slurm))
     return loaded, plan
+
+
+def plan_inputs(loaded: LoadedProfile, for_slurm: bool) -> dict[str, Any]:
+    """make_plan's inputs from this process (besides the profile, run id and overrides): kept with
+    the run, so a later attempt is planned exactly as the first one was."""
+    return {"profile_source": str(loaded.path), "local_python": sys.executable, "home": str(Path.home()),
+            "local_cwd": str(Path.cwd()), "for_slurm": for_slurm}
 
 
 def with_previews(profile, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:

@@ -43,6 +43,8 @@ class Prepared:
     plan: LaunchPlan
     scripts: dict[str, str]
     job: Job
+    inputs: dict[str, Any]
+    """What the plan was made from (kept with the run as inputs.json)."""
 
     def payload(self) -> Payload:
         """What every node gets: the tar (scripts, workload package, code) and the secrets' values,
@@ -69,7 +71,7 @@ def prepare(*, profile: Optional[str], flags: JobFlags, workload: dict[str, Any]
     the other Overrides fields the command sets (nproc_per_node, master_port, debug, slurm_*)."""
     from ..job import credential_like, resolve_job
     from ..plan.render import render_all
-    from ..plan.types import Overrides
+    from ..plan.types import Overrides, overrides_to_json
 
     job = resolve_job(flags, Path.cwd())
     given = [name for name, value in workload.items() if value not in (None, [], ())]
@@ -95,4 +97,5 @@ def prepare(*, profile: Optional[str], flags: JobFlags, workload: dict[str, Any]
         typer.secho(f"fsdpctl: warning: {name} looks like a credential and is written into the run's scripts and "
                     f"records; pass it as a secret instead (--env {name}, or secrets: [{name}])", err=True,
                     fg="yellow")
-    return Prepared(loaded, plan, render_all(plan), job)
+    inputs = {**common.plan_inputs(loaded, for_slurm), "overrides": overrides_to_json(plan_overrides)}
+    return Prepared(loaded, plan, render_all(plan), job, inputs)

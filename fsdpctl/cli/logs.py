@@ -16,6 +16,8 @@ def logs(
     rank: Optional[int] = typer.Option(None, "--rank", help="Only lines of this global rank."),
     host: Optional[str] = typer.Option(None, "--host", help="Only lines of this host (as in the profile)."),
     grep: Optional[str] = typer.Option(None, "--grep", help="Only lines matching this regular expression."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", min=1, help="An earlier attempt's logs (`fsdpctl "
+                                          "status` lists them); default: the newest."),
 ) -> None:
     """Print a run's logs, merged across nodes, each line prefixed with [host rNODE]."""
     from .common import opened_run
@@ -33,10 +35,16 @@ def logs(
             typer.echo(f"{prefix(node_rank, node_host)} {text}")
 
     with opened_run(run_id) as (run, backend):
+        if attempt is not None and attempt > run.attempt:
+            raise UsageError(f"--attempt {attempt}: run {run.run_id} has {run.attempt} attempt(s)",
+                             f"give --attempt 1 to {run.attempt}, or leave it out for the newest")
+        if attempt is not None and attempt < run.attempt and follow:
+            raise UsageError(f"--attempt {attempt}: ended; only the newest attempt can be followed",
+                             "drop -f to read it, or --attempt to follow the newest")
         if follow:
             state = run.record.get("state")
             if state not in ("running", "starting", "submitted"):
                 typer.echo(f"fsdpctl: run {run.run_id} is {state}; showing its logs", err=True)
             raise typer.Exit(follow_run(backend, run, owner=False, sink=show))
-        for note in backend.read_logs(run, show):
+        for note in backend.read_logs(run, show, attempt):
             typer.echo(note, err=True)

@@ -17,12 +17,25 @@ def status(
     """Per node: running, succeeded or failed, exit codes, and the last step and loss."""
     with opened_run(run_id) as (run, backend):
         info = backend.status(run)
+    record = run.record
+    info.update(attempt=record.get("attempt", 1), from_step=record.get("from_step"),
+                attempts=record.get("attempts", []))
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
     last = info.get("last_metrics") or {}
     progress = f"; last step {last.get('step')} loss {last.get('loss')}" if last else ""
-    typer.echo(f"{info['run_id']}: {info['state']}{progress}")
+    attempt = info["attempt"]
+    which = ""
+    if attempt > 1:
+        start = f" from step {record['from_step']}" if record.get("from_step") is not None else ""
+        which = f" (attempt {attempt}{start})"
+    typer.echo(f"{info['run_id']}: {info['state']}{which}{progress}")
+    for earlier in record.get("attempts", []):
+        start = f" from step {earlier['from_step']}" if earlier.get("from_step") is not None else ""
+        ended = f": {earlier['ended_by']}" if earlier.get("ended_by") else ""
+        code = "" if earlier.get("exit_code") is None else f" (exit {earlier['exit_code']})"
+        typer.echo(f"  attempt {earlier['attempt']}{start}: {earlier.get('state', '?')}{code}{ended}")
     for node in info["nodes"]:
         code = "" if node.get("exit_code") is None else f" (exit {node['exit_code']})"
         typer.echo(f"  node {node['node_rank']} {node['host']}: {node['state']}{code}")
@@ -56,5 +69,6 @@ def runs() -> None:
     for run_dir in list_runs():
         record = read_json(run_dir / "run.json")
         code = record.get("exit_code")
+        attempts = f"\tattempt {record['attempt']}" if record.get("attempt", 1) > 1 else ""
         typer.echo(f"{run_dir.name}\t{record.get('state', '?')}\t{record.get('backend', '?')}\t"
-                   f"{record.get('num_nodes', '?')} node(s)\t{'' if code is None else f'exit {code}'}")
+                   f"{record.get('num_nodes', '?')} node(s)\t{'' if code is None else f'exit {code}'}{attempts}")

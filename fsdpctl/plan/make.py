@@ -28,8 +28,11 @@ STARTUP_HOOK_DIR = f"{SHIPPED_PACKAGE_DIR}/fsdpctl/node/startup"
 # the older TORCH_NCCL_* ones make torch warn on every rank).
 FLIGHT_RECORDER_ENTRIES = "2000"
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ALL", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
-# Settings of the workload that fsdpctl owns: each node writes into its own run directory.
-_PLAN_OWNED_SETTINGS = ("run_dir",)
+# Settings of the workload that fsdpctl owns, and what to do instead.
+_PLAN_OWNED_SETTINGS = {
+    "run_dir": "remove it; each run writes into <workdir>/runs/<run_id>/",
+    "resume": "remove it; continue a run in its own directory with `fsdpctl launch --resume RUN_ID`",
+}
 
 
 def _is_ip(text: str) -> bool:
@@ -43,10 +46,9 @@ def _is_ip(text: str) -> bool:
 
 def _resolve_train(profile: ClusterProfile, overrides: Overrides, *, for_slurm: bool,
                    requeue: bool) -> dict[str, Any]:
-    for name in _PLAN_OWNED_SETTINGS:
+    for name, fix in _PLAN_OWNED_SETTINGS.items():
         if name in profile.train or name in overrides.train:
-            raise UsageError(f"train.{name}: set by fsdpctl for every run",
-                             "remove it; each run writes into <workdir>/runs/<run_id>/")
+            raise UsageError(f"train.{name}: set by fsdpctl for every run", fix)
     settings: dict[str, Any] = {"device": profile.device, "cache_dir": "../../cache"}
     settings.update(profile.train)
     settings.update(overrides.train)
@@ -59,6 +61,10 @@ def _resolve_train(profile: ClusterProfile, overrides: Overrides, *, for_slurm: 
             raise UsageError("requeue: a requeued job resumes from a checkpoint, and train.no_checkpoint is set",
                              "drop no_checkpoint, or submit without --requeue")
         settings["checkpoint_on_signal"] = True
+    if overrides.attempt > 1:
+        # A later attempt continues in the same run directory from its newest complete checkpoint;
+        # fsdpctl has checked that one exists before planning it.
+        settings["resume"] = True
     try:
         train_config.make_config(settings)
     except train_config.ConfigError as exc:
@@ -88,7 +94,7 @@ def _pythonpath(chdir: str, extra: Optional[str]) -> NodeExpr:
     return NodeExpr(":".join(parts))
 
 
-def _env(profile: ClusterProfile, debug: bool, run_id: str, chdir: str) -> dict[str, str]:
+def _env(profile: ClusterProfile, debug: bool, run_id: str, chdir: str, attempt: int) -> dict[str, str]:
     env: dict[str, str] = {
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
@@ -112,6 +118,7 @@ def _env(profile: ClusterProfile, debug: bool, run_id: str, chdir: str) -> dict[
         env.update(DEBUG_ENV)
     env.update({k: v for k, v in profile.env.items() if k != "PYTHONPATH"})  # may override the defaults
     env["FSDPCTL_RUN_ID"] = run_id
+    env["FSDPCTL_ATTEMPT"] = str(attempt)
     return env
 
 
@@ -200,7 +207,7 @@ def make_plan(
         assert profile.slurm is not None
         requeue = profile.slurm.requeue if overrides.slurm_requeue is None else overrides.slurm_requeue
     train, entry, chdir, requirements = _job(profile, overrides, for_slurm=for_slurm, requeue=requeue)
-    env = _env(profile, overrides.debug, run_id, chdir)
+    env = _env(profile, overrides.debug, run_id, chdir, overrides.attempt)
     env.update(overrides.extra_env)
     secrets = tuple(dict.fromkeys((*profile.secrets, *overrides.secrets)))
     for name in secrets:
@@ -281,6 +288,9 @@ def make_plan(
         code=overrides.code, chdir=chdir, secrets=secrets,
         node_timeout=overrides.node_timeout or profile.node_timeout,
         hang_timeout=(overrides.hang_timeout if overrides.hang_timeout is not None else profile.hang_timeout) or None,
-        on_hang=overrides.on_hang or profile.on_hang,
+        on_hang=overrides.on_hang or profile.on_hang, attempt=overrides.attempt,
+        # Slurm restarts a job itself (requeue); fsdpctl's restarts are a launcher's.
+        max_restarts=0 if for_slurm else overrides.max_restarts if overrides.max_restarts is not None
+        else profile.max_restarts,
     )
 

@@ -83,7 +83,7 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
     ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
     enter = "" if chdir == "." else f"cd {quote_path(chdir)} || exit 1; "  # the user's code: ranks start there
     announce = (f'echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
-                f'attempt $((${{SLURM_RESTART_COUNT:-0}} + 1))"; ')
+                f'Slurm start $((${{SLURM_RESTART_COUNT:-0}} + 1))"; ')
     torchrun = f'"$FSDPCTL_PYTHON" {shell_join(step_args)}'
     if secrets:
         # What the ranks print passes the node's mask on its way to the log; torchrun's own per-rank

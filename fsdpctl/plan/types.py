@@ -64,6 +64,31 @@ class Overrides:
     """``--hang-timeout`` (over ``hang_timeout``; 0 turns the watchdog off)."""
     on_hang: Optional[str] = None
     """``--on-hang`` (over ``on_hang``)."""
+    max_restarts: Optional[int] = None
+    """``--max-restarts`` (over ``max_restarts``)."""
+    attempt: int = 1
+    """Which attempt of the run this plan starts: 2 and on continue it in the same run directory (the
+    bundled workload from its newest complete checkpoint)."""
+
+
+def overrides_to_json(overrides: Overrides) -> dict[str, Any]:
+    """The overrides as JSON (kept with a run: a later attempt is planned from the same inputs)."""
+    return dataclasses.asdict(overrides)
+
+
+def overrides_from_json(data: dict[str, Any]) -> Overrides:
+    """``overrides_to_json`` back as Overrides (tuples where the dataclass has them)."""
+    data = dict(data)
+    for name in ("entry_args", "command", "requirements", "secrets"):
+        data[name] = tuple(data.get(name) or ())
+    if data.get("code"):
+        data["code"] = _code_plan(data["code"])
+    return Overrides(**data)
+
+
+def _code_plan(data: dict[str, Any]) -> CodePlan:
+    return CodePlan(**{**data, "largest": tuple(map(tuple, data["largest"])),
+                       "skipped_links": tuple(data.get("skipped_links", ()))})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +173,11 @@ class LaunchPlan:
     """Seconds without progress after which the run counts as hung (None: no watchdog)."""
     on_hang: str = "stop"
     """What a hang does: ``stop`` (stacks gathered, the run ended, exit 124) or ``keep`` (reported only)."""
+    attempt: int = 1
+    """Which attempt of the run this is (``launch --resume``, ``--max-restarts``); every rank has it as
+    ``FSDPCTL_ATTEMPT``."""
+    max_restarts: int = 0
+    """How often a foreground launch starts the run again after a failure."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
@@ -165,8 +195,6 @@ def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
                          "requirements": tuple(data.get("requirements", ())),
                          "command": tuple(data.get("command", ())),
                          "secrets": tuple(data.get("secrets", ())),
-                         "code": CodePlan(**{**data["code"], "largest": tuple(map(tuple, data["code"]["largest"])),
-                                             "skipped_links": tuple(data["code"].get("skipped_links", ()))})
-                         if data.get("code") else None,
+                         "code": _code_plan(data["code"]) if data.get("code") else None,
                          "slurm": SlurmPlan(**{**slurm, "directives": tuple(map(tuple, slurm["directives"]))})
                          if slurm else None})

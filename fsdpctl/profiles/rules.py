@@ -118,6 +118,8 @@ def _profile_rules(p: ClusterProfile):
         return "hang_timeout", f"{p.hang_timeout} is outside 5-604800", "give seconds, e.g. 600 (0 or unset: off)"
     if p.on_hang not in ("stop", "keep"):
         return "on_hang", f"{p.on_hang!r} is not stop or keep", "give on_hang: stop (end the run) or keep"
+    if not 0 <= p.max_restarts <= 100:
+        return "max_restarts", f"{p.max_restarts} is outside 0-100", "give how many restarts to allow, e.g. 3"
     if not p.workdir or not schema.WORKDIR_PATTERN.match(p.workdir):
         return ("workdir", f"{p.workdir!r} is not a usable directory path",
                 "give e.g. ~/fsdpctl or /scratch/me/fsdpctl (no spaces, quotes or shell characters)")

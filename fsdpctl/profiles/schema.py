@@ -243,6 +243,10 @@ class ClusterProfile:
     healthy run (compilation, an evaluation, a checkpoint, the time between logged steps)."""
     on_hang: str = "stop"
     """What a hang does: ``stop`` (end the run, exit 124) or ``keep`` (report it and let it run)."""
+    max_restarts: int = 0
+    """How often ``launch`` starts a failed run again (a rank or node failed, or it hung): it tears
+    the run down, re-checks the nodes, and continues in the same run directory (the bundled workload
+    from its newest complete checkpoint; your program sees ``FSDPCTL_ATTEMPT``). 0: never."""
     ssh: SSHSpec = field(default_factory=SSHSpec)
     """SSH connection settings."""
     slurm: Optional[SlurmSpec] = None

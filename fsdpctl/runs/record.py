@@ -30,6 +30,7 @@ def record(paths: RunPaths, plan: LaunchPlan, nodes: list[dict[str, Any]] | None
     data.update({
         "run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend, "state": state,
         "run_dir_on_nodes": plan.run_dir, "num_nodes": plan.num_nodes, "world_size": plan.world_size,
+        "attempt": plan.attempt,
     })
     if plan.secrets:
         data["secrets"] = {name: "<secret>" for name in plan.secrets}  # names only: values are written nowhere
@@ -40,8 +41,9 @@ def record(paths: RunPaths, plan: LaunchPlan, nodes: list[dict[str, Any]] | None
     return data
 
 
-def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str) -> None:
-    """The local run directory: plan, scripts, the profile as it was, and a first run.json."""
+def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str | None) -> None:
+    """The local run directory: plan, scripts, the profile as it was (None: keep the one there), and
+    run.json, starting."""
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.root.chmod(0o700)  # whatever the umask: code, outputs and logs are the user's alone
     write_json_atomic(paths.plan, plan.to_json())
@@ -49,9 +51,10 @@ def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_
     for name, text in scripts.items():
         paths.script(name).write_text(text, encoding="utf-8")
         paths.script(name).chmod(0o700)
-    (paths.root / "profile.yaml").write_text(profile_text, encoding="utf-8")
+    if profile_text is not None:
+        (paths.root / "profile.yaml").write_text(profile_text, encoding="utf-8")
     paths.logs.mkdir(parents=True, exist_ok=True)
-    record(paths, plan, None, "starting", created_at=now())
+    record(paths, plan, None, "starting", **({"created_at": now()} if profile_text is not None else {}))
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class Run:
         return read_json(self.paths.run_record)
 
     @property
+    def attempt(self) -> int:
+        return self.plan.attempt
+
+    @property
     def backend_name(self) -> str:
         """The backend that runs it, as run.json names it (older runs: as the plan does)."""
         return self.record.get("backend") or self.plan.backend
@@ -85,10 +92,14 @@ class Run:
         return record(self.paths, self.plan, nodes, state, **extra)
 
 
-def create_run(plan: LaunchPlan, profile: ClusterProfile, scripts: dict[str, str], profile_text: str) -> Run:
-    """The run directory here (``plan.local_run_dir``), written before anything starts."""
+def create_run(plan: LaunchPlan, profile: ClusterProfile, scripts: dict[str, str], profile_text: str,
+               inputs: dict[str, Any] | None = None) -> Run:
+    """The run directory here (``plan.local_run_dir``), written before anything starts. ``inputs``:
+    what the plan was made from (``inputs.json``; a later attempt is planned from it)."""
     paths = RunPaths(Path(plan.local_run_dir))
     prepare(paths, plan, scripts, profile_text)
+    if inputs is not None:
+        write_json_atomic(paths.root / "inputs.json", inputs)
     return Run(paths, plan, profile)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -34,21 +33,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from .config import ConfigError
-
-_STEP_DIR = re.compile(r"^step_(\d{7})$")
+from .layout import CHECKPOINTS, complete_checkpoints, step_dir_name
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name)
-             and (p / ".metadata").is_file() and (p / "trainer_state.json").is_file()]
-    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
+    return Path(run_dir) / CHECKPOINTS
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -67,8 +56,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer,
                     rank: int, device: torch.device, keep: int) -> Path:
     """Write step ``step`` atomically (see the module docstring) and keep the newest ``keep``."""
     root = checkpoints_dir(run_dir)
-    final = root / f"step_{step:07d}"
-    tmp = root / f".tmp-step_{step:07d}"
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():

@@ -106,14 +106,33 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _step_of(line: str) -> float:
+    """The step a metrics.jsonl row is about: 0 for a row without one (kept); infinity for a line cut
+    short when its writer died (dropped)."""
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, TypeError, AttributeError):
+        return float("inf")
+
+
 class RunLog:
     """Rank 0's console lines and metrics.jsonl; a no-op on other ranks."""
 
-    def __init__(self, run_dir: Path, rank: int, append: bool):
+    def __init__(self, run_dir: Path, rank: int, resumed_step: int | None = None):
+        """``resumed_step``: the step this run continues from; rows a failed attempt wrote after it
+        are dropped, so the file reads as one run (steps continue, none twice). None: start afresh."""
         self.enabled = rank == 0
         self.path = run_dir / "metrics.jsonl"
-        if self.enabled and not append:
+        if not self.enabled:
+            return
+        if resumed_step is None:
             self.path.write_text("", encoding="utf-8")
+        elif self.path.exists():
+            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+                    if _step_of(line) <= resumed_step]
+            tmp = run_dir / f".metrics.jsonl.{os.getpid()}.tmp"
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
 
     def print(self, text: str) -> None:
         if self.enabled:

@@ -176,7 +176,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
 
     if rt.rank == 0 and cfg.checkpoint_on_signal:
         clear_requeue_marker(run_dir)
-    log = RunLog(run_dir, rt.rank, append=latest is not None)
+    log = RunLog(run_dir, rt.rank, resumed_step=step if latest is not None else None)
     tokens_per_step = rt.world * cfg.batch_size * cfg.grad_accum * cfg.seq_len
     meter = Meter(rt.device, tokens_per_step, flops_per_token(gpt_config, cfg.seq_len),
                   rt.world, start_time)

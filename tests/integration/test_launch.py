@@ -142,13 +142,18 @@ def test_kill_9_on_one_node_ends_the_run_everywhere(lab, tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["state"] == "failed"
 
 
+def workload_workers(run_id: str, node_rank: int) -> list[int]:
+    """The bundled workload's rank processes of one node (not its torchrun)."""
+    return [p for p in processes_of(run_id, node_rank=node_rank)
+            if b"fsdpctl.workload.train" in Path(f"/proc/{p}/cmdline").read_bytes()
+            and b"torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
 def test_a_killed_worker_is_named_with_its_global_rank(lab, tmp_path):
     launcher = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=5000)))
     run_dir = run_dir_of(tmp_path)
     wait_for_line(run_dir / "logs" / "merged.log", r"step=\d+ loss=")
-    workers = [p for p in processes_of(run_dir.name, node_rank=1)
-               if b"fsdpctl.workload.train" in Path(f"/proc/{p}/cmdline").read_bytes()
-               and b"torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    workers = workload_workers(run_dir.name, 1)
     assert len(workers) == 1, workers
     os.kill(workers[0], signal.SIGKILL)
     code, out, err = launcher.finish(timeout=90)

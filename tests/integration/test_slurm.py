@@ -186,7 +186,7 @@ def finish_and_check_exact(lab, slurm, tmp_path: Path, run_id: str, run_dir: Pat
     assert stopped, node0[-3000:]
     step = int(stopped.group(1))
     assert 10 <= step < REQUEUE_STEPS and int(stopped.group(2)) == step
-    assert "attempt 2" in node0 and f"resumed_from=step_{step:07d}" in node0
+    assert "Slurm start 2" in node0 and f"resumed_from=step_{step:07d}" in node0
     assert train_steps(run_dir) == list(range(1, REQUEUE_STEPS + 1))
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == REQUEUE_STEPS
     return step
@@ -349,3 +349,33 @@ def test_stacks_and_the_hang_watchdog_on_a_slurm_job(lab, slurm, tmp_path):
     while (processes_of(run_dir.name) or status["job_id"] in queue(slurm)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not processes_of(run_dir.name) and status["job_id"] not in queue(slurm)
+
+
+def test_submit_resume_continues_a_cancelled_job_from_its_checkpoint(lab, slurm, tmp_path):
+    path = profile(lab, tmp_path, 40, extra_train="  checkpoint_interval: 10\n")
+    follower, run_dir = follow_submit(lab, slurm, tmp_path, "-p", str(path), "--set", "log_interval=1",
+                                      "--batch-size", "8", "--set", "seq_len=128")
+    try:
+        wait_for_line(run_dir / "node0.log", r"step=1[3-9] loss=")
+        assert fsdpctl(lab, slurm, tmp_path, "stop", run_dir.name).returncode == 0
+        follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert saved and saved[-1] in ("step_0000010", "step_0000020"), saved
+    from_step = int(saved[-1].split("_")[1])
+    resumed = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "--resume", run_dir.name, "--follow")
+    print(f"\n--- submit --slurm --resume ---\n{resumed.stderr[-1500:]}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.splitlines()[0] == run_dir.name  # the id first, as submit prints it
+    assert f"fsdpctl: run {run_dir.name}: attempt 2 from step {from_step}" in resumed.stderr
+    node0 = (run_dir / "node0.log").read_text()
+    assert f"resumed_from=step_{from_step:07d}" in node0 and "step=40 loss=" in node0
+    assert "loss=" not in node0.split("resumed_from")[0]  # the first attempt's lines are in attempts/1
+    assert "step=13 loss=" in (run_dir / "attempts" / "1" / "node0.log").read_text()
+    assert train_steps(run_dir) == list(range(1, 41))
+    record = json.loads((tmp_path / "runs" / run_dir.name / "run.json").read_text())
+    assert record["attempt"] == 2 and record["state"] == "succeeded"
+    assert len(record["attempts"]) == 1 and record["attempts"][0]["state"] in ("stopped", "cancelled")
+    earlier = fsdpctl(lab, slurm, tmp_path, "logs", run_dir.name, "--attempt", "1")
+    assert "step=13 loss=" in earlier.stdout and "resumed_from" not in earlier.stdout

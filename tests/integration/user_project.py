@@ -69,6 +69,9 @@ def main():
               "secret_sha256": hashlib.sha256(secret.encode()).hexdigest() if secret is not None else None}
     with open(os.path.join(out, "rank%d.json" % rank), "w") as handle:
         json.dump(record, handle)
+    with open(os.path.join(out, "attempts.log"), "a") as handle:  # one line per rank and attempt
+        handle.write("rank=%d attempt=%s run_dir=%s\\n" % (rank, os.environ.get("FSDPCTL_ATTEMPT"),
+                                                         os.environ["FSDPCTL_RUN_DIR"]))
     if os.environ.get("PRINT_SECRET") and rank == 0:
         print("the secret is: %s" % secret, flush=True)
     mesh = init_device_mesh("cpu", (world,))

@@ -92,6 +92,22 @@ def test_hang_options_are_checked_and_land_in_the_plan():
     assert json.loads(run_cli("launch", "-p", "local", "--dry-run", "--json").stdout)["plan"]["hang_timeout"] is None
 
 
+def test_resume_and_restart_flags_are_refused_where_they_cannot_apply(tmp_path):
+    env = {"FSDPCTL_RUNS_DIR": str(tmp_path)}
+    detached = run_cli("launch", "-p", "local", "--detach", "--max-restarts", "1", env=env)
+    assert detached.returncode == 2 and "--max-restarts: restarts are made by the launcher" in detached.stderr
+    changed = run_cli("launch", "--resume", "local-20261121-120000-abcd", "--fsdp", "1", env=env)
+    assert changed.returncode == 2 and "--fsdp: --resume continues the run with its own plan" in changed.stderr
+    command = run_cli("launch", "--resume", "local-20261121-120000-abcd", "--", "train.py", env=env)
+    assert command.returncode == 2 and "-- COMMAND: --resume continues the run" in command.stderr
+    unknown = run_cli("submit", "--slurm", "--resume", "nosuchrun", env=env)
+    assert unknown.returncode == 2 and "error: run nosuchrun: not found" in unknown.stderr
+    plan = json.loads(run_cli("launch", "-p", "local", "--dry-run", "--json", "--max-restarts", "3").stdout)["plan"]
+    assert plan["max_restarts"] == 3 and plan["attempt"] == 1 and plan["env"]["FSDPCTL_ATTEMPT"] == "1"
+    for result in (detached, changed, command, unknown):
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 2
+
+
 def test_stacks_of_an_unknown_run_is_one_line(tmp_path):
     result = run_cli("stacks", "nosuchrun", env={"FSDPCTL_RUNS_DIR": str(tmp_path)})
     assert result.returncode == 2 and "error: run nosuchrun: not found" in result.stderr

@@ -93,6 +93,7 @@ def error_of(text: str) -> ProfileError:
         ("name: x\nbackend: ssh\nhosts: n1\n", 3, "hosts", "expected a list"),
         ("name: x\nbackend: ssh\nhosts: [n1]\n---\nname: y\n", 5, "(top level)", "more than one"),
         ("name: x\nbackend: ssh\nhosts: [n1]\nhang_timeout: 2\n", 4, "hang_timeout", "outside 5-604800"),
+        ("name: x\nbackend: ssh\nhosts: [n1]\nmax_restarts: -1\n", 4, "max_restarts", "outside 0-100"),
         ("name: x\nbackend: ssh\nhosts: [n1]\non_hang: wait\n", 4, "on_hang", "not stop or keep"),
         ("name: x\nbackend: ssh\nhosts: [n1]\nnode_timeout: 1\n", 4, "node_timeout", "outside 3-86400"),
     ],

@@ -18,8 +18,10 @@ from ...node.stacks import END as STACKS_END
 from ...node.stacks import answer_of
 from ...plan.types import LaunchPlan
 from ...profiles.schema import ClusterProfile
+from ...runs.attempts import attempt_folder
 from ...runs.paths import files_under
 from ...runs.record import Run, last_metrics, now
+from ...workload.layout import complete_steps
 from ..base import DoctorRequest, LineSink, Outcome
 from ..hang_watch import HANG_EXIT, HangWatch
 from ..node_commands import STAGED, stacks_command
@@ -129,8 +131,17 @@ class SlurmBackend:
         info["last_metrics"] = last_metrics([metrics.read_text(encoding="utf-8")] if metrics.exists() else [])
         return info
 
-    def read_logs(self, run: Run, sink: LineSink) -> list[str]:
-        if NodeLogs(Path(run.plan.run_dir), run.plan.num_nodes).read_new(sink):
+    def checkpoint_steps(self, run: Run) -> list[int]:
+        """Read where the nodes wrote them: the shared run directory."""
+        return complete_steps(Path(run.plan.run_dir).expanduser())
+
+    def read_logs(self, run: Run, sink: LineSink, attempt: int | None = None) -> list[str]:
+        run_dir = Path(run.plan.run_dir).expanduser()
+        if attempt not in (None, run.attempt):
+            earlier = run_dir / attempt_folder(attempt)
+            found = NodeLogs(earlier, run.plan.num_nodes).read_new(sink)
+            return [] if found else [f"fsdpctl: attempt {attempt} left no node log in {earlier}"]
+        if NodeLogs(run_dir, run.plan.num_nodes).read_new(sink):
             return []
         return batch_output(run.record, "no node has written a log yet")
 

@@ -10,6 +10,7 @@ from typing import Any
 from ...bundle import Payload
 from ...plan.make import SHIPPED_PACKAGE_DIR
 from ...plan.types import LaunchPlan
+from ...runs.attempts import attempt_folder, move_into, node_files
 from ...runs.record import Run, now
 from ...shell import quote_path
 from . import client, via_submitit
@@ -23,6 +24,9 @@ def submit_slurm(run: Run, payload: Payload) -> str:
     assert plan.slurm is not None
     run_dir = Path(plan.run_dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if plan.attempt > 1:  # the last attempt's node logs move aside: every node appends to node<R>.log
+        for rank in range(plan.num_nodes):
+            move_into(run_dir, node_files(rank), attempt_folder(plan.attempt - 1))
     with tarfile.open(fileobj=io.BytesIO(payload.files), mode="r:") as tar:
         tar.extractall(run_dir, filter="data")
     script_name = "submitit-setup.sh" if plan.slurm.via == "submitit" else "sbatch.sh"

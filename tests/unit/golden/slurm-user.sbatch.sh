@@ -27,6 +27,7 @@ export NCCL_SOCKET_IFNAME=eth0
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
 export FSDPCTL_RUN_ID=slurm-user-20261121-120000-abcd
+export FSDPCTL_ATTEMPT=1
 export FSDPCTL_SECRET_NAMES=HF_TOKEN
 : "${HF_TOKEN?fsdpctl: the secret HF_TOKEN is not in this environment; sbatch hands over the submitting environment}"
 mkdir -p "$FSDPCTL_RUN_DIR"
@@ -35,6 +36,6 @@ mkdir -p "$FSDPCTL_RUN_DIR"
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 FSDPCTL_HEAD_ADDR=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | sed -n 1p)
 export FSDPCTL_HEAD_ADDR="${FSDPCTL_HEAD_ADDR:-$head_node}"
-echo "fsdpctl: job $SLURM_JOB_ID (attempt $((${SLURM_RESTART_COUNT:-0} + 1))) head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
+echo "fsdpctl: job $SLURM_JOB_ID (Slurm start $((${SLURM_RESTART_COUNT:-0} + 1))) head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
 # One torchrun per node; any task failing ends the whole step.
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'set -o pipefail && cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { cd code || exit 1; echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, attempt $((${SLURM_RESTART_COUNT:-0} + 1))"; "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-user-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID" --tee 3 train.py --config '"'"'conf/a b.yaml'"'"' '"'"'$(id)'"'"'; code=$?; "$FSDPCTL_PYTHON" -m fsdpctl.node.mask --scrub "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID"; exit $code; } 2>&1 | "$FSDPCTL_PYTHON" -m fsdpctl.node.mask >> node"$SLURM_NODEID".log'
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'set -o pipefail && cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { cd code || exit 1; echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, Slurm start $((${SLURM_RESTART_COUNT:-0} + 1))"; "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-user-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID" --tee 3 train.py --config '"'"'conf/a b.yaml'"'"' '"'"'$(id)'"'"'; code=$?; "$FSDPCTL_PYTHON" -m fsdpctl.node.mask --scrub "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID"; exit $code; } 2>&1 | "$FSDPCTL_PYTHON" -m fsdpctl.node.mask >> node"$SLURM_NODEID".log'

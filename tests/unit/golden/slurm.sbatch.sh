@@ -27,12 +27,13 @@ export NCCL_SOCKET_IFNAME=eth0
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
 export FSDPCTL_RUN_ID=slurm-20261121-120000-abcd
+export FSDPCTL_ATTEMPT=1
 mkdir -p "$FSDPCTL_RUN_DIR"
 # The head node's address, as the other nodes reach it (a host name may resolve differently there).
 # `sed -n 1p` rather than `head`: head exits early and pipefail would turn scontrol's SIGPIPE into a failure.
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 FSDPCTL_HEAD_ADDR=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | sed -n 1p)
 export FSDPCTL_HEAD_ADDR="${FSDPCTL_HEAD_ADDR:-$head_node}"
-echo "fsdpctl: job $SLURM_JOB_ID (attempt $((${SLURM_RESTART_COUNT:-0} + 1))) head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
+echo "fsdpctl: job $SLURM_JOB_ID (Slurm start $((${SLURM_RESTART_COUNT:-0} + 1))) head $head_node ($FSDPCTL_HEAD_ADDR), nodes $SLURM_JOB_NODELIST"
 # One torchrun per node; any task failing ends the whole step.
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, attempt $((${SLURM_RESTART_COUNT:-0} + 1))"; exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID" --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset gpt2-124m --fsdp 2 --steps 2000 --batch-size 16 --seq-len 1024 --mixed-precision bf16 --checkpoint-interval 200 --resume-if-present --run-dir .; } >> node"$SLURM_NODEID".log 2>&1'
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c 'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && { echo "fsdpctl: node $SLURM_NODEID of 2 on $(hostname) in $PWD, Slurm start $((${SLURM_RESTART_COUNT:-0} + 1))"; exec "$FSDPCTL_PYTHON" -m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-id slurm-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint "$FSDPCTL_HEAD_ADDR":23981 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID" --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset gpt2-124m --fsdp 2 --steps 2000 --batch-size 16 --seq-len 1024 --mixed-precision bf16 --checkpoint-interval 200 --resume-if-present --run-dir .; } >> node"$SLURM_NODEID".log 2>&1'

@@ -19,6 +19,7 @@ export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export FSDPCTL_RUN_ID=two-node-user-20261121-120000-abcd
+export FSDPCTL_ATTEMPT=1
 export FSDPCTL_SECRET_NAMES=HF_TOKEN
 export FSDPCTL_NODE_RANK=1
 : "${HF_TOKEN?fsdpctl: the secret HF_TOKEN is not in this environment; fsdpctl hands it over when it starts the node}"

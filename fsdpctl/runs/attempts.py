@@ -1,0 +1,139 @@
+"""A run's attempts: planning the next one from the same inputs, keeping the last one's files apart,
+and deciding whether a failed one is started again.
+
+An attempt is one start of a run. ``launch --resume RUN`` and ``--max-restarts`` start attempt N+1 in
+the same run directory (here and on the nodes) with the plan the run was made from, so the bundled
+workload continues from its newest complete checkpoint and a user's program finds its own files
+(``FSDPCTL_RUN_DIR``, ``FSDPCTL_ATTEMPT``). What attempt N left (its plan, scripts and logs; on the
+nodes each node's log, exit and pid files and torchrun's log folder) moves to ``attempts/<N>/``; the
+newest attempt's files keep their usual names, so every reader works on it unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import UsageError
+from ..plan.types import LaunchPlan, overrides_from_json
+from .paths import read_json, write_json_atomic
+from .record import Run, now, prepare
+
+ATTEMPTS = "attempts"
+INPUTS = "inputs.json"  # written by record.create_run
+"""What the run's plan was made from (the overrides and make_plan's other inputs)."""
+LIVE_STATES = ("running", "starting", "submitted")
+# run.json fields that describe one attempt: kept in its history entry, cleared for the next one.
+_ATTEMPT_FIELDS = ("state", "exit_code", "first_failure", "started_at", "submitted_at", "finished_at", "stopped_at",
+                   "remaining", "detached", "nodes", "job_id", "via", "slurm_output", "slurm_state", "from_step")
+
+
+def attempt_folder(attempt: int) -> str:
+    """Where attempt ``attempt``'s files go once a later attempt starts (relative to a run directory)."""
+    return f"{ATTEMPTS}/{attempt}"
+
+
+def node_files(rank: int) -> tuple[str, ...]:
+    """What one node's part of an attempt leaves in the run directory on the node: its own files, and
+    the ranks' stack and flight-recorder dumps (a shared run directory's are moved by whichever node
+    comes first)."""
+    return (f"node{rank}.log", f"node{rank}.exit", f"node{rank}.pid", f"logs/node{rank}", "stacks", "flight")
+
+
+def move_into(root: Path, names: tuple[str, ...], folder: str) -> None:
+    """Move each of ``names`` (relative to ``root``) that exists into ``root/folder``, keeping its path."""
+    for name in names:
+        source = root / name
+        if source.exists() or source.is_symlink():
+            target = root / folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                shutil.move(str(source), str(target))
+            except FileNotFoundError:
+                pass  # another node sharing the directory moved it first
+
+
+def plan_next_attempt(run: Run, *, train: dict[str, Any], **changes: Any) -> tuple[LaunchPlan, dict[str, str]]:
+    """The plan and scripts of the run's next attempt: the inputs it was made from, with ``train``
+    settings (``--steps``/``--epochs``) and ``changes`` (other Overrides fields) over them."""
+    from ..plan.make import make_plan
+    from ..plan.render import render_all
+
+    inputs = read_json(run.root / INPUTS)
+    if not inputs:
+        raise UsageError(f"run {run.run_id}: has no {INPUTS} (started by an older fsdpctl)",
+                         "start it afresh with `fsdpctl launch`")
+    overrides = overrides_from_json(inputs["overrides"])
+    overrides = dataclasses.replace(overrides, train={**overrides.train, **train}, attempt=run.plan.attempt + 1,
+                                    **{k: v for k, v in changes.items() if v is not None})
+    plan = make_plan(run.profile, run_id=run.run_id, local_run_dir=str(run.root),
+                     profile_source=inputs["profile_source"], overrides=overrides,
+                     local_python=inputs["local_python"], home=inputs["home"], local_cwd=inputs["local_cwd"],
+                     for_slurm=inputs["for_slurm"])
+    if plan.run_dir != run.plan.run_dir:  # the same inputs give the same plan; anything else is a bug
+        raise AssertionError(f"attempt {plan.attempt} would run in {plan.run_dir}, not {run.plan.run_dir}")
+    return plan, render_all(plan)
+
+
+def begin_attempt(run: Run, plan: LaunchPlan, scripts: dict[str, str], from_step: Optional[int]) -> Run:
+    """Keep the last attempt's files in ``attempts/<N>/`` and its summary in run.json's ``attempts``,
+    then write the new attempt's plan and scripts; returns the run as it now is."""
+    previous = run.plan.attempt
+    root = run.root
+    move_into(root, ("logs", "hang", "fetched", "flight"), attempt_folder(previous))
+    (root / attempt_folder(previous)).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(run.paths.plan, root / attempt_folder(previous) / "plan.json")
+    move_into(root, ("scripts",), attempt_folder(previous))
+    data = read_json(run.paths.run_record)
+    history = [*data.get("attempts", []), attempt_summary(data, previous)]
+    for name in _ATTEMPT_FIELDS:
+        data.pop(name, None)
+    data.update(attempts=history, attempt=plan.attempt, from_step=from_step, resumed_at=now())
+    write_json_atomic(run.paths.run_record, data)
+    prepare(run.paths, plan, scripts, None)
+    return Run(run.paths, plan, run.profile)
+
+
+def attempt_summary(record: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """One attempt as run.json's ``attempts`` keeps it."""
+    summary = {"attempt": attempt, **{k: record.get(k) for k in ("state", "exit_code", "from_step", "started_at",
+                                                                 "submitted_at", "finished_at", "job_id")}}
+    summary["ended_by"] = describe_failure(record.get("first_failure")) if record.get("first_failure") else None
+    return {k: v for k, v in summary.items() if v is not None}
+
+
+def describe_failure(failure: dict[str, Any]) -> str:
+    """A failure in a few words: "rank 1 on n2 exited 137", "n2 (node 1) was lost", "a hang"."""
+    if failure.get("hang"):
+        return f"a hang ({failure['hang']})"
+    if failure.get("lost"):
+        return f"{failure['host']} (node {failure['node_rank']}) was lost"
+    code = failure.get("exit_code")
+    code = 128 - code if isinstance(code, int) and code < 0 else code  # a signal, as a shell says it
+    who = f"rank {failure['rank']} on " if failure.get("rank") is not None else "node "
+    where = failure["host"] if failure.get("rank") is not None else f"{failure['node_rank']} ({failure['host']})"
+    return f"{who}{where} exited {code}"
+
+
+def check_resumable(run: Run, state: str, steps: list[int], new_total: Optional[int]) -> Optional[int]:
+    """Refuse (UsageError, one line) a run that cannot take another attempt; the step it continues
+    from (None for a program of the user's, whose own files say where it stands)."""
+    rid = run.run_id
+    if state in LIVE_STATES:
+        raise UsageError(f"run {rid}: is still {state}", f"end it first (`fsdpctl stop {rid}`), or follow it "
+                         f"(`fsdpctl logs -f {rid}`)")
+    if run.plan.command:
+        return None
+    if not steps:
+        every = run.plan.train.get("checkpoint_interval") or 0
+        saves = f"every {every} steps" if every else "only at the end (checkpoint_interval is 0)"
+        raise UsageError(f"run {rid}: has no complete checkpoint in {run.plan.run_dir}/checkpoints (it saves one "
+                         f"{saves})", "start it afresh with `fsdpctl launch`; --set checkpoint_interval=N saves "
+                         "every N steps")
+    total = new_total if new_total is not None else run.plan.train.get("steps")
+    if isinstance(total, int) and total <= steps[-1]:
+        raise UsageError(f"run {rid}: its newest checkpoint is at step {steps[-1]} of {total}: nothing left to train",
+                         f"give --steps N (more than {steps[-1]}) to train on from it")
+    return steps[-1]

@@ -1,0 +1,173 @@
+"""Picking a failed run up where it stopped, on the namespace testbed: `launch --resume RUN_ID`,
+`--max-restarts`, and the refusals.
+
+Two nodes, one rank each; the bundled workload saves a checkpoint every 10 of its 40 steps. The
+rank on node 2 is killed with SIGKILL once step 15 is logged, so the newest complete checkpoint is
+step 10's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_launch import (
+    processes_of,
+    run,
+    run_dir_of,
+    start,
+    wait_for_line,
+    workload_workers,
+    write_profile,
+)
+from tests.integration.user_project import write_project
+
+pytestmark = pytest.mark.integration
+
+# Steps of ~0.5 s here: the kill after step 15 lands well before step 20's checkpoint.
+WORKLOAD = ("--set", "checkpoint_interval=10", "--set", "log_interval=1", "--batch-size", "8", "--set",
+            "seq_len=128")
+
+
+def kill_rank_on_node_2_after_step_15(run_dir: Path) -> None:
+    wait_for_line(run_dir / "logs" / "merged.log", r"step=15 loss=")
+    workers = workload_workers(run_dir.name, 1)
+    assert len(workers) == 1, workers
+    os.kill(workers[0], signal.SIGKILL)
+
+
+def new_run_dir(tmp_path: Path, known: Path, timeout: float = 60) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (newest := run_dir_of(tmp_path)) != known:
+            return newest
+        time.sleep(0.2)
+    raise AssertionError("the second run never appeared")
+
+
+def metrics(run_dir: Path) -> tuple[dict[int, float], list[dict]]:
+    """(train loss by step, every row) of the run's metrics.jsonl, on the nodes' shared run directory;
+    a step written twice fails."""
+    on_nodes = Path(json.loads((run_dir / "plan.json").read_text())["run_dir"])
+    rows = [json.loads(line) for line in (on_nodes / "metrics.jsonl").read_text().splitlines()]
+    train = [row for row in rows if row["kind"] == "train"]
+    steps = [row["step"] for row in train]
+    assert len(steps) == len(set(steps)), f"steps written twice: {steps}"
+    return {row["step"]: row["loss"] for row in train}, rows
+
+
+def final_val(rows: list[dict]) -> float:
+    return [row for row in rows if row["kind"] == "val"][-1]["val_loss"]
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(lab, tmp_path):
+    profile = str(write_profile(lab, tmp_path, steps=40))
+    straight = run(lab, tmp_path, "launch", "-p", profile, *WORKLOAD)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    straight_losses, straight_rows = metrics(run_dir_of(tmp_path))
+
+    first = run_dir_of(tmp_path)
+    launcher = start(lab, tmp_path, "launch", "-p", profile, *WORKLOAD)
+    run_dir = new_run_dir(tmp_path, first)
+    kill_rank_on_node_2_after_step_15(run_dir)
+    code, _, err = launcher.finish(timeout=120)
+    assert code == 128 + signal.SIGKILL, err[-2000:]
+    assert not processes_of(run_dir.name)
+
+    resumed = run(lab, tmp_path, "launch", "--resume", run_dir.name)
+    print(f"\n--- launch --resume ---\n{resumed.stderr[-1500:]}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"fsdpctl: run {run_dir.name}: attempt 2 from step 10" in resumed.stderr
+    merged = (run_dir / "logs" / "merged.log").read_text()
+    assert "resumed_from=step_0000010" in merged and "step=40 loss=" in merged
+    losses, rows = metrics(run_dir)
+    assert sorted(losses) == list(range(1, 41))  # steps continue: 11-15 of the failed attempt are not kept twice
+    assert losses == straight_losses, "a resumed run trains exactly as an uninterrupted one"
+    assert final_val(rows) == final_val(straight_rows)
+    print(f"final loss: interrupted+resumed {losses[40]!r}, uninterrupted {straight_losses[40]!r}; final val "
+          f"{final_val(rows)!r} / {final_val(straight_rows)!r}")
+
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["attempt"] == 2 and record["from_step"] == 10 and record["state"] == "succeeded"
+    assert [(a["attempt"], a["state"], a["exit_code"]) for a in record["attempts"]] == [(1, "failed", 137)]
+    status = run(lab, tmp_path, "status", run_dir.name)
+    assert "succeeded (attempt 2 from step 10)" in status.stdout, status.stdout
+    assert f"attempt 1: failed (exit 137): rank 1 on {lab.hosts['n2'].address} exited 137" in status.stdout
+    first = run(lab, tmp_path, "logs", run_dir.name, "--attempt", "1")
+    assert "step=15 loss=" in first.stdout and "resumed_from" not in first.stdout
+    assert "exitcode  : -9" in first.stdout
+    newest = run(lab, tmp_path, "logs", run_dir.name)
+    assert "resumed_from=step_0000010" in newest.stdout and "step=15 loss=" not in newest.stdout.split(
+        "resumed_from")[0]
+    assert re.search(rf"{run_dir.name}\tsucceeded\tssh\t2 node\(s\)\texit 0\tattempt 2",
+                     run(lab, tmp_path, "runs").stdout)
+    assert not processes_of(run_dir.name)
+
+
+def test_max_restarts_starts_the_run_again_from_its_checkpoint_in_one_command(lab, tmp_path):
+    launcher = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=40)), *WORKLOAD,
+                     "--max-restarts", "1")
+    run_dir = run_dir_of(tmp_path)
+    kill_rank_on_node_2_after_step_15(run_dir)
+    code, _, err = launcher.finish(timeout=300)
+    print(f"\n--- launch --max-restarts 1 ---\n{err[-2500:]}")
+    assert code == 0, err[-3000:]
+    restart = f"fsdpctl: attempt 2 of 2 from step 10 after rank 1 on {lab.hosts['n2'].address} exited 137"
+    assert err.count("fsdpctl: attempt ") == 1 and restart in err, err[-3000:]
+    assert "re-check: preflight of 2 node(s)" in err
+    losses, _ = metrics(run_dir)
+    assert sorted(losses) == list(range(1, 41))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["attempt"] == 2 and record["state"] == "succeeded"
+    assert not processes_of(run_dir.name)
+
+
+def test_a_rank_that_fails_every_time_gets_exactly_its_restarts_then_its_exit_code(lab, tmp_path):
+    """A program of the user's restarts whatever its checkpoints (they are its own): FSDPCTL_ATTEMPT
+    counts the attempts, FSDPCTL_RUN_DIR stays the same."""
+    project = write_project(tmp_path / "project")
+    result = run(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path)), "--max-restarts", "2",
+                 "--code", str(project), "--env", "FAIL_RANK=1", "--", "train.py")
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert re.findall(r"fsdpctl: (attempt \d of \d) after rank 1 on \S+ exited 3", result.stderr) == [
+        "attempt 2 of 3", "attempt 3 of 3"], result.stderr[-3000:]
+    assert "fsdpctl: no restart left (--max-restarts 2)" in result.stderr
+    run_dir = run_dir_of(tmp_path)
+    on_nodes = json.loads((run_dir / "plan.json").read_text())["run_dir"]
+    seen = (Path(on_nodes) / "out" / "attempts.log").read_text().split("\n")
+    assert sorted(line for line in seen if line) == sorted(
+        f"rank={rank} attempt={attempt} run_dir={on_nodes}" for rank in (0, 1) for attempt in (1, 2, 3))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert [a["attempt"] for a in record["attempts"]] == [1, 2] and record["attempt"] == 3
+    for attempt in (1, 2):
+        assert (run_dir / "attempts" / str(attempt) / "logs" / "merged.log").exists()
+        assert (Path(on_nodes) / "attempts" / str(attempt) / "node1.log").exists()
+    assert not processes_of(run_dir.name)
+
+
+def test_resume_refuses_an_unknown_run_a_running_run_and_a_run_without_checkpoint(lab, tmp_path):
+    unknown = run(lab, tmp_path, "launch", "--resume", "lab-20260101-000000-beef")
+    assert unknown.returncode == 2 and "run lab-20260101-000000-beef: not found" in unknown.stderr
+
+    profile = str(write_profile(lab, tmp_path, steps=5000))
+    detached = run(lab, tmp_path, "launch", "-p", profile, "--detach")
+    assert detached.returncode == 0, detached.stderr[-2000:]
+    run_id = detached.stdout.strip()
+    try:
+        running = run(lab, tmp_path, "launch", "--resume", run_id)
+        assert running.returncode == 2, running.stderr
+        assert f"run {run_id}: is still running" in running.stderr and f"fsdpctl stop {run_id}" in running.stderr
+        assert len(running.stderr.strip().splitlines()) == 2  # the line and its hint, no traceback
+    finally:
+        assert run(lab, tmp_path, "stop", run_id).returncode == 0
+    none_saved = run(lab, tmp_path, "launch", "--resume", run_id)
+    assert none_saved.returncode == 2
+    assert f"run {run_id}: has no complete checkpoint" in none_saved.stderr, none_saved.stderr
+    assert "launch -p" not in none_saved.stderr and sys.executable not in none_saved.stderr
