@@ -100,6 +100,9 @@ def launch(
     wanted = wanted or prepared.job.fetch
     if wanted and detach:
         raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
+    if detach and prepared.plan.max_restarts:
+        typer.secho(f"fsdpctl: note: the profile's max_restarts ({prepared.plan.max_restarts}) does not apply to a "
+                    f"detached run: restarts are made by the launcher that follows it", err=True, fg="yellow")
     raise typer.Exit(run_plan(prepared, preflight=not no_preflight, detach=detach, fetch=wanted))
 
 
