@@ -207,7 +207,7 @@ class NodesBackend:
         """The merged log kept here; for a run nobody followed (detached), each node's log, read once.
         ``attempt``: an earlier attempt's, from where its files were moved."""
         folder = "" if attempt in (None, run.attempt) else attempt_folder(attempt) + "/"
-        merged = (run.root / folder / "logs" / "merged.log") if folder else run.paths.logs / "merged.log"
+        merged = run.root / folder / "logs" / "merged.log"
         if merged.exists() and merged.stat().st_size:
             with merged.open(encoding="utf-8", errors="replace") as handle:
                 for raw in handle:

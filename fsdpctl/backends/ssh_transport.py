@@ -257,12 +257,7 @@ class SSHTransport:
         """Run one shell command line on the node; returns (exit status, stdout, stderr).
 
         Raises SSHError(cause="timeout") when it has not finished within ``timeout`` seconds."""
-        self.connect()
-        assert self.client is not None
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
-        channel = transport.open_session(timeout=timeout)
+        channel = self._new_channel(timeout)
         deadline = time.monotonic() + timeout
         out = bytearray()
         try:
@@ -295,14 +290,19 @@ class SSHTransport:
             channel.close()
         return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
-    def stream(self, command: str) -> _SSHStream:
-        """Start a command line and read its output (stderr merged) as it arrives."""
+    def _new_channel(self, timeout: float | None = None):
+        """A fresh session channel on the connection (opened on first use), within ``timeout`` seconds
+        (default: the profile's connect timeout)."""
         self.connect()
         assert self.client is not None
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
-        channel = transport.open_session(timeout=self.spec.connect_timeout)
+        return transport.open_session(timeout=timeout or self.spec.connect_timeout)
+
+    def stream(self, command: str) -> _SSHStream:
+        """Start a command line and read its output (stderr merged) as it arrives."""
+        channel = self._new_channel()
         channel.set_combine_stderr(True)
         channel.exec_command(command)
         channel.shutdown_write()
@@ -310,12 +310,7 @@ class SSHTransport:
 
     def session(self, command: str) -> _SSHSession:
         """Start a command line to talk to: its stdin stays open until ``finish`` or ``close``."""
-        self.connect()
-        assert self.client is not None
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
-        channel = transport.open_session(timeout=self.spec.connect_timeout)
+        channel = self._new_channel()
         channel.exec_command(command)
         return _SSHSession(self.host, channel)
 

@@ -9,6 +9,7 @@ import typer
 
 from ..errors import UsageError
 from . import common, jobopts
+from .resume import ResumeOpt, refuse_flags_with_resume
 
 # Library modules are imported inside the commands: `fsdpctl --help` must not pay for jinja2,
 # yaml and the launch machinery it never uses.
@@ -48,9 +49,7 @@ def launch(
                                                "node may hear nothing from each other before the node is lost and "
                                                "stops its own ranks (default: the profile's node_timeout, 30). A "
                                                "--detach run outlives its launcher and is not bound by it."),
-    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID", help="Start the next attempt of "
-                                         "RUN_ID in its own run directory with its own plan (the bundled workload "
-                                         "from its newest complete checkpoint); only --steps/--epochs may change."),
+    resume: Optional[str] = ResumeOpt,
     max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, max=100, help="When a rank or node "
                                                "fails (or the run hangs), tear down, re-check the nodes and start "
                                                "again from the newest complete checkpoint, up to N times (default: "
@@ -72,25 +71,19 @@ def launch(
     if wanted and detach:
         raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
     hang_timeout, on_hang = common.hang_timeout_choice(hang_timeout), common.on_hang_choice(on_hang)
+    flags = jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements)
+    workload = {"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
+                "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings}
     if resume is not None:
-        from .resume import refuse_flags_with_resume
-
-        refuse_flags_with_resume({"command": command, "profile": profile, "job": job, "code": code,
-                                  "no_code": no_code, "chdir": chdir, "code_limit": code_limit, "env": env,
-                                  "requirements": requirements, "fsdp": fsdp, "preset": preset,
-                                  "batch_size": batch_size, "sharding": sharding, "mixed_precision": mixed_precision,
-                                  "set": settings, "nproc_per_node": nproc_per_node, "master_port": master_port,
-                                  "debug": debug, "dry_run": dry_run, "json": as_json})
+        refuse_flags_with_resume(flags, workload, profile=profile, nproc_per_node=nproc_per_node,
+                                 master_port=master_port, debug=debug, dry_run=dry_run, json=as_json)
         raise typer.Exit(resume_run(resume, for_slurm=False, preflight=not no_preflight, detach=detach,
                                     fetch=wanted, steps=steps, epochs=epochs, node_timeout=node_timeout,
                                     hang_timeout=hang_timeout, on_hang=on_hang, max_restarts=max_restarts))
     prepared = jobopts.prepare(
-        profile=profile, for_slurm=False,
-        flags=jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements),
-        workload={"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
-                  "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings},
-        nproc_per_node=nproc_per_node, master_port=master_port, debug=debug, node_timeout=node_timeout,
-        hang_timeout=hang_timeout, on_hang=on_hang, max_restarts=max_restarts)
+        profile=profile, for_slurm=False, flags=flags, workload=workload, nproc_per_node=nproc_per_node,
+        master_port=master_port, debug=debug, node_timeout=node_timeout, hang_timeout=hang_timeout, on_hang=on_hang,
+        max_restarts=max_restarts)
     if dry_run:
         print_dry_run(prepared.plan, common.with_previews(prepared.loaded.profile, prepared.plan, prepared.scripts),
                       as_json)

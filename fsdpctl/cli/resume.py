@@ -3,6 +3,7 @@ planned from what the run was made from, refused with one line when it cannot co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -13,8 +14,16 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from ..backends.base import Backend, Outcome
     from ..bundle import Payload
+    from ..job import JobFlags
     from ..plan.types import LaunchPlan
     from ..runs.record import Run
+
+
+ResumeOpt = typer.Option(None, "--resume", metavar="RUN_ID", help="Start the next attempt of RUN_ID in its own run "
+                         "directory with its own plan (the bundled workload from its newest complete checkpoint); "
+                         "only --steps/--epochs may change.")
+_FLAG_NAMES = {"command": "-- COMMAND", "code_limit_mb": "--code-limit", "requirements_file": "--requirements",
+               "settings": "--set"}
 
 
 @dataclass(frozen=True)
@@ -35,11 +44,14 @@ class NextAttempt:
         return Payload(node_payload(self.scripts, None), secret_values(self.plan.secrets))
 
 
-def refuse_flags_with_resume(given: dict[str, Any]) -> None:
-    """Flags that would change the plan of the run being resumed (it keeps its own)."""
+def refuse_flags_with_resume(flags: JobFlags, workload: dict[str, Any], **others: Any) -> None:
+    """Flags that would change the plan of the run being resumed (it keeps its own): the job's, the
+    workload's but --steps/--epochs, and the command's ``others``."""
+    given = {**dataclasses.asdict(flags), **{k: v for k, v in workload.items() if k not in ("steps", "epochs")},
+             **others}
     for name, value in given.items():
         if value not in (None, False, [], ()):
-            flag = "-- COMMAND" if name == "command" else "--" + name.replace("_", "-")
+            flag = _FLAG_NAMES.get(name) or "--" + name.replace("_", "-")
             raise UsageError(f"{flag}: --resume continues the run with its own plan (profile, settings, command)",
                              "drop it (only --steps and --epochs may change), or start a new run without --resume")
 

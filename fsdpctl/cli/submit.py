@@ -10,6 +10,7 @@ import typer
 from ..errors import UsageError
 from . import common, jobopts
 from .launch import resume_run, run_plan
+from .resume import ResumeOpt, refuse_flags_with_resume
 
 
 def submit(
@@ -46,9 +47,7 @@ def submit(
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
     hang_timeout: Optional[int] = common.HangTimeoutOpt,
     on_hang: Optional[str] = common.OnHangOpt,
-    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID", help="Submit the next attempt of "
-                                         "RUN_ID in its own run directory with its own plan (the bundled workload "
-                                         "from its newest complete checkpoint); only --steps/--epochs may change."),
+    resume: Optional[str] = ResumeOpt,
 ) -> None:
     """Submit your program (after --) or the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or
     submitit). The run directory, your code included, goes once to storage every node shares."""
@@ -58,26 +57,19 @@ def submit(
         raise UsageError("submit needs a scheduler", "add --slurm")
     _check_slurm_values(nodes, time, partition, via)
     hang_timeout, on_hang = common.hang_timeout_choice(hang_timeout), common.on_hang_choice(on_hang)
+    flags = jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements)
+    workload = {"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
+                "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings}
     if resume is not None:
-        from .resume import refuse_flags_with_resume
-
-        refuse_flags_with_resume({"command": command, "profile": profile, "nodes": nodes, "time": time,
-                                  "partition": partition, "via": via, "requeue": requeue, "job": job, "code": code,
-                                  "no_code": no_code, "chdir": chdir, "code_limit": code_limit, "env": env,
-                                  "requirements": requirements, "fsdp": fsdp, "preset": preset,
-                                  "batch_size": batch_size, "sharding": sharding, "mixed_precision": mixed_precision,
-                                  "set": settings, "nproc_per_node": nproc_per_node, "master_port": master_port,
-                                  "debug": debug, "dry_run": dry_run, "json": as_json})
+        refuse_flags_with_resume(flags, workload, profile=profile, nodes=nodes, time=time, partition=partition,
+                                 via=via, requeue=requeue, nproc_per_node=nproc_per_node, master_port=master_port,
+                                 debug=debug, dry_run=dry_run, json=as_json)
         raise typer.Exit(resume_run(resume, for_slurm=True, preflight=False, detach=not follow, announce_id=True,
                                     steps=steps, epochs=epochs, hang_timeout=hang_timeout, on_hang=on_hang))
     prepared = jobopts.prepare(
-        profile=profile, for_slurm=True,
-        flags=jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements),
-        workload={"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
-                  "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings},
-        nproc_per_node=nproc_per_node, master_port=master_port, debug=debug, slurm_nodes=nodes, slurm_time=time,
-        slurm_partition=partition, slurm_requeue=requeue, slurm_via=via,
-        hang_timeout=hang_timeout, on_hang=on_hang)
+        profile=profile, for_slurm=True, flags=flags, workload=workload, nproc_per_node=nproc_per_node,
+        master_port=master_port, debug=debug, slurm_nodes=nodes, slurm_time=time, slurm_partition=partition,
+        slurm_requeue=requeue, slurm_via=via, hang_timeout=hang_timeout, on_hang=on_hang)
     if dry_run:
         print_dry_run(prepared.plan, common.with_previews(prepared.loaded.profile, prepared.plan, prepared.scripts),
                       as_json)
