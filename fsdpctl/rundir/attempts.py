@@ -19,12 +19,12 @@ from typing import Any, Optional
 from ..errors import UsageError
 from ..plan.types import LaunchPlan, overrides_from_json
 from .paths import read_json, write_json_atomic
-from .record import Run, now, prepare
+from .record import RunDir, now, prepare
+from .state import Failure, RunState
 
 ATTEMPTS = "attempts"
 INPUTS = "inputs.json"  # written by record.create_run
 """What the run's plan was made from (the overrides and make_plan's other inputs)."""
-LIVE_STATES = ("running", "starting", "submitted")
 # run.json fields that describe one attempt: kept in its history entry, cleared for the next one.
 _ATTEMPT_FIELDS = ("state", "exit_code", "first_failure", "started_at", "submitted_at", "finished_at", "stopped_at",
                    "remaining", "detached", "nodes", "job_id", "via", "slurm_output", "slurm_state", "from_step")
@@ -55,7 +55,7 @@ def move_into(root: Path, names: tuple[str, ...], folder: str) -> None:
                 pass  # another node sharing the directory moved it first
 
 
-def plan_next_attempt(run: Run, *, train: dict[str, Any], **changes: Any) -> tuple[LaunchPlan, dict[str, str]]:
+def plan_next_attempt(run: RunDir, *, train: dict[str, Any], **changes: Any) -> tuple[LaunchPlan, dict[str, str]]:
     """The plan and scripts of the run's next attempt: the inputs it was made from, with ``train``
     settings (``--steps``/``--epochs``) and ``changes`` (other Overrides fields) over them."""
     from ..plan.make import make_plan
@@ -77,7 +77,7 @@ def plan_next_attempt(run: Run, *, train: dict[str, Any], **changes: Any) -> tup
     return plan, render_all(plan)
 
 
-def begin_attempt(run: Run, plan: LaunchPlan, scripts: dict[str, str], from_step: Optional[int]) -> Run:
+def begin_attempt(run: RunDir, plan: LaunchPlan, scripts: dict[str, str], from_step: Optional[int]) -> RunDir:
     """Keep the last attempt's files in ``attempts/<N>/`` and its summary in run.json's ``attempts``,
     then write the new attempt's plan and scripts; returns the run as it now is."""
     previous = run.plan.attempt
@@ -93,35 +93,23 @@ def begin_attempt(run: Run, plan: LaunchPlan, scripts: dict[str, str], from_step
     data.update(attempts=history, attempt=plan.attempt, from_step=from_step, resumed_at=now())
     write_json_atomic(run.paths.run_record, data)
     prepare(run.paths, plan, scripts, None)
-    return Run(run.paths, plan, run.profile)
+    return RunDir(run.paths, plan, run.profile)
 
 
 def attempt_summary(record: dict[str, Any], attempt: int) -> dict[str, Any]:
     """One attempt as run.json's ``attempts`` keeps it."""
     summary = {"attempt": attempt, **{k: record.get(k) for k in ("state", "exit_code", "from_step", "started_at",
                                                                  "submitted_at", "finished_at", "job_id")}}
-    summary["ended_by"] = describe_failure(record.get("first_failure")) if record.get("first_failure") else None
+    failure = Failure.from_json(record.get("first_failure"))
+    summary["ended_by"] = failure.describe() if failure else None
     return {k: v for k, v in summary.items() if v is not None}
 
 
-def describe_failure(failure: dict[str, Any]) -> str:
-    """A failure in a few words: "rank 1 on n2 exited 137", "n2 (node 1) was lost", "a hang"."""
-    if failure.get("hang"):
-        return f"a hang ({failure['hang']})"
-    if failure.get("lost"):
-        return f"{failure['host']} (node {failure['node_rank']}) was lost"
-    code = failure.get("exit_code")
-    code = 128 - code if isinstance(code, int) and code < 0 else code  # a signal, as a shell says it
-    who = f"rank {failure['rank']} on " if failure.get("rank") is not None else "node "
-    where = failure["host"] if failure.get("rank") is not None else f"{failure['node_rank']} ({failure['host']})"
-    return f"{who}{where} exited {code}"
-
-
-def check_resumable(run: Run, state: str, steps: list[int], new_total: Optional[int]) -> Optional[int]:
+def check_resumable(run: RunDir, state: RunState, steps: list[int], new_total: Optional[int]) -> Optional[int]:
     """Refuse (UsageError, one line) a run that cannot take another attempt; the step it continues
     from (None for a program of the user's, whose own files say where it stands)."""
     rid = run.run_id
-    if state in LIVE_STATES:
+    if not state.is_over:
         raise UsageError(f"run {rid}: is still {state}", f"end it first (`fsdpctl stop {rid}`), or follow it "
                          f"(`fsdpctl logs -f {rid}`)")
     if run.plan.command:

@@ -28,7 +28,7 @@ def record(paths: RunPaths, plan: LaunchPlan, nodes: list[dict[str, Any]] | None
     """Write run.json: the run's state, each node's process id and state, and whatever ``extra`` says."""
     data = read_json(paths.run_record)
     data.update({
-        "run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend, "state": state,
+        "run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend, "state": str(state),
         "run_dir_on_nodes": plan.run_dir, "num_nodes": plan.num_nodes, "world_size": plan.world_size,
         "attempt": plan.attempt,
     })
@@ -58,7 +58,7 @@ def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_
 
 
 @dataclass(frozen=True)
-class Run:
+class RunDir:
     """One run directory here: its plan and the profile as it was; ``record`` reads run.json afresh."""
 
     paths: RunPaths
@@ -93,21 +93,21 @@ class Run:
 
 
 def create_run(plan: LaunchPlan, profile: ClusterProfile, scripts: dict[str, str], profile_text: str,
-               inputs: dict[str, Any] | None = None) -> Run:
+               inputs: dict[str, Any] | None = None) -> RunDir:
     """The run directory here (``plan.local_run_dir``), written before anything starts. ``inputs``:
     what the plan was made from (``inputs.json``; a later attempt is planned from it)."""
     paths = RunPaths(Path(plan.local_run_dir))
     prepare(paths, plan, scripts, profile_text)
     if inputs is not None:
         write_json_atomic(paths.root / "inputs.json", inputs)
-    return Run(paths, plan, profile)
+    return RunDir(paths, plan, profile)
 
 
-def load_run(run_dir: Path) -> Run:
+def load_run(run_dir: Path) -> RunDir:
     """A run directory back as a Run: its plan and the profile it was started with."""
     plan = plan_from_json(read_json(run_dir / "plan.json"))
     profile = parse_profile((run_dir / "profile.yaml").read_text(encoding="utf-8"), str(run_dir / "profile.yaml"))
-    return Run(RunPaths(run_dir), plan, profile)
+    return RunDir(RunPaths(run_dir), plan, profile)
 
 
 def last_metrics(texts: list[str]) -> dict[str, Any] | None:
