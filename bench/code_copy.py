@@ -35,7 +35,7 @@ def inner(profile_path: str, project: str) -> None:
     from fsdpctl.plan.make import make_plan
     from fsdpctl.plan.types import Overrides
     from fsdpctl.profiles.loader import load_profile_file
-    from fsdpctl.runs.paths import new_run_id
+    from fsdpctl.rundir.paths import new_run_id
 
     started = time.perf_counter()
     profile = load_profile_file(Path(profile_path)).profile

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import interleaved, report, summarize  # noqa: E402
 
-from fsdpctl.doctor.probe import probe_command  # noqa: E402
+from fsdpctl.hostcheck.probe import probe_command  # noqa: E402
 from tests.testbed.lab import Lab, netns_available  # noqa: E402
 
 

@@ -51,6 +51,11 @@ def rows() -> list[tuple[str, str, str, str]]:
 
     cli = load("cli_startup").get("cases", {})
     add("`fsdpctl --help` / `import torch`", cli.get("fsdpctl --help", {}).get("ratio_to_baseline"), 0.1)
+    add("`import fsdpctl` / `import torch`", cli.get("python -c 'import fsdpctl'", {}).get("ratio_to_baseline"), 0.1)
+    imported = cli.get("python -c 'import fsdpctl'")
+    if imported:
+        floor = cli["python -c pass (interpreter floor)"]["median_s"]
+        out.append(("`import fsdpctl` / `python -c pass`", f"{imported['median_s'] / floor:.3f}", "-", "-"))
     fan = load("doctor_fanout_32")
     if fan:
         cases = fan["cases"]
@@ -65,6 +70,12 @@ def rows() -> list[tuple[str, str, str, str]]:
     launch = load("launch_overhead").get("cases", {})
     add("launch: time to first step / hand-typed torchrun", launch.get("fsdpctl launch", {}).get("ratio_to_baseline"),
         1.2)
+    if launch.get("fsdpctl.launch() from Python"):
+        api, cli_launch = launch["fsdpctl.launch() from Python"], launch["fsdpctl launch"]
+        spread = (cli_launch["max_s"] - cli_launch["min_s"]) / cli_launch["median_s"]
+        out.append(("launch: time to first step, `fsdpctl.launch()` / `fsdpctl launch` (same run)",
+                    f"{api['median_s'] / cli_launch['median_s']:.3f} (CLI spread {spread:.2f})", "within noise",
+                    "met" if abs(api["median_s"] / cli_launch["median_s"] - 1) <= max(spread, 0.05) else "MISSED"))
     user = load("launch_user_script").get("cases", {})
     add("launch: user script's first line / hand-typed torchrun (1 MB project)",
         user.get("fsdpctl launch -- user script (1 MB project)", {}).get("ratio_to_baseline"), 1.2)

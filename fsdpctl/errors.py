@@ -56,3 +56,17 @@ class HostError(FsdpctlError):
         self.host = host
         self.cause = cause
         self.detail = detail
+
+
+class PreflightError(FsdpctlError):
+    """The checks before a start failed on some node: nothing was started. ``report`` is doctor's
+    report of the nodes (``report.hosts``, ``report.parity``: which host, which check, the fix)."""
+
+    def __init__(self, report, message: str = "preflight failed; nothing was started",
+                 hint: str | None = "fix what the report names (or skip the checks: --no-preflight, preflight=False)"):
+        super().__init__(message, hint)
+        self.report = report
+
+
+class WaitTimeout(FsdpctlError, TimeoutError):
+    """``Run.wait(timeout=...)`` ran out of time; the run goes on."""

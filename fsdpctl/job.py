@@ -6,28 +6,91 @@ Without a command the bundled workload runs, and none of this applies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from .bundle import DEFAULT_CODE_LIMIT_MB, CodeManifest, collect_code
 from .errors import UsageError
-from .profiles.schema import env_name_problem, looks_like_credential
+
+if TYPE_CHECKING:  # the code collector loads when a job has code: `import fsdpctl` stays light
+    from .bundle import CodeManifest
 
 
-@dataclass(frozen=True)
-class JobFlags:
-    """What the command line says of the job (None / empty: not given)."""
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """Everything a run is made of besides its profile (None: the profile's, or the default)."""
 
     command: tuple[str, ...] = ()
+    """Your program and its arguments; empty: the bundled workload."""
     job: Optional[str] = None
+    """A job file (``./jobs/NAME.yaml`` or a path) with command, code, env, requirements; options win."""
     code: Optional[Path] = None
+    """The folder copied to every node for your program (default: the current folder)."""
     no_code: bool = False
+    """Copy no code: the ranks start in ``chdir``, on storage every node has."""
     chdir: Optional[str] = None
     code_limit_mb: Optional[int] = None
-    env: tuple[str, ...] = ()
-    """``--env`` items: ``NAME=VALUE``, or a bare ``NAME``, a secret taken from the environment."""
-    requirements_file: Optional[Path] = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables for every rank, written into the run's scripts."""
+    secrets: tuple[str, ...] = ()
+    """Names of variables whose values are read from this environment when the run starts and reach
+    the ranks only (never a file, a command line or a log)."""
+    requirements: Optional[Path] = None
+    """A requirements.txt every node must meet, with the same versions everywhere."""
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    """Settings of the bundled workload (``fsdp=2, steps=20, lr=1e-3``); not with a command."""
+    nproc_per_node: Optional[int] = None
+    master_port: Optional[int] = None
+    debug: bool = False
+    """Add NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=ALL, TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    node_timeout: Optional[int] = None
+    hang_timeout: Optional[int] = None
+    """Seconds without progress before the run counts as hung (0: no watchdog)."""
+    on_hang: Optional[str] = None
+    """``stop`` (end the run, exit 124) or ``keep`` (report and let it run)."""
+    max_restarts: Optional[int] = None
+    nodes: Optional[int] = None
+    """Slurm: nodes to allocate."""
+    time: Optional[str] = None
+    """Slurm: the time limit (``02:00:00``)."""
+    partition: Optional[str] = None
+    via: Optional[str] = None
+    """Slurm: ``sbatch`` (fsdpctl's batch script) or ``submitit``."""
+    requeue: Optional[bool] = None
+    """Slurm: checkpoint before the time limit and requeue."""
+
+    def __post_init__(self) -> None:
+        check_hang_timeout(self.hang_timeout)
+        if self.on_hang is not None and self.on_hang not in ("stop", "keep"):
+            raise UsageError(f"--on-hang {self.on_hang!r}: not stop or keep", "give --on-hang stop or --on-hang keep")
+        if self.node_timeout is not None and self.node_timeout < 3:
+            raise UsageError(f"--node-timeout {self.node_timeout}: too short", "give 3 seconds or more (default 30)")
+        if self.max_restarts is not None and not 0 <= self.max_restarts <= 100:
+            raise UsageError(f"--max-restarts {self.max_restarts}: out of range", "give 0 to 100")
+        check_slurm_values(self.nodes, self.time, self.partition, self.via)
+
+
+def check_hang_timeout(value: Optional[int]) -> Optional[int]:
+    """0 (off) or 5 seconds and more."""
+    if value is not None and (value < 0 or 0 < value < 5):
+        raise UsageError(f"--hang-timeout {value}: too short to tell a hang from a pause",
+                         "give 5 seconds or more (e.g. 600), or 0 to turn the watchdog off")
+    return value
+
+
+def check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str],
+                       via: Optional[str]) -> None:
+    from .profiles.schema import SLURM_TIME_PATTERN, SLURM_WORD_PATTERN
+
+    if nodes is not None and nodes < 1:
+        raise UsageError(f"--nodes {nodes}: not positive", "give 1 or more")
+    if time is not None and not SLURM_TIME_PATTERN.match(time):
+        raise UsageError(f"--time {time!r}: not a Slurm time limit", "write e.g. 90, 02:00:00 or 1-00:00")
+    if partition is not None and not SLURM_WORD_PATTERN.match(partition):
+        raise UsageError(f"--partition {partition!r}: not a partition name", "use letters, digits, _ - .")
+    if via is not None and via not in ("sbatch", "submitit"):
+        raise UsageError(f"--via {via!r}: unknown", "use --via sbatch or --via submitit")
 
 
 @dataclass(frozen=True)
@@ -56,6 +119,8 @@ def parse_env_items(items: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, 
     secrets: list[str] = []
     for item in items:
         name, sep, value = item.partition("=")
+        from .profiles.schema import env_name_problem
+
         if problem := env_name_problem(name):
             raise UsageError(f"--env {name}: {problem[0]}", problem[1])
         if not sep:
@@ -82,12 +147,14 @@ def secret_values(names: tuple[str, ...], environ: Optional[dict[str, str]] = No
 
 def credential_like(env: dict[str, str]) -> list[str]:
     """Plain variables whose names say credential: they would be written into the run's files."""
+    from .profiles.schema import looks_like_credential
+
     return [name for name in env if looks_like_credential(name)]
 
 
-def resolve_job(flags: JobFlags, cwd: Path) -> Job:
+def resolve_job(flags: JobOptions, cwd: Path) -> Job:
     """Combine the job file (when ``--job`` is given) with the flags; collect the code to copy."""
-    from .doctor.requirements import read_requirements
+    from .hostcheck.requirements import read_requirements
     from .profiles.jobs import load_job
 
     loaded = load_job(flags.job) if flags.job else None
@@ -101,9 +168,10 @@ def resolve_job(flags: JobFlags, cwd: Path) -> Job:
         if misplaced:
             raise UsageError(f"{misplaced[0]}: goes with a command of your own; the bundled workload ships itself",
                              "add your program after --, e.g. -- train.py --epochs 3")
-        requirements = read_requirements(flags.requirements_file) if flags.requirements_file else ()
-        env, secrets = parse_env_items(flags.env)
-        return Job(env=env, secrets=secrets, requirements=requirements)
+        requirements = read_requirements(flags.requirements) if flags.requirements else ()
+        return Job(env=dict(flags.env), secrets=flags.secrets, requirements=requirements)
+    from .bundle import DEFAULT_CODE_LIMIT_MB, collect_code
+
     limit = (flags.code_limit_mb or (spec.code_limit_mb if spec else DEFAULT_CODE_LIMIT_MB)) * 1_000_000
     if flags.code is not None:
         code_dir: Optional[Path] = flags.code
@@ -118,14 +186,13 @@ def resolve_job(flags: JobFlags, cwd: Path) -> Job:
     if code_dir is None and chdir is None:
         chdir = str(cwd)  # runs in place: this folder, at the same path on every node
     env = dict(spec.env) if spec else {}
-    flag_env, flag_secrets = parse_env_items(flags.env)
-    env.update(flag_env)
-    secrets = tuple(dict.fromkeys((*(spec.secrets if spec else ()), *flag_secrets)))
+    env.update(flags.env)
+    secrets = tuple(dict.fromkeys((*(spec.secrets if spec else ()), *flags.secrets)))
     requirements = tuple(spec.requirements) if spec else ()
     if loaded and spec and spec.requirements_file:
         requirements += read_requirements(loaded.resolve(spec.requirements_file))
-    if flags.requirements_file:
-        requirements += read_requirements(flags.requirements_file)
+    if flags.requirements:
+        requirements += read_requirements(flags.requirements)
     return Job(command=tuple(command), profile=spec.profile if spec else None,
                code=collect_code(code_dir, limit) if code_dir is not None else None, chdir=chdir, env=env,
                secrets=secrets, requirements=requirements, nproc_per_node=spec.nproc_per_node if spec else None,

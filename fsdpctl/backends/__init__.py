@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from ..profiles.schema import ClusterProfile
-    from ..runs.record import Run
+    from ..rundir.record import RunDir
     from .base import Backend
 
 
@@ -35,6 +35,6 @@ def backend_for(profile: ClusterProfile, name: Optional[str] = None) -> Backend:
     raise ValueError(f"unknown backend {chosen!r}")
 
 
-def backend_for_run(run: Run) -> Backend:
+def backend_for_run(run: RunDir) -> Backend:
     """The backend a run was started with, as its run.json names it."""
     return backend_for(run.profile, run.backend_name)

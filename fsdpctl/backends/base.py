@@ -5,24 +5,39 @@ Every command acts on a job through a ``Backend``: ``doctor`` and ``preflight`` 
 ``stop`` act on it later, from any terminal. The anchors are TorchX's ``Scheduler``
 (schedule / describe / log_iter / cancel) and submitit's ``Executor``/``Job``: the caller never asks
 which backend it holds. ``fsdpctl.backends.backend_for`` turns a profile or a run into one.
+
+What an instance holds, beyond the protocol: its connections to the nodes (opened on first use,
+released by ``close``; a later call opens them again) and, for the runs it started itself, what
+following them as their owner takes: the node agents a preflight staged (until ``start``), and the
+agents that watch over a foreground run's nodes (until ``follow`` takes them). Any instance can act
+on any run (status, logs, stacks, fetch, stop) and follow it from outside through the nodes' files;
+only the instance that started a foreground run can follow it as its owner, which is why the API's
+``Run`` handle keeps the instance that started it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+from ..rundir.state import Outcome
 
 if TYPE_CHECKING:
     from ..bundle import Payload
-    from ..doctor.checks import DoctorReport, HostReport
+    from ..hostcheck.checks import DoctorReport, HostReport
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
-    from ..runs.record import Run
+    from ..rundir.lines import LogLine
+    from ..rundir.record import RunDir
+    from ..rundir.status import RunStatus
     from .hang_watch import HangWatch
 
-LineSink = Callable[[int, str, str], None]
-"""Where a run's lines go: (node rank, host, line)."""
+__all__ = ["Backend", "DoctorRequest", "LineSink", "Outcome"]
+
+LineSink = Callable[["LogLine"], None]
+"""Where a run's lines go."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,21 +56,6 @@ class DoctorRequest:
     """Processes per node the run will start (GPUs needed), when known."""
     requirements: tuple[str, ...] = ()
     """Distributions the job imports (``numpy``, ``transformers==4.40``): installed on every node, same versions."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Outcome:
-    """How following a run ended."""
-
-    exit_code: int
-    state: str
-    """succeeded, failed, interrupted (Ctrl-C stopped the run), detached (the follower left; the run goes on),
-    or a scheduler's word for it."""
-    first_failure: Optional[dict[str, Any]] = None
-    message: Optional[str] = None
-    """One line that says how it ended, where the backend has more to say than the state."""
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    """Lines worth showing with it (a batch script's last output)."""
 
 
 class Backend(Protocol):
@@ -78,38 +78,41 @@ class Backend(Protocol):
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         """Files the backend would write itself besides the rendered scripts, for ``--dry-run``."""
 
-    def start(self, run: Run, payload: Payload, *, detached: bool) -> str:
+    def start(self, run: RunDir, payload: Payload, *, detached: bool) -> str:
         """Start (or submit) the run with ``payload`` on its nodes; says how in a few words
         ("submitted as Slurm job 12")."""
 
-    def follow(self, run: Run, sink: LineSink, *, owner: bool, watch: HangWatch | None = None) -> Outcome:
-        """Stream the run's lines to ``sink`` until it ends. ``owner``: the process that started it
-        (it keeps the local logs, and Ctrl-C ends the run); otherwise Ctrl-C only stops following.
-        ``watch``: the hang watchdog; when its handler says stop, the run is ended and fails with
-        exit 124."""
+    def follow(self, run: RunDir, sink: LineSink, *, owner: bool, watch: HangWatch | None = None,
+               signals: bool = False, leave: threading.Event | None = None) -> Outcome:
+        """Stream the run's lines to ``sink`` until it ends. ``owner``: this instance started it (it
+        keeps the local logs, and an interruption ends the run); otherwise an interruption only stops
+        following. ``watch``: the hang watchdog; when its handler says stop, the run is ended and
+        fails with exit 124. ``signals``: take SIGINT/SIGTERM/SIGHUP over while following (else the
+        caller's handlers stay and a KeyboardInterrupt is the interruption). ``leave``: once set, a
+        follower that is not the owner stops following (the outcome's state is not over)."""
 
-    def status(self, run: Run) -> dict[str, Any]:
+    def status(self, run: RunDir) -> RunStatus:
         """run.json, refreshed from the nodes or the scheduler while the run is live."""
 
-    def checkpoint_steps(self, run: Run) -> list[int]:
+    def checkpoint_steps(self, run: RunDir) -> list[int]:
         """The steps of the bundled workload's complete checkpoints in the run directory on the nodes,
         oldest first (raises HostError when no node answers)."""
 
-    def read_logs(self, run: Run, sink: LineSink, attempt: int | None = None) -> list[str]:
+    def read_logs(self, run: RunDir, sink: LineSink, attempt: int | None = None) -> list[str]:
         """Every line the run has written so far (``attempt``: an earlier attempt's; None: the newest);
         returns notes for the user (a node that did not answer)."""
 
-    def stacks(self, run: Run, *, flight: bool = False, py_spy: bool = True, native: bool = False
+    def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:
         """Every rank's stack, one dict per node as ``fsdpctl.node.stacks`` reports it (``error``: that
         node did not answer). ``py_spy``: use it where a node has it (``native``: C/C++ frames too);
         ``flight``: each rank also dumps its flight recorder into ``flight/`` under the node's run
         directory (``fetch(run, "flight")`` brings them here)."""
 
-    def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
+    def fetch(self, run: RunDir, path: str) -> dict[str, list[str]]:
         """Bring ``path`` (under the run directory on the nodes) here; per node, the local files."""
 
-    def stop(self, run: Run) -> dict[str, str]:
+    def stop(self, run: RunDir) -> dict[str, str]:
         """End every process of the run; returns what each host reports left (empty: nothing)."""
 
     def close(self) -> None:

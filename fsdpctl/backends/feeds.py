@@ -15,45 +15,54 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from ..errors import FsdpctlError, HostError
+from ..rundir.state import NodeState
 from ..shell import OUTPUT_MARK, after_mark, marked
+from .node_agent import ALIVE, EXIT, HEARTBEAT, KILL, LINE, STOP, STOPPED, heartbeat_seconds
 from .node_commands import follow_command, poll_command
 from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
 
-if TYPE_CHECKING:
-    from .supervisor import Supervisor
-
+__all__ = ["AgentFeed", "Feed", "Listener", "TailFeed", "heartbeat_seconds"]
 POLL_SECONDS = 2.0
 # While a node's log stream is open it says when the node ends; polls (an SSH command each, with the
 # login shell's rc files, on nodes busy starting torch) are then only a safety net.
 SAFETY_POLL_SECONDS = 10.0
 
 
-def heartbeat_seconds(node_timeout: float) -> float:
-    """How often each side says it is alive: several times per node timeout, at most every 5 s."""
-    return max(1.0, min(5.0, node_timeout / 6.0))
+class Listener(Protocol):
+    """What a feed needs of whoever follows the run (the supervisor): the nodes, where the run lives
+    on them, the grace period, whether following has finished, and where answers go."""
+
+    runs: list[NodeRun]
+    run_dir: str
+    run_id: str
+    grace: float
+    finished: threading.Event
+
+    def put(self, run: NodeRun, item: Any) -> None:
+        """A line of the node's log, None (its stream ended), or an answer tuple."""
 
 
 class Feed(Protocol):
-    def start(self, sup: Supervisor) -> None:
+    def start(self, sup: Listener) -> None:
         """Begin delivering lines and answers to ``sup.put``."""
 
-    def ended_stream(self, sup: Supervisor, run: NodeRun) -> None:
+    def ended_stream(self, sup: Listener, run: NodeRun) -> None:
         """A running node's stream ended: find out how it stands."""
 
-    def check(self, sup: Supervisor) -> list[tuple[NodeRun, tuple[str, ...]]]:
+    def check(self, sup: Listener) -> list[tuple[NodeRun, tuple[str, ...]]]:
         """Answers found by looking now (a node silent for too long)."""
 
-    def stop(self, sup: Supervisor, runs: Sequence[NodeRun], hurry: bool) -> None:
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:
         """End these nodes' processes: TERM, a grace period, KILL (``hurry``: KILL now)."""
 
     def close(self) -> None:
         """Release what the feed holds."""
 
 
-def _guarded(sup: Supervisor, run: NodeRun, body) -> None:
+def _guarded(sup: Listener, run: NodeRun, body) -> None:
     """Run a feed thread's body; whatever it raises becomes that node's loss, in one line."""
     try:
         body()
@@ -69,7 +78,7 @@ class AgentFeed:
         self.node_timeout = node_timeout
         self.runs: list[NodeRun] = []
 
-    def start(self, sup: Supervisor) -> None:
+    def start(self, sup: Listener) -> None:
         self.runs = list(sup.runs)
         now = time.monotonic()
         for run in self.runs:
@@ -78,7 +87,7 @@ class AgentFeed:
                              daemon=True).start()
         threading.Thread(target=self._heartbeats, args=(sup,), daemon=True).start()
 
-    def _watch(self, sup: Supervisor, run: NodeRun) -> None:
+    def _watch(self, sup: Listener, run: NodeRun) -> None:
         session, ended = run.session, False
         assert session is not None
         while not sup.finished.is_set():
@@ -93,43 +102,44 @@ class AgentFeed:
                 return
             run.last_heard = time.monotonic()
             line = line.rstrip("\n")
-            kind, text = line[:1], line[1:]
-            if kind == "|":
-                sup.put(run, text)
-            elif text.startswith("exit "):
+            if line.startswith(LINE):
+                sup.put(run, line[len(LINE):])
+            elif line.startswith(EXIT + " "):
                 ended = True
-                sup.put(run, ("exit", text.split()[1]))
-            elif text.startswith("stopped "):
-                sup.put(run, f"fsdpctl: the node ended its processes: {text[8:]}")
+                sup.put(run, ("exit", line.split()[1]))
+            elif line.startswith(STOPPED + " "):
+                sup.put(run, f"fsdpctl: the node ended its processes: {line[len(STOPPED) + 1:]}")
+            elif line != ALIVE:
+                sup.put(run, line)  # not the protocol's: show it rather than lose it
 
-    def _heartbeats(self, sup: Supervisor) -> None:
+    def _heartbeats(self, sup: Listener) -> None:
         every = heartbeat_seconds(self.node_timeout)
         while not sup.finished.wait(every):
             for run in self.runs:
-                if run.state == "running" and run.session is not None:
+                if run.state == NodeState.RUNNING and run.session is not None:
                     try:
-                        run.session.send(b"hb\n")
+                        run.session.send(f"{HEARTBEAT}\n".encode())
                     except (HostError, OSError):
                         pass  # a node that cannot be written to is found silent by check()
 
-    def ended_stream(self, sup: Supervisor, run: NodeRun) -> None:
+    def ended_stream(self, sup: Listener, run: NodeRun) -> None:
         return None  # the agent's stream carries the node's end; a stream without one was reported lost
 
-    def check(self, sup: Supervisor) -> list[tuple[NodeRun, tuple[str, ...]]]:
+    def check(self, sup: Listener) -> list[tuple[NodeRun, tuple[str, ...]]]:
         lost = []
         for run in self.runs:
             silent = time.monotonic() - run.last_heard
-            if run.state == "running" and silent > self.node_timeout:
+            if run.state == NodeState.RUNNING and silent > self.node_timeout:
                 since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
                 lost.append((run, ("lost", f"nothing heard from it since {since} ({silent:.0f} s; the node "
                                            f"timeout is {self.node_timeout:g} s)")))
         return lost
 
-    def stop(self, sup: Supervisor, runs: Sequence[NodeRun], hurry: bool) -> None:
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:
         for run in runs:
             if run.session is not None:
                 try:
-                    run.session.send(b"kill\n" if hurry else b"stop\n")
+                    run.session.send(f"{KILL if hurry else STOP}\n".encode())
                 except (HostError, OSError):
                     pass  # unreachable: its agent ends the run itself when it stops hearing from us
 
@@ -145,7 +155,7 @@ class TailFeed:
     def __init__(self) -> None:
         self.runs: list[NodeRun] = []
 
-    def start(self, sup: Supervisor) -> None:
+    def start(self, sup: Listener) -> None:
         self.runs = list(sup.runs)
         for run in self.runs:
             threading.Thread(target=_guarded, args=(sup, run, lambda run=run: self._follow(sup, run)),
@@ -153,9 +163,9 @@ class TailFeed:
         # Polls are SSH round trips: a thread of their own, so printing never waits behind one.
         threading.Thread(target=self._poller, args=(sup,), daemon=True).start()
 
-    def _follow(self, sup: Supervisor, run: NodeRun) -> None:
+    def _follow(self, sup: Listener, run: NodeRun) -> None:
         try:
-            stream = run.transport.stream(follow_command(sup.plan.run_dir, run.rank, run.pid))
+            stream = run.transport.stream(follow_command(sup.run_dir, run.rank, run.pid))
             started = False
             for line in stream.lines():
                 if started:
@@ -166,19 +176,19 @@ class TailFeed:
             pass  # the poll decides whether the host is gone
         sup.put(run, None)
 
-    def _poller(self, sup: Supervisor) -> None:
+    def _poller(self, sup: Listener) -> None:
         last = {run.rank: time.monotonic() for run in self.runs}
         while not sup.finished.wait(POLL_SECONDS):
             for run in self.runs:
                 due = not run.streaming or time.monotonic() - last[run.rank] >= SAFETY_POLL_SECONDS
-                if run.state == "running" and due and not sup.finished.is_set():
+                if run.state == NodeState.RUNNING and due and not sup.finished.is_set():
                     last[run.rank] = time.monotonic()
                     sup.put(run, self.ask(sup, run))
 
-    def ask(self, sup: Supervisor, run: NodeRun) -> tuple[str, ...]:
+    def ask(self, sup: Listener, run: NodeRun) -> tuple[str, ...]:
         """The node's own word on its script: ("exit", code), ("running",), ("gone",) or ("lost", why)."""
         try:
-            _, out, _ = run.transport.run(marked(poll_command(sup.plan.run_dir, run.rank, run.pid)),
+            _, out, _ = run.transport.run(marked(poll_command(sup.run_dir, run.rank, run.pid)),
                                           COMMAND_TIMEOUT)
         except (HostError, FsdpctlError, OSError) as exc:
             return ("lost", str(exc))
@@ -187,14 +197,14 @@ class TailFeed:
             return ("exit", words[1])
         return ("gone",) if words[:1] == ["gone"] else ("running",)
 
-    def ended_stream(self, sup: Supervisor, run: NodeRun) -> None:
+    def ended_stream(self, sup: Listener, run: NodeRun) -> None:
         sup.put(run, self.ask(sup, run))  # its log ended: it has probably just exited
 
-    def check(self, sup: Supervisor) -> list[tuple[NodeRun, tuple[str, ...]]]:
+    def check(self, sup: Listener) -> list[tuple[NodeRun, tuple[str, ...]]]:
         return []
 
-    def stop(self, sup: Supervisor, runs: Sequence[NodeRun], hurry: bool) -> None:
-        stop_run(sup.plan.run_id, [r.transport for r in runs], 0.0 if hurry else sup.grace)
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:
+        stop_run(sup.run_id, [r.transport for r in runs], 0.0 if hurry else sup.grace)
 
     def close(self) -> None:
         return None

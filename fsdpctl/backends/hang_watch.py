@@ -10,7 +10,9 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
+
+from ..rundir.state import Failure
 
 HANG_EXIT = 124
 """The exit code of a run the watchdog ended (as timeout(1)'s)."""
@@ -21,7 +23,7 @@ class HangVerdict:
     """What the watchdog's handler decided: end the run or not, and the failure to record."""
 
     stop: bool
-    failure: dict[str, Any]
+    failure: Failure
 
 
 @dataclass

@@ -42,10 +42,31 @@ import time
 
 AGENT_STARTED = "fsdpctl-agent: pid"
 AGENT_REFUSED = "fsdpctl-agent: not started"
+# The node protocol's words, defined here once: this file runs on the node, and the launcher's side
+# (``starter``, ``feeds``) imports them from it.
+LINE = "|"
+"""agent -> launcher: a line of the node's log follows."""
+ALIVE = "!alive"
+EXIT = "!exit"
+"""agent -> launcher: ``!exit <code>``, the node's script has ended."""
+STOPPED = "!stopped"
+"""agent -> launcher: ``!stopped <why>``, the agent ended the run's processes itself."""
+GO = "go"
+"""launcher -> agent: ``go <node timeout>`` starts the node."""
+HEARTBEAT = "hb"
+STOP = "stop"
+"""launcher -> agent: TERM, a grace period, KILL."""
+KILL = "kill"
+"""launcher -> agent: KILL now."""
 GRACE_SECONDS = 10.0
 ORPHAN_GRACE_SECONDS = 5.0
 """Between TERM and KILL when the launcher is gone: the run ends within the node timeout + 10 s."""
 OUT_LIMIT = 4 << 20  # bytes waiting for a launcher that does not read: older log lines are dropped
+
+
+def heartbeat_seconds(node_timeout):
+    """How often each side says it is alive: several times per node timeout, at most every 5 s."""
+    return max(1.0, min(5.0, node_timeout / 6.0))
 
 
 class Input:
@@ -114,8 +135,12 @@ def stage(stream, size):
                 # Nodes may share the run directory: the first to arrive puts the folder in place;
                 # the others' copies are the same files from the same launcher.
                 if not os.path.exists(name):
-                    os.rename(source, name)
-                    placed.append(name)
+                    try:
+                        os.rename(source, name)
+                        placed.append(name)
+                    except OSError:
+                        if not os.path.isdir(name):
+                            raise  # not another node's copy arriving first
             else:
                 os.replace(source, name)
                 placed.append(name)
@@ -200,7 +225,7 @@ class Watch:
         self.out = bytearray()
         self.log, self.partial = None, b""
         self.last_heard = time.time()
-        self.interval = max(1.0, min(5.0, node_timeout / 6.0))
+        self.interval = heartbeat_seconds(node_timeout)
         self.next_alive = 0.0
         self.ending = None  # why this agent is ending the run itself
         self.ended_at = None
@@ -223,14 +248,14 @@ class Watch:
                 return
             *lines, self.partial = (self.partial + chunk).split(b"\n")
             for line in lines:
-                self.send(b"|" + line + b"\n")
+                self.send(LINE.encode() + line + b"\n")
 
     def end(self, why, grace=GRACE_SECONDS):
         if self.ending is None:
             self.ending = why
             left = end_run(self.run_id, grace)
             self.ended_at = time.time()
-            self.send(("!stopped %s%s\n" % (why, " left: %s" % left if left else "")).encode())
+            self.send(("%s %s%s\n" % (STOPPED, why, " left: %s" % left if left else "")).encode())
 
     def listen(self, wait):
         want_write = [1] if self.out and not self.launcher_gone else []
@@ -242,8 +267,8 @@ class Watch:
                 self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
             self.last_heard = time.time()
             for word in data.decode("utf-8", "replace").split():
-                if word in ("stop", "kill"):
-                    self.end("asked by the launcher", GRACE_SECONDS if word == "stop" else 0.0)
+                if word in (STOP, KILL):
+                    self.end("asked by the launcher", GRACE_SECONDS if word == STOP else 0.0)
         if writable:
             try:
                 written = os.write(1, bytes(self.out))
@@ -264,14 +289,14 @@ class Watch:
                 time.sleep(0.05)  # the wrapper wrote the exit after the log's last line
                 self.pump_log()
                 with open(exit_file) as handle:
-                    self.send(("!exit %s\n" % (handle.read().strip() or "255")).encode())
+                    self.send(("%s %s\n" % (EXIT, handle.read().strip() or "255")).encode())
                 deadline = time.time() + 5.0
                 while self.out and not self.launcher_gone and time.time() < deadline:
                     self.listen(0.1)
                 return 0
             now = time.time()
             if now >= self.next_alive:
-                self.send(b"!alive\n")
+                self.send(("%s\n" % ALIVE).encode())
                 self.next_alive = now + self.interval
             if now - self.last_heard > self.timeout and not self.launcher_gone:
                 self.end("nothing heard from the launcher for %.0f s" % self.timeout, ORPHAN_GRACE_SECONDS)
@@ -296,7 +321,7 @@ def agent(args):
     if args.get("probe") is not None:
         answer(collect(args["probe"]))  # noqa: F821 - the probe's functions come first in the source
     word = inp.read_line(args.get("go_timeout", 120.0)).split()
-    if word[:1] != ["go"]:
+    if word[:1] != [GO]:
         for name in placed:
             shutil.rmtree(name, ignore_errors=True) if os.path.isdir(name) else os.remove(name)
         if created:

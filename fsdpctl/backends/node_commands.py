@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..doctor.probe import probe_source
+from ..hostcheck.probe import probe_source
 from ..shell import command_line, marked, quote_path
 from .node_agent import AGENT_REFUSED, AGENT_STARTED
 

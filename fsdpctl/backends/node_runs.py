@@ -21,6 +21,8 @@ from typing import Any
 
 from ..errors import HostError
 from ..plan.types import LaunchPlan, NodeSpec
+from ..rundir.paths import private_dir
+from ..rundir.state import Failure, NodeState, shell_exit_code
 from ..shell import after_mark, marked
 from .node_commands import FETCH_MISSING, fetch_command, kill_command
 from .transport import Session, Transport
@@ -40,7 +42,7 @@ class NodeRun:
     transport: Transport
     pid: int = 0
     exit_code: int | None = None
-    state: str = "starting"  # starting, running, succeeded, failed, lost
+    state: NodeState = NodeState.STARTING
     streaming: bool = True  # its log stream is open
     tail: deque = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
     session: Session | None = None
@@ -56,7 +58,7 @@ class NodeRun:
 
 def node_records(runs: Sequence[NodeRun]) -> list[dict[str, Any]]:
     """Each node as run.json records it."""
-    return [{"node_rank": r.rank, "host": r.node.host, "pid": r.pid, "state": r.state, "exit_code": r.exit_code}
+    return [{"node_rank": r.rank, "host": r.node.host, "pid": r.pid, "state": str(r.state), "exit_code": r.exit_code}
             for r in runs]
 
 
@@ -65,12 +67,15 @@ class RunResult:
     """How the run ended: the job's exit code, and the first failure if there was one."""
 
     exit_code: int
-    first_failure: dict[str, Any] | None
+    first_failure: Failure | None
     interrupted: bool
     signal: int | None = None
-    """The signal that interrupted the launcher (SIGINT, SIGTERM, SIGHUP), when one did."""
+    """The signal that interrupted the launcher (SIGINT, SIGTERM, SIGHUP; SIGINT for a
+    KeyboardInterrupt), when one did."""
     hung: bool = False
     """The hang watchdog ended the run."""
+    left: bool = False
+    """The follower was told to leave before the run ended (it goes on)."""
 
 
 def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any]:
@@ -100,40 +105,46 @@ _PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|rem
                         r"communicator was aborted|Broken pipe", re.IGNORECASE)
 
 
-def first_failure_of(run: NodeRun, log_lines: Sequence[str]) -> dict[str, Any]:
-    """What failed on a node: torchrun's 'Root Cause' block when it printed one, else the node."""
-    failure: dict[str, Any] = {"host": run.node.host, "node_rank": run.rank, "exit_code": run.exit_code,
-                               "state": run.state, "rank": None, "local_rank": None, "error_file": None}
+def first_failure_of(run: NodeRun, log_lines: Sequence[str], failed_at: str | None = None) -> Failure:
+    """What failed on a node: torchrun's 'Root Cause' block when it printed one, else the node.
+    ``failed_at``: when fsdpctl saw it, if torchrun's block does not say."""
+    rank = local_rank = error_file = None
+    code = run.exit_code
     text = "\n".join(log_lines)
     cause = text.rfind("Root Cause (first observed failure)")
     if cause >= 0:
         block = text[cause:cause + 2000]
         if match := _ROOT_CAUSE.search(block):
-            failure["rank"], failure["local_rank"] = int(match.group(1)), int(match.group(2))
+            rank, local_rank = int(match.group(1)), int(match.group(2))
         if match := _EXITCODE.search(block):
-            failure["exit_code"] = int(match.group(1))
+            code = int(match.group(1))
         if match := _ERROR_FILE.search(block):
-            failure["error_file"] = None if match.group(1) == "<N/A>" else match.group(1)
+            error_file = None if match.group(1) == "<N/A>" else match.group(1)
         if match := _FAILED_AT.search(block):
-            failure["failed_at"] = match.group(1)
-    if failure["rank"] is not None:
-        prefix = f"[rank{failure['rank']}]:"
+            failed_at = match.group(1)
+    if rank is not None:
+        prefix = f"[rank{rank}]:"
         own = [line for line in log_lines if line.startswith(prefix)]
-        failure["last_lines"] = (own or list(log_lines))[-TAIL_LINES:]
+        last = (own or list(log_lines))[-TAIL_LINES:]
     else:
-        failure["last_lines"] = list(log_lines)[-TAIL_LINES:]
-    failure["peer_gone"] = any(_PEER_GONE.search(line) for line in failure["last_lines"])
-    if run.state == "lost":
-        failure["lost"] = run.lost_reason or "it stopped answering"
-    return failure
+        last = list(log_lines)[-TAIL_LINES:]
+    exit_code, signal = shell_exit_code(code)
+    lost = run.state == NodeState.LOST
+    return Failure(kind="lost" if lost else "exit", host=run.node.host, node_rank=run.rank,
+                   exit_code=exit_code if exit_code else 1, signal=signal, rank=rank, local_rank=local_rank,
+                   error_file=error_file, failed_at=failed_at, last_lines=tuple(last),
+                   peer_gone=any(_PEER_GONE.search(line) for line in last),
+                   detail=(run.lost_reason or "it stopped answering") if lost else None)
 
 
-def root_cause(failures: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The failure that caused the others: one that is not a rank reporting that a peer went away,
-    then the earliest by torchrun's failure time, then the lowest node rank. Time alone misleads:
-    torchrun stamps a worker killed by a signal when its monitor notices, which can be after its
-    peers' "connection reset" exceptions were stamped (seen under load: a second later)."""
-    return min(failures, key=lambda f: (f["peer_gone"], f.get("failed_at") or "9999", f["node_rank"]))
+def root_cause(failures: Sequence[Failure]) -> Failure:
+    """The failure that caused the others: a lost node (its peers only failed because it vanished
+    under them), then one that is not a rank reporting that a peer went away, then the earliest by
+    torchrun's failure time, then the lowest node rank. Time alone misleads: torchrun stamps a
+    worker killed by a signal when its monitor notices, which can be after its peers' "connection
+    reset" exceptions were stamped (seen under load: a second later)."""
+    return min(failures, key=lambda f: (f.kind != "lost", f.peer_gone, f.failed_at or "9999",
+                                        f.node_rank if f.node_rank is not None else 1 << 30))
 
 
 def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,
@@ -147,9 +158,15 @@ def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,
     if status != 0:
         raise HostError(transport.host, "fetch", f"could not read {path}: {err.strip() or f'exit {status}'}",
                         "look at the run directory on that node")
+    private_dir(dest)
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)), mode="r:gz") as tar:
         members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
+        for member in members:  # this user's only here, whatever the node's modes were (torchrun's are 0755)
+            member.mode = 0o700 if member.mode & 0o100 else 0o600
         tar.extractall(dest, members=members, filter="data")
+        for member in members:
+            if member.isdir():  # the data filter makes folders with the umask's mode
+                (dest / member.name).chmod(0o700)
         return sorted(str(dest / m.name) for m in members if m.isfile())
 
 
@@ -158,7 +175,7 @@ def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path,
     """Copy each node's torchrun log folder (``logs/node<R>``) into the local run directory, with the
     run's secrets masked in every file (``mask_bytes``)."""
     def fetch(run: NodeRun) -> None:
-        if run.state == "lost":
+        if run.state == NodeState.LOST:
             return  # it does not answer: its streamed log is here anyway
         try:
             files = fetch_from_node(run.transport, plan.run_dir, f"logs/node{run.rank}", local_dir)

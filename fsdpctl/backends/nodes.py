@@ -6,29 +6,34 @@ how a node is reached, which Python runs there by default, and where the master 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..bundle import Payload
-from ..doctor.checks import DoctorReport, HostReport
-from ..doctor.fanout import ProbeRunner, make_jobs, run_doctor
 from ..errors import HostError
+from ..hostcheck.checks import DoctorReport, HostReport
+from ..hostcheck.fanout import ProbeRunner, make_jobs, run_doctor
 from ..node.mask import Masker
 from ..node.stacks import answer_of
 from ..plan.types import LaunchPlan
 from ..profiles.schema import ClusterProfile
-from ..runs.attempts import attempt_folder
-from ..runs.paths import files_under
-from ..runs.record import Run, last_metrics, now
+from ..rundir.attempts import attempt_folder
+from ..rundir.lines import LogLine
+from ..rundir.paths import files_under
+from ..rundir.record import RunDir, last_metrics, now
+from ..rundir.state import NodeState, Outcome, RunState
+from ..rundir.status import NodeStatus, RunStatus, recorded_status
 from ..shell import after_mark, marked, quote_path
 from ..workload.layout import complete_steps_command, parse_steps
-from .base import DoctorRequest, LineSink, Outcome
+from .base import DoctorRequest, LineSink
 from .feeds import AgentFeed, TailFeed
 from .hang_watch import HangWatch
 from .node_commands import STAGED, poll_command, stacks_command
@@ -110,7 +115,7 @@ class NodesBackend:
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         return {}  # the node scripts are all there is
 
-    def start(self, run: Run, payload: Payload, *, detached: bool) -> str:
+    def start(self, run: RunDir, payload: Payload, *, detached: bool) -> str:
         """Start every node (staging it too, unless the preflight did), and record their process ids."""
         starter = self._starter if self._starter is not None and self._starter.plan.run_id == run.run_id \
             else NodeStarter(run.plan, payload, self.transports, run.plan.python)
@@ -119,18 +124,19 @@ class NodesBackend:
         # run is meant to outlive it, and its agents leave.
         started = starter.start(watch=0.0 if detached else float(run.plan.node_timeout))
         self._started[run.run_id] = started
-        run.update("running", node_records(started), started_at=now(), detached=detached)
+        run.update(RunState.RUNNING, node_records(started), started_at=now(), detached=detached)
         world = run.plan.world_size or "from GPU count"
         return f"started on {run.plan.num_nodes} node(s), world size {world}"
 
-    def _node_runs(self, run: Run) -> list[NodeRun]:
+    def _node_runs(self, run: RunDir) -> list[NodeRun]:
         pids = {n["node_rank"]: n.get("pid", 0) for n in run.record.get("nodes", [])}
-        return [NodeRun(node, transport, pid=pids.get(node.node_rank, 0), state="running")
+        return [NodeRun(node, transport, pid=pids.get(node.node_rank, 0), state=NodeState.RUNNING)
                 for node, transport in zip(run.plan.nodes, self.transports, strict=True)]
 
-    def follow(self, run: Run, sink: LineSink, *, owner: bool, watch: HangWatch | None = None) -> Outcome:
+    def follow(self, run: RunDir, sink: LineSink, *, owner: bool, watch: HangWatch | None = None,
+               signals: bool = False, leave: threading.Event | None = None) -> Outcome:
         """Stream every node until the run ends, failing fast. The owner keeps the local logs, ends
-        the run on Ctrl-C, collects torchrun's log folders and records the outcome."""
+        the run when interrupted, collects torchrun's log folders and records the outcome."""
         plan = run.plan
         started = self._started.pop(run.run_id, None)
         watched = owner and started is not None and all(r.session is not None for r in started)
@@ -140,58 +146,64 @@ class NodesBackend:
         # shell may have them too); the nodes mask their logs themselves as well.
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
         result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner,
-                            stop_on_interrupt=owner, mask=masker.text, watch=watch).run()
+                            stop_on_interrupt=owner, mask=masker.text, watch=watch, signals=signals,
+                            leave=None if owner else leave).run()
+        if result.left:
+            return Outcome(exit_code=0, state=RunState.RUNNING, message=f"stopped following; run {plan.run_id} goes on")
         if result.interrupted and not owner:
-            return Outcome(exit_code=result.exit_code, state="detached",
+            return Outcome(exit_code=result.exit_code, state=RunState.RUNNING, interrupted_by=result.signal,
                            message=f"stopped following; run {plan.run_id} goes on (end it with "
                                    f"`fsdpctl stop {plan.run_id}`)")
         failure = result.first_failure
-        if failure and failure.get("error_file") and failure.get("state") != "lost":
-            error = read_error_file(node_runs[failure["node_rank"]].transport, failure["error_file"])
-            failure["error"] = masker.text(error) if error else error
-        state = "interrupted" if result.interrupted else ("failed" if result.exit_code else "succeeded")
+        if failure and failure.error_file and failure.kind == "exit":
+            error = read_error_file(node_runs[failure.node_rank].transport, failure.error_file)
+            failure = dataclasses.replace(failure, error=masker.text(error) if error else error)
+        state = RunState.INTERRUPTED if result.interrupted else (RunState.FAILED if result.exit_code
+                                                                 else RunState.SUCCEEDED)
         if result.hung and not owner and not run.record.get("detached"):
             # The launcher that owns it does the same; this follower only reports.
-            return Outcome(exit_code=result.exit_code, state="failed", first_failure=failure)
+            return Outcome(exit_code=result.exit_code, state=RunState.FAILED, first_failure=failure)
+        recorded = {"finished_at": now(), "exit_code": result.exit_code,
+                    "first_failure": failure.to_json() if failure else None}
         if owner:
             if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
                 fetch_logs(plan, node_runs, run.root, masker.bytes if masker else None)
-            run.update(state, node_records(node_runs), finished_at=now(), exit_code=result.exit_code,
-                       first_failure=failure)
-        elif run.record.get("detached") and run.record.get("state") == "running":
+            run.update(state, node_records(node_runs), **recorded)
+        elif run.record.get("detached") and run.record.get("state") == RunState.RUNNING:
             # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
             # records how it ended.
-            run.update(state, node_records(node_runs), exit_code=result.exit_code, first_failure=failure,
-                       finished_at=now())
+            run.update(state, node_records(node_runs), **recorded)
         message = None
         if result.interrupted:
             by = signal.Signals(result.signal).name if result.signal else "a signal"
             message = f"run {plan.run_id} interrupted by {by}; every process of it was stopped"
-        return Outcome(exit_code=result.exit_code, state=state, first_failure=failure, message=message)
+        return Outcome(exit_code=result.exit_code, state=state, first_failure=failure, message=message,
+                       interrupted_by=result.signal)
 
-    def status(self, run: Run) -> dict[str, Any]:
+    def status(self, run: RunDir) -> RunStatus:
         """run.json, with each node asked for its script's state while the run is marked running,
         and the last metrics line rank 0 wrote."""
         plan, record = run.plan, run.record
         nodes = record.get("nodes") or [{"node_rank": n.node_rank, "host": n.host, "state": "unknown",
                                          "exit_code": None, "pid": 0} for n in plan.nodes]
-        info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state", "unknown"), "nodes": nodes,
-                                "first_failure": record.get("first_failure"), "exit_code": record.get("exit_code")}
-        live = info["state"] in ("running", "starting")
+        state = RunState.parse(record.get("state"))
+        live = not state.is_over
         if live:
             for node, transport in zip(nodes, self.transports, strict=True):
                 node.update(_poll_node(transport, plan.run_dir, node))
-            states = {n["state"] for n in nodes}
-            info["state"] = ("running" if "running" in states else "failed" if states - {"succeeded"}
-                             else "succeeded")
+            states = {NodeState.parse(n["state"]) for n in nodes}
+            state = (RunState.RUNNING if NodeState.RUNNING in states else
+                     RunState.FAILED if states - {NodeState.SUCCEEDED} else RunState.SUCCEEDED)
         texts = [_read_local(Path(plan.run_dir).expanduser() / "metrics.jsonl")]
+        tail = f"tail -n 1 {quote_path(plan.run_dir)}/metrics.jsonl 2>/dev/null"
         if live:
-            texts += [_run_quietly(t, f"tail -n 1 {quote_path(plan.run_dir)}/metrics.jsonl 2>/dev/null")
-                      for t in self.transports]
-        info["last_metrics"] = last_metrics(texts)
-        return info
+            texts += [_run_quietly(t, tail) for t in self.transports]
+        elif not texts[0]:  # an ended run whose directory is not on this machine: node 0's rank 0 wrote it
+            texts.append(_run_quietly(self.transports[0], tail, timeout=10))
+        return recorded_status(record, plan.run_id, state=state, last_metrics=last_metrics(texts),
+                               nodes=tuple(NodeStatus.from_json(n) for n in nodes))
 
-    def checkpoint_steps(self, run: Run) -> list[int]:
+    def checkpoint_steps(self, run: RunDir) -> list[int]:
         """Asked of the nodes in turn (node 0 first: its rank 0 completes every checkpoint) until one answers."""
         errors = []
         for transport in self.transports:
@@ -203,7 +215,7 @@ class NodesBackend:
                 errors.append(exc)
         raise errors[0]
 
-    def read_logs(self, run: Run, sink: LineSink, attempt: int | None = None) -> list[str]:
+    def read_logs(self, run: RunDir, sink: LineSink, attempt: int | None = None) -> list[str]:
         """The merged log kept here; for a run nobody followed (detached), each node's log, read once.
         ``attempt``: an earlier attempt's, from where its files were moved."""
         folder = "" if attempt in (None, run.attempt) else attempt_folder(attempt) + "/"
@@ -212,7 +224,7 @@ class NodesBackend:
             with merged.open(encoding="utf-8", errors="replace") as handle:
                 for raw in handle:
                     if match := _MERGED_LINE.match(raw.rstrip("\n")):
-                        sink(int(match["node"]), match["host"], match["text"])
+                        sink(LogLine.of(int(match["node"]), match["host"], match["text"]))
             return []
         notes = []
         for node, transport in zip(run.plan.nodes, self.transports, strict=True):
@@ -223,10 +235,10 @@ class NodesBackend:
                 notes.append(f"fsdpctl: {exc.message}")
                 continue
             for line in after_mark(out).splitlines():
-                sink(node.node_rank, node.host, line)
+                sink(LogLine.of(node.node_rank, node.host, line))
         return notes
 
-    def stacks(self, run: Run, *, flight: bool = False, py_spy: bool = True, native: bool = False
+    def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:
         """Every rank's stack: one command per node, all nodes at once."""
         plan = run.plan
@@ -249,7 +261,7 @@ class NodesBackend:
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(plan.nodes)))) as pool:
             return list(pool.map(one, zip(plan.nodes, self.transports, strict=True)))
 
-    def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
+    def fetch(self, run: RunDir, path: str) -> dict[str, list[str]]:
         """Copy ``path`` from every node's run directory into ``runs/<id>/fetched/node<R>/`` here
         (where the run directory is this machine's own, the files are named where they are)."""
         here = Path(run.plan.run_dir).expanduser()
@@ -267,12 +279,12 @@ class NodesBackend:
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(run.plan.nodes)))) as pool:
             return dict(pool.map(one, run.plan.nodes))
 
-    def stop(self, run: Run) -> dict[str, str]:
+    def stop(self, run: RunDir) -> dict[str, str]:
         """End every process of the run on every node and record it as stopped."""
         remaining = stop_run(run.run_id, self.transports)
-        nodes = [{**n, "state": "stopped"} if n.get("state") in ("running", "starting") else n
+        nodes = [{**n, "state": str(NodeState.STOPPED)} if n.get("state") in ("running", "starting") else n
                  for n in run.record.get("nodes", [])]
-        run.update("stopped", nodes, stopped_at=now(), remaining=remaining)
+        run.update(RunState.STOPPED, nodes, stopped_at=now(), remaining=remaining)
         return remaining
 
 
@@ -282,12 +294,12 @@ def _poll_node(transport: Transport, run_dir: str, node: dict[str, Any]) -> dict
         _, out, _ = transport.run(marked(poll_command(run_dir, node["node_rank"], node.get("pid", 0))),
                                   COMMAND_TIMEOUT)
     except HostError as exc:
-        return {"state": "unreachable", "detail": exc.detail}
+        return {"state": str(NodeState.UNREACHABLE), "detail": exc.detail}
     words = after_mark(out).split()
     if words[:1] == ["exit"] and len(words) == 2:
         code = int(words[1])
-        return {"exit_code": code, "state": "succeeded" if code == 0 else "failed"}
-    return {"state": "running" if words[:1] == ["running"] else "gone"}
+        return {"exit_code": code, "state": str(NodeState.SUCCEEDED if code == 0 else NodeState.FAILED)}
+    return {"state": str(NodeState.RUNNING if words[:1] == ["running"] else NodeState.GONE)}
 
 
 def _read_local(path: Path) -> str:
@@ -297,9 +309,9 @@ def _read_local(path: Path) -> str:
         return ""
 
 
-def _run_quietly(transport: Transport, command: str) -> str:
+def _run_quietly(transport: Transport, command: str, timeout: float = 30) -> str:
     try:
-        _, out, _ = transport.run(marked(command), 30)
+        _, out, _ = transport.run(marked(command), timeout)
     except HostError:
         return ""
     return after_mark(out)

@@ -12,11 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..bundle import Payload
-from ..doctor.fanout import HostJob, ProbeRunner
-from ..doctor.probe_script import END
 from ..errors import HostError
+from ..hostcheck.fanout import HostJob, ProbeRunner
+from ..hostcheck.probe_script import END
 from ..plan.types import LaunchPlan
-from ..runs.attempts import attempt_folder, node_files
+from ..rundir.attempts import attempt_folder, node_files
+from ..rundir.state import NodeState
 from ..shell import OUTPUT_MARK, marked
 from .node_commands import AGENT_REFUSED, AGENT_STARTED, agent_command
 from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
@@ -72,7 +73,7 @@ class NodeStarter:
             out = session.read_until(AGENT_STARTED, COMMAND_TIMEOUT)
             words = out.rsplit(AGENT_STARTED, 1)[-1].split() if AGENT_STARTED in out else []
             if words and words[0].isdigit() and watch > 0:
-                run.pid, run.state, run.session = int(words[0]), "running", session
+                run.pid, run.state, run.session = int(words[0]), NodeState.RUNNING, session
                 self.sessions.pop(run.rank, None)  # the run's now: closed when following ends
                 return
             status, rest, err = session.finish(COMMAND_TIMEOUT)
@@ -82,7 +83,7 @@ class NodeStarter:
                 raise HostError(run.node.host, "start", f"could not stage or start the node script in "
                                 f"{self.plan.run_dir}: {said.splitlines()[-1]}",
                                 "check that workdir can be written there, and run the node script by hand to see why")
-            run.pid, run.state = int(words[0]), "running"
+            run.pid, run.state = int(words[0]), NodeState.RUNNING
 
         try:
             with ThreadPoolExecutor(max_workers=max(1, min(32, len(runs)))) as pool:

@@ -4,8 +4,10 @@ What the nodes say arrives through a feed. The process that started a foreground
 the node agents it started (``AgentFeed``: the log, the exit, heartbeats both ways, a node silent
 for the node timeout is lost). Any other follower (``logs -f``) reads each node's log with
 ``tail -F`` and polls its exit file (``TailFeed``). Either way the supervisor writes the local
-logs, finds the first failure, ends the other nodes, and stops every node on SIGINT, SIGTERM or
-SIGHUP (a second signal skips the grace period).
+logs, finds the first failure, and ends the other nodes. With ``signals`` it takes SIGINT, SIGTERM
+and SIGHUP over while it follows (a second signal skips the grace period), as the CLI wants; without,
+the caller's handlers stay, and a KeyboardInterrupt stops the run it owns the same way before it
+is reported.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from ..plan.types import LaunchPlan
+from ..rundir.lines import LogLine
+from ..rundir.paths import private_dir
+from ..rundir.state import Failure, NodeState
 from .feeds import Feed
 from .hang_watch import HANG_EXIT, HangWatch
 from .node_runs import GRACE_SECONDS, NodeRun, RunResult, first_failure_of, root_cause
 
-LineSink = Callable[[int, str, str], None]  # (node rank, host, line)
+LineSink = Callable[[LogLine], None]
 WAIT_SECONDS = 0.5
 DRAIN_SECONDS = 5.0
 """How long the lines of a node already known to have ended may still be on their way."""
@@ -59,25 +64,30 @@ class Supervisor:
 
     def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink, feed: Feed,
                  grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True,
-                 mask: Callable[[str], str] = str, watch: HangWatch | None = None):
+                 mask: Callable[[str], str] = str, watch: HangWatch | None = None, signals: bool = False,
+                 leave: threading.Event | None = None):
         self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
+        self.run_dir, self.run_id = plan.run_dir, plan.run_id
         self.feed = feed
+        self.signals = signals  # take SIGINT/SIGTERM/SIGHUP over while following
+        self.leave = leave  # set by the caller: stop following (a follower only; the run goes on)
         self.mask = mask  # the run's secrets, masked in every line shown or kept
         self.write_local = write_local  # False for a second follower: the launching process writes them
         self.stop_on_interrupt = stop_on_interrupt  # a signal to `logs -f` ends the following, not the run
         self.lines: queue.Queue = queue.Queue()
-        self.first_failure: dict[str, Any] | None = None
+        self.first_failure: Failure | None = None
         self.files: dict[int, Any] = {}
         self.merged: Any = None
         self.finished = threading.Event()
         self.hurry = threading.Event()  # a second signal: no grace period
         self.stopping = False  # ending every node on a signal: how they end is our doing, not a failure
         self.watch = watch
-        self.hang_failure: dict[str, Any] | None = None  # the watchdog ended the run
+        self.hang_failure: Failure | None = None  # the watchdog ended the run
 
     def _open(self, name: str):
         if self.write_local:
-            return (self.log_dir / name).open("a", encoding="utf-8")
+            fd = os.open(self.log_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            return open(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()'s finally
         return open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - closed in run()'s finally
 
     def _hurry(self, signum: int, frame) -> None:
@@ -89,17 +99,18 @@ class Supervisor:
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)
         self.files = {run.rank: self._open(f"node{run.rank}.log") for run in self.runs}
         self.merged = self._open("merged.log")
-        previous = on_stop_signals(self._interrupted)
+        previous = on_stop_signals(self._interrupted) if self.signals else {}
         signum = None
         try:
             self.feed.start(self)
-            self._loop(lambda: any(r.state == "running" for r in self.runs))
-            self._drain_ended()
-        except Interrupted as stop:
-            signum = stop.signum
+            self._loop(lambda: any(r.state == NodeState.RUNNING for r in self.runs))
+            if not self._left():
+                self._drain_ended()
+        except (Interrupted, KeyboardInterrupt) as stop:
+            signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
             if self.stop_on_interrupt:
                 self._stop_all(signum)
         finally:
@@ -111,8 +122,11 @@ class Supervisor:
                 handle.close()
         return self._result(signum)
 
+    def _left(self) -> bool:
+        return self.leave is not None and self.leave.is_set()
+
     def _loop(self, keep_going: Callable[[], bool], deadline: float | None = None) -> None:
-        while keep_going() and (deadline is None or time.monotonic() < deadline):
+        while keep_going() and (deadline is None or time.monotonic() < deadline) and not self._left():
             self._step()
 
     def _step(self) -> None:
@@ -131,7 +145,7 @@ class Supervisor:
                 self._settle(run, item)
             else:
                 self._take(run, item)
-                if item is None and run.state == "running":
+                if item is None and run.state == NodeState.RUNNING:
                     self.feed.ended_stream(self, run)
         for run, answer in self.feed.check(self):
             self._settle(run, answer)
@@ -143,7 +157,7 @@ class Supervisor:
 
     def _drain_ended(self) -> None:
         """Every node has ended: take the lines still on their way from nodes that answer."""
-        open_streams = [r for r in self.runs if r.streaming and r.state != "lost"]
+        open_streams = [r for r in self.runs if r.streaming and r.state != NodeState.LOST]
         if open_streams:
             self._loop(lambda: any(r.streaming for r in open_streams), time.monotonic() + DRAIN_SECONDS)
 
@@ -158,18 +172,21 @@ class Supervisor:
     def _stop_all(self, signum: int | None) -> None:
         """An orderly stop of every node: TERM, the grace period (unless a second signal), KILL."""
         self.stopping = True
-        running = [r for r in self.runs if r.state == "running"]
+        running = [r for r in self.runs if r.state == NodeState.RUNNING]
         hurried = self.hurry.is_set()
         self.feed.stop(self, running, hurry=hurried)
         deadline = time.monotonic() + self.grace + 5.0
-        while any(r.state == "running" for r in running) and time.monotonic() < deadline:
-            self._step()
+        while any(r.state == NodeState.RUNNING for r in running) and time.monotonic() < deadline:
+            try:
+                self._step()
+            except KeyboardInterrupt:  # a second Ctrl-C without our handlers: no grace period
+                self.hurry.set()
             if self.hurry.is_set() and not hurried:
                 hurried = True
-                self.feed.stop(self, [r for r in running if r.state == "running"], hurry=True)
+                self.feed.stop(self, [r for r in running if r.state == NodeState.RUNNING], hurry=True)
         for run in running:
-            if run.state == "running":
-                run.state, run.exit_code = "failed", HANG_EXIT if signum is None else 128 + signum
+            if run.state == NodeState.RUNNING:
+                run.state, run.exit_code = NodeState.FAILED, HANG_EXIT if signum is None else 128 + signum
 
     # ---- what the feed says ----------------------------------------------------------------------
     def put(self, run: NodeRun, item: Any) -> None:
@@ -187,7 +204,7 @@ class Supervisor:
         run.tail.append(line)
         self.files[run.rank].write(line + "\n")
         self.merged.write(f"[{run.node.host} r{run.rank}] {line}\n")
-        self.sink(run.rank, run.node.host, line)
+        self.sink(LogLine.of(run.rank, run.node.host, line))
 
     def _flush(self) -> None:
         for handle in (*self.files.values(), self.merged):
@@ -214,29 +231,28 @@ class Supervisor:
 
     def _settle(self, run: NodeRun, answer: tuple[str, ...]) -> None:
         """Apply what is known of a node's end; a failure ends the others."""
-        if run.state != "running":
+        if run.state != NodeState.RUNNING:
             return
         if answer[0] == "exit":
             run.exit_code = int(answer[1])
-            run.state = "succeeded" if run.exit_code == 0 else "failed"
+            run.state = NodeState.SUCCEEDED if run.exit_code == 0 else NodeState.FAILED
         elif answer[0] == "lost":
-            run.state, run.exit_code, run.lost_reason = "lost", NODE_LOST_EXIT, answer[1]
+            run.state, run.exit_code, run.lost_reason = NodeState.LOST, NODE_LOST_EXIT, answer[1]
             run.tail.append(f"fsdpctl: {run.node.host} stopped answering: {answer[1]}")
         elif answer[0] == "gone":
-            run.state, run.exit_code = "failed", NODE_LOST_EXIT
+            run.state, run.exit_code = NodeState.FAILED, NODE_LOST_EXIT
             run.tail.append("fsdpctl: the node script's wrapper vanished without an exit status")
-        if run.state in ("failed", "lost"):
+        if run.state in (NodeState.FAILED, NodeState.LOST):
             self._fail(run)
 
     def _fail(self, run: NodeRun) -> None:
         if self.first_failure is not None or self.stopping:
             return
-        if run.state != "lost":  # torchrun's last lines (its failure summary) may still be on their way
+        if run.state != NodeState.LOST:  # torchrun's last lines (its failure summary) may still be on their way
             self._drain_lines(lambda: run.streaming, 0.5)
-        self.first_failure = first_failure_of(run, list(run.tail))
-        if "failed_at" not in self.first_failure:  # torchrun itself died: it failed now
-            self.first_failure["failed_at"] = time.strftime("%Y-%m-%d_%H:%M:%S")
-        others = [r for r in self.runs if r is not run and r.state == "running"]
+        # Without torchrun's own time stamp (torchrun itself died), it failed now.
+        self.first_failure = first_failure_of(run, list(run.tail), time.strftime("%Y-%m-%d_%H:%M:%S"))
+        others = [r for r in self.runs if r is not run and r.state == NodeState.RUNNING]
         if others:
             self.feed.stop(self, others, hurry=False)
 
@@ -246,16 +262,13 @@ class Supervisor:
         if self.first_failure is not None:
             # The first node seen failing may only have lost a peer: decide once every node has ended.
             failed = [self.first_failure] + [first_failure_of(r, list(r.tail)) for r in self.runs
-                                             if r.state in ("failed", "lost")
-                                             and r.rank != self.first_failure["node_rank"]]
-            lost = [f for f in failed if f["state"] == "lost"]
-            # A lost node is the cause: its peers only failed because it vanished under them.
-            self.first_failure = lost[0] if lost else root_cause(failed)
+                                             if r.state in (NodeState.FAILED, NodeState.LOST)
+                                             and r.rank != self.first_failure.node_rank]
+            self.first_failure = root_cause(failed)
         if signum is not None:
             return RunResult(128 + signum, self.first_failure, True, signum)
+        if self._left() and any(r.state == NodeState.RUNNING for r in self.runs):
+            return RunResult(0, self.first_failure, False, left=True)
         if self.first_failure is not None:
-            code = self.first_failure["exit_code"]
-            if isinstance(code, int) and code < 0:  # torchrun reports a worker killed by signal N as -N
-                code = 128 - code
-            return RunResult(code if isinstance(code, int) and code > 0 else 1, self.first_failure, False)
+            return RunResult(self.first_failure.exit_code, self.first_failure, False)
         return RunResult(0, None, False)

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from .. import __version__
-from ..errors import FsdpctlError
+from ..errors import FsdpctlError, PreflightError
 from . import doctor, fetch, launch, logs, profiles, render, stacks, status, submit
 
 app = typer.Typer(
@@ -50,7 +50,11 @@ app.command(name="profiles")(profiles.profiles)
 
 
 def report_error(exc: FsdpctlError) -> None:
-    """Print an error as one line (plus its hint) on stderr."""
+    """Print an error as one line (plus its hint) on stderr; a failed preflight's report first."""
+    if isinstance(exc, PreflightError):
+        from .doctor_table import print_report
+
+        print_report(exc.report)
     err = typer.style("error:", fg=typer.colors.RED, bold=True)
     typer.echo(f"{err} {exc.message}", err=True)
     if exc.hint:

@@ -8,12 +8,11 @@ from typing import Optional
 
 import typer
 
-from . import common
-from .report import print_report, progress
+from .options import ProfileOpt
 
 
 def doctor(
-    profile: str = common.ProfileOpt,
+    profile: str = ProfileOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (schema: docs/doctor.md)."),
     deep: bool = typer.Option(False, "--deep", help="Also import torch on every host (device count, NCCL's own "
                                                      "version); slower."),
@@ -30,66 +29,24 @@ def doctor(
     """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs, interface, InfiniBand, ports, disk.
 
     For a Slurm profile: the controller and partition, then the same checks on allocated nodes (srun)."""
-    from ..backends import backend_for
-    from ..backends.base import DoctorRequest
-    from ..doctor.requirements import read_requirements
-    from ..plan.make import auto_port
-    from ..profiles.loader import load_profile
-    from ..runs.paths import new_run_id
-    from ..workload import REQUIREMENTS
+    import fsdpctl
 
-    loaded = load_profile(profile)
-    prof = loaded.profile
-    port = prof.rendezvous.port if isinstance(prof.rendezvous.port, int) else auto_port(new_run_id(prof.name))
-    nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else None
-    request = DoctorRequest(port=port, deep=deep, timeout=timeout, concurrency=concurrency,
-                            port_check=not no_port_check, nproc=nproc,
-                            requirements=(*REQUIREMENTS, *(read_requirements(requirements) if requirements else ())))
-    backend = backend_for(prof)
-    typer.echo(f"doctor: checking the nodes of {prof.name} ({backend.name})", err=True)
-    try:
-        report = backend.doctor(request, on_host=progress)
-        result = report.to_json(strict)
-        if collectives:
-            if report.ok():
-                result["collectives"] = _collectives(profile, backend)
-            else:
-                result["collectives"] = {"skipped": "the checks above failed"}
-    finally:
-        backend.close()
+    from .doctor_table import print_report
+    from .events import EventPrinter
+
+    loaded = fsdpctl.load_profile(profile)
+    typer.echo(f"doctor: checking the nodes of {loaded.name} ({loaded.profile.backend})", err=True)
+    report = fsdpctl.doctor(loaded, deep=deep, timeout=timeout, concurrency=concurrency,
+                            port_check=not no_port_check, requirements=requirements, collectives=collectives,
+                            on_event=EventPrinter(quiet_progress=True))
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json.dumps(report.to_json(strict), indent=2))
     else:
         print_report(report, strict)
         if collectives:
-            _print_collectives(result["collectives"])
-    failed = collectives and "results" not in result["collectives"]
-    raise typer.Exit(0 if report.ok(strict) and not failed else 1)
-
-
-def _collectives(profile_name: str, backend) -> dict:
-    """Run the collective smoke test through the launch path, as a run of its own; its figures (or why not)."""
-    from ..bundle import Payload, node_payload
-    from ..doctor.collectives import COLLECTIVES_ENV, COLLECTIVES_MODULE, collectives_result
-    from ..plan.render import render_all
-    from ..plan.types import Overrides
-    from ..runs.record import create_run
-
-    device = "cpu" if backend.profile.device == "cpu" else backend.profile.device
-    overrides = Overrides(entry_module=COLLECTIVES_MODULE, entry_args=("--device", device),
-                          extra_env=COLLECTIVES_ENV)
-    loaded, plan = common.build_plan(profile_name, overrides, for_slurm=backend.queued)
-    scripts = render_all(plan)
-    lines: list[str] = []
-    typer.echo(f"doctor: collective smoke test as run {plan.run_id}", err=True)
-    run = create_run(plan, loaded.profile, scripts, loaded.path.read_text(encoding="utf-8"))
-    backend.start(run, Payload(node_payload(scripts)), detached=False)
-    outcome = backend.follow(run, lambda rank, host, line: lines.append(line), owner=True)
-    found = collectives_result(lines)
-    if outcome.exit_code or found is None:
-        return {"run_id": plan.run_id, "error": f"the smoke test exited {outcome.exit_code}",
-                "last_lines": lines[-15:]}
-    return {"run_id": plan.run_id, **found}
+            _print_collectives(report.collectives or {})
+    failed = collectives and "results" not in (report.collectives or {})
+    raise typer.Exit(0 if report.passes(strict) and not failed else 1)
 
 
 def _print_collectives(data: dict) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from ..errors import UsageError
-
 
 def fetch(
     run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
@@ -13,14 +11,11 @@ def fetch(
                                          "run wrote, but fsdpctl's own copies of code and workload)."),
 ) -> None:
     """Copy PATH from every node's run directory into runs/<id>/fetched/node<R>/ here."""
-    from .common import opened_run
-    from .launch import show_fetched
+    import fsdpctl
 
-    parts = path.split("/")
-    if path.startswith(("/", "~")) or ".." in parts:
-        raise UsageError(f"{path}: not a path inside the run directory", "give it relative to $FSDPCTL_RUN_DIR, "
-                         "e.g. outputs/model.pt")
-    with opened_run(run_id) as (run, backend):
-        fetched = backend.fetch(run, path)
+    from .events import show_fetched
+
+    with fsdpctl.get_run(run_id) as run:
+        fetched = run.fetch(path)
     show_fetched(fetched)
     raise typer.Exit(0 if any(fetched.values()) else 1)

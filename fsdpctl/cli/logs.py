@@ -20,31 +20,35 @@ def logs(
                                           "status` lists them); default: the newest."),
 ) -> None:
     """Print a run's logs, merged across nodes, each line prefixed with [host rNODE]."""
-    from .common import opened_run
-    from .launch import follow_run
-    from .stream import prefix
+    import fsdpctl
+
+    from .events import EventPrinter, exit_code_of, prefix, say
 
     try:
         pattern = re.compile(grep) if grep else None
     except re.error as exc:
         raise UsageError(f"--grep {grep!r}: not a regular expression ({exc})", "escape special characters") from None
 
-    def show(node_rank: int, node_host: str, text: str) -> None:
-        if ((host is None or node_host == host) and (rank is None or text.startswith(f"[rank{rank}]:"))
-                and (pattern is None or pattern.search(text) is not None)):
-            typer.echo(f"{prefix(node_rank, node_host)} {text}")
+    def wanted(line: fsdpctl.LogLine) -> bool:
+        return ((host is None or line.host == host) and (rank is None or line.rank == rank)
+                and (pattern is None or pattern.search(line.text) is not None))
 
-    with opened_run(run_id) as (run, backend):
-        if attempt is not None and attempt > run.attempt:
-            raise UsageError(f"--attempt {attempt}: run {run.run_id} has {run.attempt} attempt(s)",
-                             f"give --attempt 1 to {run.attempt}, or leave it out for the newest")
-        if attempt is not None and attempt < run.attempt and follow:
-            raise UsageError(f"--attempt {attempt}: ended; only the newest attempt can be followed",
-                             "drop -f to read it, or --attempt to follow the newest")
+    with fsdpctl.get_run(run_id) as run:
         if follow:
-            state = run.record.get("state")
-            if state not in ("running", "starting", "submitted"):
-                typer.echo(f"fsdpctl: run {run.run_id} is {state}; showing its logs", err=True)
-            raise typer.Exit(follow_run(backend, run, owner=False, sink=show))
-        for note in backend.read_logs(run, show, attempt):
+            if attempt is not None and attempt != run.attempt:
+                run.logs(follow=True, attempt=attempt)  # refuses it, in one line
+            state = run.info.state
+            if state.is_over:
+                say(f"run {run.run_id} is {state}; showing its logs")
+                reader = run.logs(attempt=attempt)
+            else:
+                printer = EventPrinter(quiet_progress=True, show_line=wanted)
+                run.wait(on_event=printer, handle_signals=True)
+                raise typer.Exit(exit_code_of(printer))
+        else:
+            reader = run.logs(attempt=attempt)
+        for line in reader:
+            if wanted(line):
+                typer.echo(f"{prefix(line.node_rank, line.host)} {line.text}")
+        for note in reader.notes:
             typer.echo(note, err=True)

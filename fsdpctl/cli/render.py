@@ -8,30 +8,25 @@ from typing import Optional
 
 import typer
 
-from . import common, jobopts
+from .options import CLUSTER, JOB, WORKLOAD, Flags, with_options
 
 
+@with_options(JOB, WORKLOAD, CLUSTER)
 def render(
-    command: Optional[list[str]] = jobopts.CommandArg,
-    profile: Optional[str] = common.JobProfileOpt,
-    out: Optional[Path] = typer.Option(
-        None, "--out", "-o", help="Folder to write into (default: ./rendered/<run id>)."
-    ),
+    flags: Flags,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder to write into (default: "
+                                       "./rendered/<run id>)."),
     slurm: bool = typer.Option(False, "--slurm", help="Render the Slurm batch script instead of node scripts."),
-    job: Optional[str] = jobopts.JobOpt,
-    code: Optional[Path] = jobopts.CodeOpt,
-    no_code: bool = jobopts.NoCodeOpt,
-    chdir: Optional[str] = jobopts.ChdirOpt,
-    env: Optional[list[str]] = jobopts.EnvOpt,
-    requirements: Optional[Path] = jobopts.RequirementsOpt,
-    debug: bool = common.DebugOpt,
 ) -> None:
     """Write plan.json and every rendered script of PROFILE (for your program after --, or the bundled
     workload) into a folder; print their paths."""
-    from ..runs.paths import write_json_atomic
+    import fsdpctl
 
-    prepared = jobopts.prepare(profile=profile, for_slurm=slurm, workload={}, debug=debug,
-                               flags=jobopts.job_flags(command, job, code, no_code, chdir, None, env, requirements))
+    from ..rundir.paths import write_json_atomic
+    from .show import print_warnings
+
+    prepared = fsdpctl.prepare(flags.profile, options=flags.job_options(), slurm=slurm)
+    print_warnings(prepared.warnings)
     plan = prepared.plan
     folder = out or Path("rendered") / plan.run_id
     folder.mkdir(parents=True, exist_ok=True)

@@ -44,8 +44,14 @@ def plan_summary(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
-def print_dry_run(plan: LaunchPlan, scripts: dict[str, str], as_json: bool) -> None:
-    """Print the plan and every rendered script to stdout."""
+def print_warnings(warnings: tuple[str, ...]) -> None:
+    for warning in warnings:
+        typer.secho(f"fsdpctl: warning: {warning}", err=True, fg="yellow")
+
+
+def print_dry_run(plan: LaunchPlan, scripts: dict[str, str], as_json: bool, warnings: tuple[str, ...] = ()) -> None:
+    """Print the plan and every rendered script to stdout (``warnings`` to stderr)."""
+    print_warnings(warnings)
     if as_json:
         typer.echo(json.dumps({"plan": plan.to_json(), "scripts": scripts}, indent=2))
         return

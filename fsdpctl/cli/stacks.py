@@ -24,19 +24,12 @@ def stacks(
     has it, else the dump handler fsdpctl installs in each rank) and prints ranks standing at the same
     Python frames as one group ("ranks 0-2 on n1,n2"), the odd ones first, each named by its innermost
     frame of user code. Exit 1 when no rank answered."""
-    from ..diagnose.stacks import group_stacks, rank_stacks, render
-    from ..errors import UsageError
-    from .common import opened_run
+    import fsdpctl
 
-    with opened_run(run_id) as (run, backend):
-        state = run.record.get("state")
-        if state not in ("running", "starting", "submitted"):
-            raise UsageError(f"run {run.run_id} is {state}: no rank is running",
-                             "stacks reads live ranks; a hang's stacks are kept in runs/<id>/hang/")
-        nodes = backend.stacks(run, flight=flight, py_spy=not no_py_spy, native=native)
+    with fsdpctl.get_run(run_id) as run:
+        report = run.stacks(flight=flight, py_spy=not no_py_spy, native=native)
     if as_json:
-        typer.echo(json.dumps(nodes, indent=2))
+        typer.echo(json.dumps(report.nodes, indent=2))
     else:
-        found = rank_stacks(nodes)
-        typer.echo(f"run {run.run_id}: " + "\n".join(render(group_stacks(found), nodes, all_threads=all_threads)))
-    raise typer.Exit(0 if any(node.get("ranks") for node in nodes) else 1)
+        typer.echo(f"run {run.run_id}: " + "\n".join(report.render(all_threads=all_threads)))
+    raise typer.Exit(0 if report.answered else 1)

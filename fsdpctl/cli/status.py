@@ -7,53 +7,48 @@ from typing import Optional
 
 import typer
 
-from .common import opened_run
-
 
 def status(
     run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Per node: running, succeeded or failed, exit codes, and the last step and loss."""
-    with opened_run(run_id) as (run, backend):
-        info = backend.status(run)
-    record = run.record
-    info.update(attempt=record.get("attempt", 1), from_step=record.get("from_step"),
-                attempts=record.get("attempts", []))
+    import fsdpctl
+
+    with fsdpctl.get_run(run_id) as run:
+        info = run.status()
     if as_json:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(json.dumps(info.to_json(), indent=2))
         return
-    last = info.get("last_metrics") or {}
+    last = info.last_metrics or {}
     progress = f"; last step {last.get('step')} loss {last.get('loss')}" if last else ""
-    attempt = info["attempt"]
     which = ""
-    if attempt > 1:
-        start = f" from step {record['from_step']}" if record.get("from_step") is not None else ""
-        which = f" (attempt {attempt}{start})"
-    typer.echo(f"{info['run_id']}: {info['state']}{which}{progress}")
-    for earlier in record.get("attempts", []):
-        start = f" from step {earlier['from_step']}" if earlier.get("from_step") is not None else ""
-        ended = f": {earlier['ended_by']}" if earlier.get("ended_by") else ""
-        code = "" if earlier.get("exit_code") is None else f" (exit {earlier['exit_code']})"
-        typer.echo(f"  attempt {earlier['attempt']}{start}: {earlier.get('state', '?')}{code}{ended}")
-    for node in info["nodes"]:
-        code = "" if node.get("exit_code") is None else f" (exit {node['exit_code']})"
-        typer.echo(f"  node {node['node_rank']} {node['host']}: {node['state']}{code}")
-    failure = info.get("first_failure")
-    if failure and failure.get("hang"):
-        typer.echo(f"  hung: {failure['hang']}")
-        typer.echo(f"  stacks and flight-recorder dumps in {failure.get('hang_dir')}")
-    elif failure and failure.get("lost"):
-        typer.echo(f"  first failure: {failure['host']} node {failure['node_rank']} was lost: {failure['lost']}")
-    elif failure:
-        typer.echo(f"  first failure: {failure['host']} node {failure['node_rank']} rank {failure.get('rank')} "
-                   f"exit {failure['exit_code']}")
+    if info.attempt > 1:
+        start = f" from step {info.from_step}" if info.from_step is not None else ""
+        which = f" (attempt {info.attempt}{start})"
+    typer.echo(f"{info.run_id}: {info.state}{which}{progress}")
+    for earlier in info.attempts:
+        start = f" from step {earlier.from_step}" if earlier.from_step is not None else ""
+        ended = f": {earlier.ended_by}" if earlier.ended_by else ""
+        code = "" if earlier.exit_code is None else f" (exit {earlier.exit_code})"
+        typer.echo(f"  attempt {earlier.attempt}{start}: {earlier.state}{code}{ended}")
+    for node in info.nodes:
+        code = "" if node.exit_code is None else f" (exit {node.exit_code})"
+        typer.echo(f"  node {node.node_rank} {node.host}: {node.state}{code}")
+    failure = info.first_failure
+    if failure is not None and failure.kind == "hang":
+        typer.echo(f"  {failure.headline()}")
+        typer.echo(f"  stacks and flight-recorder dumps in {failure.hang_dir}")
+    elif failure is not None:
+        typer.echo(f"  first failure: {failure.headline()}")
 
 
 def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).")) -> None:
     """End every process of a run on every node (TERM, grace period, KILL)."""
-    with opened_run(run_id) as (run, backend):
-        remaining = backend.stop(run)
+    import fsdpctl
+
+    with fsdpctl.get_run(run_id) as run:
+        remaining = run.stop()
     left = {host: pids for host, pids in remaining.items() if pids}
     for host, pids in remaining.items():
         typer.echo(f"  {host}: {'stopped' if not pids else 'LEFT: ' + pids}", err=True)
@@ -64,11 +59,10 @@ def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."))
 
 def runs() -> None:
     """The run registry: every run in the runs directory, oldest first."""
-    from ..runs.paths import list_runs, read_json
+    import fsdpctl
 
-    for run_dir in list_runs():
-        record = read_json(run_dir / "run.json")
-        code = record.get("exit_code")
-        attempts = f"\tattempt {record['attempt']}" if record.get("attempt", 1) > 1 else ""
-        typer.echo(f"{run_dir.name}\t{record.get('state', '?')}\t{record.get('backend', '?')}\t"
-                   f"{record.get('num_nodes', '?')} node(s)\t{'' if code is None else f'exit {code}'}{attempts}")
+    for run in fsdpctl.runs():
+        info = run.info
+        attempts = f"\tattempt {info.attempt}" if info.attempt > 1 else ""
+        code = "" if info.exit_code is None else f"exit {info.exit_code}"
+        typer.echo(f"{info.run_id}\t{info.state}\t{info.backend}\t{info.num_nodes or '?'} node(s)\t{code}{attempts}")

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ..errors import UsageError
-from . import common, jobopts
-from .launch import resume_run, run_plan
-from .resume import ResumeOpt, refuse_flags_with_resume
+from .options import CLUSTER, JOB, RUN, WORKLOAD, Flags, with_options
 
 
+@with_options(JOB, WORKLOAD, CLUSTER, RUN)
 def submit(
-    command: Optional[list[str]] = jobopts.CommandArg,
-    profile: Optional[str] = common.JobProfileOpt,
+    flags: Flags,
     slurm: bool = typer.Option(False, "--slurm", help="Submit through Slurm (the only scheduler so far)."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes to allocate (overrides slurm.nodes)."),
     time: Optional[str] = typer.Option(None, "--time", help="Time limit, e.g. 02:00:00 (overrides slurm.time)."),
@@ -24,70 +21,34 @@ def submit(
                                       "(overrides slurm.via)."),
     requeue: Optional[bool] = typer.Option(None, "--requeue/--no-requeue", help="Checkpoint on SIGUSR2 before the "
                                            "time limit and requeue; resume when requeued (overrides slurm.requeue)."),
-    job: Optional[str] = jobopts.JobOpt,
-    code: Optional[Path] = jobopts.CodeOpt,
-    no_code: bool = jobopts.NoCodeOpt,
-    chdir: Optional[str] = jobopts.ChdirOpt,
-    code_limit: Optional[int] = jobopts.CodeLimitOpt,
-    env: Optional[list[str]] = jobopts.EnvOpt,
-    requirements: Optional[Path] = jobopts.RequirementsOpt,
-    fsdp: Optional[int] = common.FsdpOpt,
-    preset: Optional[str] = common.PresetOpt,
-    steps: Optional[int] = common.StepsOpt,
-    epochs: Optional[int] = common.EpochsOpt,
-    batch_size: Optional[int] = common.BatchOpt,
-    sharding: Optional[str] = common.ShardingOpt,
-    mixed_precision: Optional[str] = common.PrecisionOpt,
-    settings: Optional[list[str]] = common.SetOpt,
-    nproc_per_node: Optional[int] = common.NprocOpt,
-    master_port: Optional[int] = common.PortOpt,
-    debug: bool = common.DebugOpt,
-    dry_run: bool = common.DryRunOpt,
-    as_json: bool = common.JsonOpt,
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
-    hang_timeout: Optional[int] = common.HangTimeoutOpt,
-    on_hang: Optional[str] = common.OnHangOpt,
-    resume: Optional[str] = ResumeOpt,
 ) -> None:
     """Submit your program (after --) or the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or
     submitit). The run directory, your code included, goes once to storage every node shares."""
+    import fsdpctl
+
+    from .events import EventPrinter, exit_code_of
+    from .launch import check_resume_backend
     from .show import print_dry_run
 
     if not slurm:
         raise UsageError("submit needs a scheduler", "add --slurm")
-    _check_slurm_values(nodes, time, partition, via)
-    hang_timeout, on_hang = common.hang_timeout_choice(hang_timeout), common.on_hang_choice(on_hang)
-    flags = jobopts.job_flags(command, job, code, no_code, chdir, code_limit, env, requirements)
-    workload = {"fsdp": fsdp, "preset": preset, "steps": steps, "epochs": epochs, "batch_size": batch_size,
-                "sharding": sharding, "mixed_precision": mixed_precision, "settings": settings}
-    if resume is not None:
-        refuse_flags_with_resume(flags, workload, profile=profile, nodes=nodes, time=time, partition=partition,
-                                 via=via, requeue=requeue, nproc_per_node=nproc_per_node, master_port=master_port,
-                                 debug=debug, dry_run=dry_run, json=as_json)
-        raise typer.Exit(resume_run(resume, for_slurm=True, preflight=False, detach=not follow, announce_id=True,
-                                    steps=steps, epochs=epochs, hang_timeout=hang_timeout, on_hang=on_hang))
-    prepared = jobopts.prepare(
-        profile=profile, for_slurm=True, flags=flags, workload=workload, nproc_per_node=nproc_per_node,
-        master_port=master_port, debug=debug, slurm_nodes=nodes, slurm_time=time, slurm_partition=partition,
-        slurm_requeue=requeue, slurm_via=via, hang_timeout=hang_timeout, on_hang=on_hang)
-    if dry_run:
-        print_dry_run(prepared.plan, common.with_previews(prepared.loaded.profile, prepared.plan, prepared.scripts),
-                      as_json)
+    slurm_options = {"nodes": nodes, "time": time, "partition": partition, "via": via, "requeue": requeue}
+    if flags.resume is not None:
+        flags.refuse_with_resume(**slurm_options)
+        run = fsdpctl.get_run(flags.resume)
+        check_resume_backend(run, slurm=True)
+        printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"), run_id_on_stdout=True)
+        run.resume(steps=flags.steps, epochs=flags.epochs, detach=not follow, hang_timeout=flags.hang_timeout,
+                   on_hang=flags.on_hang, on_event=printer, handle_signals=True)
+        raise typer.Exit(exit_code_of(printer))
+    options = flags.job_options(**slurm_options)
+    if flags.dry_run:
+        prepared = fsdpctl.prepare(flags.profile, options=options, slurm=True)
+        print_dry_run(prepared.plan, prepared.previews(), flags.as_json, prepared.warnings)
         return
-    if as_json:
+    if flags.as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
-    raise typer.Exit(run_plan(prepared, preflight=False, detach=not follow, announce_id=True))
-
-
-def _check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str],
-                        via: Optional[str]) -> None:
-    from ..profiles.schema import SLURM_TIME_PATTERN, SLURM_WORD_PATTERN
-
-    if nodes is not None and nodes < 1:
-        raise UsageError(f"--nodes {nodes}: not positive", "give 1 or more")
-    if time is not None and not SLURM_TIME_PATTERN.match(time):
-        raise UsageError(f"--time {time!r}: not a Slurm time limit", "write e.g. 90, 02:00:00 or 1-00:00")
-    if partition is not None and not SLURM_WORD_PATTERN.match(partition):
-        raise UsageError(f"--partition {partition!r}: not a partition name", "use letters, digits, _ - .")
-    if via is not None and via not in ("sbatch", "submitit"):
-        raise UsageError(f"--via {via!r}: unknown", "use --via sbatch or --via submitit")
+    printer = EventPrinter(total_steps=options.workload.get("steps"), run_id_on_stdout=True)
+    fsdpctl.submit(flags.profile, options=options, follow=follow, on_event=printer, handle_signals=True)
+    raise typer.Exit(exit_code_of(printer))

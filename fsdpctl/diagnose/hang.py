@@ -12,26 +12,28 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..backends.hang_watch import HANG_EXIT, HangVerdict, HangWatch
+from ..rundir.paths import private_dir, write_private
+from ..rundir.state import Failure
 from .flight import Disagreement, analyse, torch_analyser
 from .stacks import group_stacks, rank_stacks, render, summary_line, suspect
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
-    from ..runs.record import Run
+    from ..rundir.record import RunDir
 
 WORKLOAD_PROGRESS = re.compile(r"\bstep=\d+")
 """The bundled workload's progress: a logged step (training or validation)."""
 
 
-def progress_pattern(run: Run) -> re.Pattern | None:
+def progress_pattern(run: RunDir) -> re.Pattern | None:
     """What counts as progress: for the bundled workload, a new step; for the user's program, any line."""
     return None if run.plan.command else WORKLOAD_PROGRESS
 
 
-def watch_for(backend: Backend, run: Run, *, act: bool, echo: Callable[[str], None]) -> HangWatch | None:
+def watch_for(backend: Backend, run: RunDir, *, act: bool, echo: Callable[[str], None]) -> HangWatch | None:
     """The run's watchdog (None when its plan has no hang timeout). ``act``: this follower may end
     the run (the launcher of a foreground run, or a follower of a detached one); otherwise it reports."""
     plan = run.plan
@@ -60,33 +62,30 @@ def _new_folder(root: Path) -> Path:
     while folder.exists():
         n += 1
         folder = root / f"hang-{n}"
-    folder.mkdir(parents=True)
+    private_dir(folder)
     return folder
 
 
-def gather_hang(backend: Backend, run: Run, silent: float) -> tuple[dict[str, Any], list[str]]:
+def gather_hang(backend: Backend, run: RunDir, silent: float) -> tuple[Failure, list[str]]:
     """Stacks and flight-recorder dumps into a new ``hang/`` folder; (the failure to record, lines to show)."""
     folder = _new_folder(run.root)
     nodes = backend.stacks(run, flight=True, native=True)  # once per hang: every frame there is
     stacks = rank_stacks(nodes)
     groups = group_stacks(stacks)
     report = render(groups, nodes)
-    (folder / "stacks.json").write_text(json.dumps(nodes, indent=1) + "\n", encoding="utf-8")
+    write_private(folder / "stacks.json", json.dumps(nodes, indent=1) + "\n")
     flight_lines, disagree = collect_flight(backend, run, folder / "flight")
-    (folder / "stacks.txt").write_text("\n".join(report + ([""] + flight_lines if flight_lines else [])) + "\n",
-                                       encoding="utf-8")
+    write_private(folder / "stacks.txt", "\n".join(report + ([""] + flight_lines if flight_lines else [])) + "\n")
     where = summary_line(groups) + (f"; flight recorder: {disagree[0].short()}" if disagree else "")
     # The one rank to look at: the odd one of the stacks, else the one the flight recorder finds behind.
     odd = suspect(groups)
     behind = disagree[0].missing if disagree else []
     named = (odd.members[0] if odd and len(odd.members) == 1
              else next((s for s in stacks if [s.rank] == behind), None))
-    failure: dict[str, Any] = {
-        "hang": f"no progress for {silent:.0f} s (hang timeout {run.plan.hang_timeout} s); {where}",
-        "hang_dir": str(folder), "state": "hung", "exit_code": HANG_EXIT, "last_lines": [],
-        "rank": named.rank if named else None, "local_rank": None,
-        "host": named.host if named else None, "node_rank": named.node_rank if named else None,
-    }
+    failure = Failure(kind="hang", detail=f"no progress for {silent:.0f} s (hang timeout {run.plan.hang_timeout} s); "
+                                          f"{where}", hang_dir=str(folder), exit_code=HANG_EXIT,
+                      rank=named.rank if named else None, host=named.host if named else None,
+                      node_rank=named.node_rank if named else None)
     lines = [f"fsdpctl: stacks of run {run.plan.run_id}:", *(f"  {line}" for line in report)]
     if flight_lines:
         lines += ["fsdpctl: flight recorder:", *(f"  {line}" for line in flight_lines)]
@@ -94,7 +93,7 @@ def gather_hang(backend: Backend, run: Run, silent: float) -> tuple[dict[str, An
     return failure, lines
 
 
-def flight_after_failure(backend: Backend, run: Run, echo: Callable[[str], None]) -> None:
+def flight_after_failure(backend: Backend, run: RunDir, echo: Callable[[str], None]) -> None:
     """After a failed run: the dumps torch's NCCL watchdog wrote when a collective timed out
     (``flight/on-timeout/`` on the nodes), brought to ``runs/<id>/flight/`` and read."""
     lines, _ = collect_flight(backend, run, run.root / "flight", "flight/on-timeout")
@@ -105,7 +104,7 @@ def flight_after_failure(backend: Backend, run: Run, echo: Callable[[str], None]
         echo(f"fsdpctl: kept in {run.root / 'flight'}")
 
 
-def collect_flight(backend: Backend, run: Run, into: Path, path: str = "flight"
+def collect_flight(backend: Backend, run: RunDir, into: Path, path: str = "flight"
                    ) -> tuple[list[str], list[Disagreement]]:
     """Every rank's flight-recorder dumps under ``path``, one folder per kind (``rank_<N>`` files, ranks
     being global), each read for the collective the ranks disagree on: (lines to show, what they
@@ -117,9 +116,10 @@ def collect_flight(backend: Backend, run: Run, into: Path, path: str = "flight"
             if not dump.name.startswith("rank_") or dump.name.endswith(".tmp"):
                 continue
             target = into / dump.parent.name / dump.name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(target.parent)
             if target.resolve() != dump.resolve():  # a local run's own files are already in place
                 shutil.copyfile(dump, target)
+                target.chmod(0o600)
             if fetched_here in dump.resolve().parents:
                 dump.unlink()  # only carried here to be kept with the run
     lines: list[str] = []
@@ -133,7 +133,7 @@ def collect_flight(backend: Backend, run: Run, into: Path, path: str = "flight"
         found += kind_found
         theirs = torch_analyser(kind)
         if theirs is not None:
-            (kind / "fr_trace.txt").write_text(theirs + "\n", encoding="utf-8")
+            write_private(kind / "fr_trace.txt", theirs + "\n")
             lines.append(f"  torch's fr_trace: {theirs.splitlines()[0] if theirs else 'no output'} "
                          f"(all of it: {kind / 'fr_trace.txt'})")
     return lines, found

@@ -200,3 +200,33 @@ def summary_line(groups: list[Group]) -> str:
     if not standing:
         return "no stack could be read"
     return f"ranks stand in {len(standing)} places; the first: {standing[0].label()} at {standing[0].headline()}"
+
+
+@dataclass(frozen=True)
+class StackReport:
+    """Every rank's stack of one run, as read just now: ``nodes`` is each node's answer (every thread,
+    every frame; ``error`` where a node did not answer), ``groups`` the ranks folded by where they stand."""
+
+    run_id: str
+    nodes: list[dict[str, Any]]
+
+    @property
+    def ranks(self) -> list[RankStack]:
+        return rank_stacks(self.nodes)
+
+    @property
+    def groups(self) -> list[Group]:
+        return group_stacks(self.ranks)
+
+    @property
+    def answered(self) -> bool:
+        """Some rank's stack was read."""
+        return any(node.get("ranks") for node in self.nodes)
+
+    def odd_one_out(self) -> Group | None:
+        """The small group of ranks that stand elsewhere than the rest (see ``suspect``)."""
+        return suspect(self.groups)
+
+    def render(self, all_threads: bool = False) -> list[str]:
+        """The grouped report, as lines."""
+        return render(self.groups, self.nodes, all_threads=all_threads)

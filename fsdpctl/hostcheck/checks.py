@@ -66,23 +66,33 @@ class DoctorReport:
     seconds: float
     cluster: list[Check] = field(default_factory=list)
     """Checks of the cluster as a whole (Slurm: controller, partition, allocation)."""
+    collectives: Optional[dict[str, Any]] = None
+    """With ``collectives=True``: the smoke test's figures (``results``: op, bytes, seconds, algbw and
+    busbw per size), or why there are none (``skipped``, ``error``)."""
 
     def status(self, strict: bool = False) -> Status:
         worst = _worst([h.status for h in self.hosts] + [p.status for p in self.parity]
                        + [c.status for c in self.cluster])
         return "fail" if strict and worst == "warn" else worst
 
-    def ok(self, strict: bool = False) -> bool:
+    @property
+    def ok(self) -> bool:
+        """No check failed (warnings allowed)."""
+        return self.passes()
+
+    def passes(self, strict: bool = False) -> bool:
+        """No check failed (``strict``: and none warned)."""
         return self.status(strict) != "fail"
 
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         return {
-            "ok": self.ok(strict), "status": self.status(strict), "profile": self.profile,
+            "ok": self.passes(strict), "status": self.status(strict), "profile": self.profile,
             "seconds": round(self.seconds, 3),
             "hosts": [{"host": h.host, "node_rank": h.node_rank, "status": h.status, "seconds": round(h.seconds, 3),
                        "facts": h.facts, "checks": [asdict(c) for c in h.checks]} for h in self.hosts],
             "parity": [asdict(p) for p in self.parity],
             "cluster": [asdict(c) for c in self.cluster],
+            **({"collectives": self.collectives} if self.collectives is not None else {}),
         }
 
 

@@ -37,10 +37,15 @@ _ALIASES = {
 
 @dataclass(frozen=True)
 class LoadedProfile:
-    """A validated profile and where it came from."""
+    """A validated profile, where it came from, and its text as read (a run keeps a copy)."""
 
     profile: ClusterProfile
     path: Path
+    text: str
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
 
 
 class _Reader:
@@ -270,7 +275,8 @@ def parse_document(text: str, source: str, cls: type, what: str) -> Any:
 def load_profile_file(path: Path) -> LoadedProfile:
     """Read and validate the profile at ``path``."""
     shown = display_path(path)
-    return LoadedProfile(parse_profile(read_text(path, "profile", "run `fsdpctl profiles`"), shown), path)
+    text = read_text(path, "profile", "run `fsdpctl profiles`")
+    return LoadedProfile(parse_profile(text, shown), path, text)
 
 
 def read_text(path: Path, what: str, where: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from ..errors import UsageError
 from ..plan.types import LaunchPlan, overrides_from_json
-from .paths import read_json, write_json_atomic
+from .paths import private_dir, read_json, write_json_atomic
 from .record import RunDir, now, prepare
 from .state import Failure, RunState
 
@@ -48,7 +48,7 @@ def move_into(root: Path, names: tuple[str, ...], folder: str) -> None:
         source = root / name
         if source.exists() or source.is_symlink():
             target = root / folder / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(target.parent)
             try:
                 shutil.move(str(source), str(target))
             except FileNotFoundError:
@@ -83,7 +83,7 @@ def begin_attempt(run: RunDir, plan: LaunchPlan, scripts: dict[str, str], from_s
     previous = run.plan.attempt
     root = run.root
     move_into(root, ("logs", "hang", "fetched", "flight"), attempt_folder(previous))
-    (root / attempt_folder(previous)).mkdir(parents=True, exist_ok=True)
+    private_dir(root / attempt_folder(previous))
     shutil.copy2(run.paths.plan, root / attempt_folder(previous) / "plan.json")
     move_into(root, ("scripts",), attempt_folder(previous))
     data = read_json(run.paths.run_record)

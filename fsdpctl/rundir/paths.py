@@ -65,11 +65,36 @@ class RunPaths:
         return self.scripts / name
 
 
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder readable by this user only (0700), its missing parents too, whatever the
+    umask of the process (a notebook's is usually 022): runs hold code, outputs and what ranks print."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        folder.chmod(0o700)
+    return path
+
+
+def write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write a file readable by this user only (``mode``), whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with open(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(handle.fileno(), mode)
+        handle.write(text)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that a reader never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write JSON so that a reader never sees a half-written file (readable by this user only)."""
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    write_private(tmp, json.dumps(data, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
 
 

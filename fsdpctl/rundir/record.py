@@ -15,7 +15,7 @@ from typing import Any
 from ..plan.types import LaunchPlan, plan_from_json
 from ..profiles.loader import parse_profile
 from ..profiles.schema import ClusterProfile
-from .paths import RunPaths, read_json, write_json_atomic
+from .paths import RunPaths, private_dir, read_json, write_json_atomic, write_private
 
 
 def now() -> str:
@@ -44,16 +44,14 @@ def record(paths: RunPaths, plan: LaunchPlan, nodes: list[dict[str, Any]] | None
 def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str | None) -> None:
     """The local run directory: plan, scripts, the profile as it was (None: keep the one there), and
     run.json, starting."""
-    paths.root.mkdir(parents=True, exist_ok=True)
-    paths.root.chmod(0o700)  # whatever the umask: code, outputs and logs are the user's alone
+    private_dir(paths.root).chmod(0o700)  # whatever the umask: code, outputs and logs are the user's alone
     write_json_atomic(paths.plan, plan.to_json())
-    paths.scripts.mkdir(parents=True, exist_ok=True)
+    private_dir(paths.scripts)
     for name, text in scripts.items():
-        paths.script(name).write_text(text, encoding="utf-8")
-        paths.script(name).chmod(0o700)
+        write_private(paths.script(name), text, 0o700)
     if profile_text is not None:
-        (paths.root / "profile.yaml").write_text(profile_text, encoding="utf-8")
-    paths.logs.mkdir(parents=True, exist_ok=True)
+        write_private(paths.root / "profile.yaml", profile_text)
+    private_dir(paths.logs)
     record(paths, plan, None, "starting", **({"created_at": now()} if profile_text is not None else {}))
 
 

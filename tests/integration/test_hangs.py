@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.api_driver import api
 from tests.integration.test_launch import processes_of, run, run_dir_of, start, wait_for_line
 from tests.integration.user_project import write_project
 
@@ -67,6 +68,15 @@ def test_stacks_fold_the_waiting_ranks_and_the_watchdog_ends_a_hung_run(lab, tmp
     assert "wait_for_a_lock" not in blocks[1]
     as_json = json.loads(run(lab, tmp_path, "stacks", run_dir.name, "--json").stdout)
     assert sorted(r["rank"] for node in as_json for r in node["ranks"]) == [0, 1, 2, 3]
+    reported, done = api(lab, tmp_path, f"""
+        found = fsdpctl.get_run({run_dir.name!r}).stacks()
+        odd = found.odd_one_out()
+        report({{"groups": [g.ranks for g in found.groups], "odd": odd.ranks if odd else None,
+                "where": odd.headline() if odd else None, "answered": found.answered}})
+    """)
+    assert done.returncode == 0 and reported, done.stderr[-2000:]
+    assert reported[0]["groups"] == [[3], [0, 1, 2]] and reported[0]["odd"] == [3] and reported[0]["answered"]
+    assert "wait_for_a_lock_that_never_frees" in reported[0]["where"]
 
     code, out, err = launcher.finish(timeout=HANG_TIMEOUT + 60)
     fired_after = time.monotonic() - stalled_at

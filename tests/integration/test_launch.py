@@ -1,4 +1,6 @@
-"""fsdpctl launch on the namespace testbed: real sshd hosts, real torchrun, gloo over eth0.
+"""fsdpctl launch on the namespace testbed: real sshd hosts, real torchrun, gloo over eth0; what the
+command itself owns (its exit codes, its one-line failure summary, Ctrl-C, two launches at once, a
+refused preflight). Training runs through the Python API are in test_api.py.
 
 fsdpctl runs in the client namespace; n1 is the master, n2's shell is chatty (prints on stdout).
 """
@@ -100,27 +102,6 @@ def losses(merged: str) -> list[float]:
     return [float(m) for m in re.findall(r"\bstep=\d+ loss=([0-9.]+)", merged)]
 
 
-@pytest.mark.parametrize("fsdp", ["2", "1"])
-def test_two_node_training_completes(lab, tmp_path, fsdp):
-    result = run(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path)), "--fsdp", fsdp)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    run_dir = run_dir_of(tmp_path)
-    merged = (run_dir / "logs" / "merged.log").read_text()
-    # The ranks really ran on different hosts.
-    assert re.search(r"r0\] fsdpctl: node 0 of 2 on n1 ", merged) and re.search(r"r1\] fsdpctl: node 1 of 2 on n2 ",
-                                                                                merged)
-    assert f"fsdp={fsdp}" in merged and "world=2" in merged
-    curve = losses(merged)
-    assert len(curve) >= 3 and curve[-1] < curve[0], curve
-    # Both nodes' logs are here: the streamed copies and torchrun's own log folders.
-    for rank in (0, 1):
-        assert (run_dir / "logs" / f"node{rank}.log").read_text().strip()
-        assert list((run_dir / "logs" / f"node{rank}").rglob("stdout.log")), f"torchrun logs of node {rank}"
-    record = json.loads((run_dir / "run.json").read_text())
-    assert record["state"] == "succeeded" and record["exit_code"] == 0
-    assert not processes_of(record["run_id"])
-
-
 def test_kill_9_on_one_node_ends_the_run_everywhere(lab, tmp_path):
     launcher = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=5000)))
     run_dir = run_dir_of(tmp_path)
@@ -175,30 +156,6 @@ def test_ctrl_c_stops_every_node_and_exits_130(lab, tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
 
 
-def test_detach_then_follow_then_stop(lab, tmp_path):
-    result = run(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=5000)), "--detach")
-    assert result.returncode == 0, result.stderr[-2000:]
-    run_id = result.stdout.strip()
-    assert re.fullmatch(r"lab-\d{8}-\d{6}-[0-9a-f]{4}", run_id)
-    assert processes_of(run_id), "the detached run is not running"
-    follower = start(lab, tmp_path, "logs", "-f", run_id)
-    status = None
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        status = json.loads(run(lab, tmp_path, "status", run_id, "--json").stdout)
-        if status.get("last_metrics"):
-            break
-        time.sleep(1)
-    assert status and status["state"] == "running" and [n["state"] for n in status["nodes"]] == ["running"] * 2
-    stopped = run(lab, tmp_path, "stop", run_id)
-    assert stopped.returncode == 0, stopped.stderr
-    code, out, err = follower.finish(timeout=60)  # it ended with the run...
-    assert "r0] [rank0]:" in out and "step=" in out, err  # ...after following its output
-    assert not processes_of(run_id)
-    final = json.loads(run(lab, tmp_path, "status", run_id, "--json").stdout)
-    assert final["state"] == "stopped"
-
-
 def test_two_runs_at_once_on_the_same_hosts(lab, tmp_path):
     first = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=6, name="one")))
     second = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=6, name="two")))
@@ -217,14 +174,3 @@ def test_unreachable_host_is_refused_by_the_preflight(lab, tmp_path):
     assert "no answer from" in result.stdout + result.stderr
     assert "preflight failed; nothing was started" in result.stderr
     assert not list((tmp_path / "runs").glob("*/run.json"))
-
-
-def test_doctor_collectives_across_the_namespaces(lab, tmp_path):
-    result = run(lab, tmp_path, "doctor", "-p", str(write_profile(lab, tmp_path)), "--collectives", "--json")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    data = json.loads(result.stdout)["collectives"]
-    assert data["backend"] == "gloo" and data["world_size"] == 2
-    assert {row["op"] for row in data["results"]} == {"all_reduce", "all_gather"}
-    assert all(row["busbw_gbps"] > 0 for row in data["results"])
-    merged = (tmp_path / "runs" / data["run_id"] / "logs" / "merged.log").read_text()
-    assert "on n1 " in merged and "on n2 " in merged  # over eth0, between the two hosts

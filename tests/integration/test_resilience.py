@@ -83,7 +83,7 @@ def test_a_node_that_loses_its_network_is_declared_lost_and_stops_by_itself(lab,
         record = json.loads((run_dir / "run.json").read_text())
         assert record["state"] == "failed" and record["first_failure"]["lost"].startswith("nothing heard")
         status = run(lab, tmp_path, "status", run_dir.name)
-        assert f"{n2.address} node 1 was lost: nothing heard from it since" in status.stdout
+        assert f"first failure: {n2.address} (node 1) was lost: nothing heard from it since" in status.stdout
     finally:
         subprocess.run([*cut, "up"], check=True, timeout=10)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.api_driver import Background, api
 from tests.integration.test_launch import (
     processes_of,
     run,
@@ -81,10 +82,17 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_o
     assert code == 128 + signal.SIGKILL, err[-2000:]
     assert not processes_of(run_dir.name)
 
-    resumed = run(lab, tmp_path, "launch", "--resume", run_dir.name)
-    print(f"\n--- launch --resume ---\n{resumed.stderr[-1500:]}")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"fsdpctl: run {run_dir.name}: attempt 2 from step 10" in resumed.stderr
+    reported, resumed = api(lab, tmp_path, f"""
+        seen = []
+        run = fsdpctl.get_run({run_dir.name!r})
+        run.resume(on_event=seen.append)
+        report({{"outcome": outcome_json(run.wait()), "attempt": run.attempt,
+                "notices": [e.text for e in seen if isinstance(e, Notice)]}})
+    """)
+    print(f"\n--- Run.resume() ---\n{reported}")
+    assert resumed.returncode == 0 and reported, resumed.stderr[-3000:]
+    assert reported[0]["outcome"]["ok"] and reported[0]["attempt"] == 2
+    assert f"run {run_dir.name}: attempt 2 from step 10" in reported[0]["notices"]
     merged = (run_dir / "logs" / "merged.log").read_text()
     assert "resumed_from=step_0000010" in merged and "step=40 loss=" in merged
     losses, rows = metrics(run_dir)
@@ -99,7 +107,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_o
     assert [(a["attempt"], a["state"], a["exit_code"]) for a in record["attempts"]] == [(1, "failed", 137)]
     status = run(lab, tmp_path, "status", run_dir.name)
     assert "succeeded (attempt 2 from step 10)" in status.stdout, status.stdout
-    assert f"attempt 1: failed (exit 137): rank 1 on {lab.hosts['n2'].address} exited 137" in status.stdout
+    assert f"attempt 1: failed (exit 137): rank 1 on {lab.hosts['n2'].address} exited 137 (SIGKILL)" in status.stdout
     first = run(lab, tmp_path, "logs", run_dir.name, "--attempt", "1")
     assert "step=15 loss=" in first.stdout and "resumed_from" not in first.stdout
     assert "exitcode  : -9" in first.stdout
@@ -111,17 +119,25 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_o
     assert not processes_of(run_dir.name)
 
 
-def test_max_restarts_starts_the_run_again_from_its_checkpoint_in_one_command(lab, tmp_path):
-    launcher = start(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path, steps=40)), *WORKLOAD,
-                     "--max-restarts", "1")
+def test_max_restarts_starts_the_run_again_from_its_checkpoint_in_one_call(lab, tmp_path):
+    launcher = Background(lab, tmp_path, f"""
+        seen = []
+        run = fsdpctl.launch({str(write_profile(lab, tmp_path, steps=40))!r}, max_restarts=1, checkpoint_interval=10,
+                             log_interval=1, batch_size=8, seq_len=128, on_event=seen.append)
+        report({{"outcome": outcome_json(run.wait()), "attempt": run.attempt,
+                "restarts": [[e.attempt, e.last_attempt, e.from_step, e.after] for e in seen
+                             if isinstance(e, AttemptStarting)],
+                "rechecks": [e.recheck for e in seen if isinstance(e, PreflightStarted)]}})
+    """)
     run_dir = run_dir_of(tmp_path)
     kill_rank_on_node_2_after_step_15(run_dir)
-    code, _, err = launcher.finish(timeout=300)
-    print(f"\n--- launch --max-restarts 1 ---\n{err[-2500:]}")
-    assert code == 0, err[-3000:]
-    restart = f"fsdpctl: attempt 2 of 2 from step 10 after rank 1 on {lab.hosts['n2'].address} exited 137"
-    assert err.count("fsdpctl: attempt ") == 1 and restart in err, err[-3000:]
-    assert "re-check: preflight of 2 node(s)" in err
+    code, reported, err = launcher.finish(timeout=300)
+    print(f"\n--- launch(max_restarts=1) ---\n{reported}")
+    assert code == 0 and reported, err[-3000:]
+    result = reported[0]
+    assert result["outcome"]["ok"] and result["attempt"] == 2
+    assert result["restarts"] == [[2, 2, 10, f"rank 1 on {lab.hosts['n2'].address} exited 137 (SIGKILL)"]]
+    assert result["rechecks"] == [False, True]
     losses, _ = metrics(run_dir)
     assert sorted(losses) == list(range(1, 41))
     record = json.loads((run_dir / "run.json").read_text())

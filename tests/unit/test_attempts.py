@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from fsdpctl.backends.base import Outcome
-from fsdpctl.cli.resume import plan_restart
+from fsdpctl.api.attempts import plan_restart
 from fsdpctl.errors import UsageError
 from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.render import render_all
 from fsdpctl.plan.types import CodePlan, Overrides, overrides_from_json, overrides_to_json
 from fsdpctl.profiles.loader import parse_profile
-from fsdpctl.runs.attempts import begin_attempt, check_resumable, describe_failure, plan_next_attempt
-from fsdpctl.runs.record import create_run, load_run
+from fsdpctl.rundir.attempts import begin_attempt, check_resumable, plan_next_attempt
+from fsdpctl.rundir.record import create_run, load_run
+from fsdpctl.rundir.state import Failure, Outcome, RunState
 from fsdpctl.shell import quote_path
 from fsdpctl.workload.layout import complete_steps, complete_steps_command, parse_steps
 
@@ -82,29 +82,41 @@ def test_begin_attempt_keeps_the_last_one_apart_and_in_the_history(tmp_path):
     assert record["attempt"] == 2 and record["from_step"] == 10 and record["state"] == "starting"
     assert "first_failure" not in record and "exit_code" not in record and "nodes" not in record
     assert record["attempts"] == [{"attempt": 1, "state": "failed", "exit_code": 137, "started_at": "t0",
-                                   "finished_at": "t1", "ended_by": "rank 1 on n2 exited 137"}]
+                                   "finished_at": "t1", "ended_by": "rank 1 on n2 exited 137 (SIGKILL)"}]
     assert load_run(run.root).plan.attempt == 2
 
 
+def describe(record: dict[str, Any]) -> str:
+    failure = Failure.from_json(record)
+    assert failure is not None
+    return failure.describe()
+
+
 def test_failures_in_a_few_words():
-    assert describe_failure({"host": "n2", "node_rank": 1, "rank": None, "exit_code": 1}) == "node 1 (n2) exited 1"
-    assert describe_failure({"host": "n2", "node_rank": 1, "lost": "silent 30 s"}) == "n2 (node 1) was lost"
-    assert describe_failure({"hang": "no progress for 20 s"}) == "a hang (no progress for 20 s)"
+    assert describe({"host": "n2", "node_rank": 1, "rank": None, "exit_code": 1}) == "node 1 (n2) exited 1"
+    assert describe({"host": "n2", "node_rank": 1, "lost": "silent 30 s"}) == "n2 (node 1) was lost"
+    assert describe({"hang": "no progress for 20 s"}) == "a hang (no progress for 20 s)"
+    # A rank killed by a signal reads the same wherever it is shown: torchrun's -9 is a shell's 137.
+    killed = Failure.from_json({"host": "n2", "node_rank": 1, "rank": 1, "local_rank": 0, "exit_code": -9})
+    assert killed is not None and killed.exit_code == 137 and killed.signal == 9
+    assert killed.describe() == "rank 1 on n2 exited 137 (SIGKILL)"
+    assert killed.headline() == "rank 1 (local rank 0) on n2 (node 1) exited 137 (SIGKILL)"
+    assert Failure.from_json(killed.to_json()) == killed
 
 
 def test_resume_refusals_say_why_in_one_line(tmp_path):
     run = new_run(tmp_path)
     with pytest.raises(UsageError, match=rf"run {RUN_ID}: is still running") as live:
-        check_resumable(run, "running", [10], None)
+        check_resumable(run, RunState.RUNNING, [10], None)
     assert f"fsdpctl stop {RUN_ID}" in live.value.hint
     with pytest.raises(UsageError, match=r"has no complete checkpoint in /scratch/t/runs/.*every 10 steps"):
-        check_resumable(run, "failed", [], None)
+        check_resumable(run, RunState.FAILED, [], None)
     with pytest.raises(UsageError, match="newest checkpoint is at step 40 of 40: nothing left"):
-        check_resumable(run, "succeeded", [30, 40], None)
-    assert check_resumable(run, "succeeded", [30, 40], 60) == 40
-    assert check_resumable(run, "failed", [10], None) == 10
+        check_resumable(run, RunState.SUCCEEDED, [30, 40], None)
+    assert check_resumable(run, RunState.SUCCEEDED, [30, 40], 60) == 40
+    assert check_resumable(run, RunState.FAILED, [10], None) == 10
     user = new_run(tmp_path / "u", Overrides(command=("train.py",), chdir="."))
-    assert check_resumable(user, "failed", [], None) is None  # its own files say where it stands
+    assert check_resumable(user, RunState.FAILED, [], None) is None  # its own files say where it stands
 
 
 class Backend:
@@ -115,24 +127,24 @@ class Backend:
         return self.steps
 
 
-FAILED = Outcome(exit_code=137, state="failed", first_failure={"host": "10.0.0.2", "node_rank": 1, "rank": 1,
-                                                                "exit_code": -9})
+FAILED = Outcome(exit_code=137, state=RunState.FAILED, first_failure=Failure(
+    kind="exit", host="10.0.0.2", node_rank=1, rank=1, exit_code=137, signal=9))
 
 
-@pytest.mark.parametrize(("outcome", "record", "steps", "last", "expected"), [
-    (FAILED, {}, [10], 3, "attempt 2 of 3 from step 10 after rank 1 on 10.0.0.2 exited 137"),
-    (FAILED, {}, [], 3, "not restarting: the run has no complete checkpoint yet (it would start from step 0)"),
-    (FAILED, {}, [10], 1, "no restart left (--max-restarts 2)"),
-    (FAILED, {"stopped_at": "t"}, [10], 3, None),
-    (Outcome(exit_code=130, state="interrupted"), {}, [10], 3, None),
+@pytest.mark.parametrize(("outcome", "record", "steps", "last", "restarts", "said"), [
+    (FAILED, {}, [10], 3, True, "rank 1 on 10.0.0.2 exited 137 (SIGKILL)"),
+    (FAILED, {}, [], 3, False, "not restarting: the run has no complete checkpoint yet (it would start from step 0)"),
+    (FAILED, {}, [10], 1, False, "no restart left (--max-restarts 2)"),
+    (FAILED, {"stopped_at": "t"}, [10], 3, False, None),
+    (Outcome(exit_code=130, state=RunState.INTERRUPTED), {}, [10], 3, False, None),
 ])
-def test_restart_decisions(tmp_path, outcome, record: dict[str, Any], steps, last, expected):
+def test_restart_decisions(tmp_path, outcome, record: dict[str, Any], steps, last, restarts, said):
     run = new_run(tmp_path)
     if record:
         run.update("stopped", **record)
     attempt, line = plan_restart(Backend(steps), run, outcome, last)
-    assert line == expected
-    assert (attempt is not None) == (expected is not None and expected.startswith("attempt"))
+    assert line == said
+    assert (attempt is not None) == restarts
     if attempt is not None:
         assert attempt.plan.attempt == 2 and attempt.from_step == 10
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fsdpctl.doctor.collectives import collectives_result
+from fsdpctl.hostcheck.collectives import collectives_result
 from fsdpctl.workload.collectives import parse_size
 
 RESULT = {"backend": "nccl", "world_size": 16, "device": "cuda",

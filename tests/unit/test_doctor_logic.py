@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl.doctor.checks import HostReport, judge_host, judge_parity
-from fsdpctl.doctor.probe import ProbeOutputError, parse_probe_output, probe_command
+from fsdpctl.hostcheck.checks import HostReport, judge_host, judge_parity
+from fsdpctl.hostcheck.probe import ProbeOutputError, parse_probe_output, probe_command
 from fsdpctl.profiles.loader import parse_profile
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from fsdpctl.bundle import collect_code, node_payload
-from fsdpctl.doctor.requirements import read_requirements
 from fsdpctl.errors import ProfileError, UsageError
-from fsdpctl.job import JobFlags, parse_env_items, resolve_job
+from fsdpctl.hostcheck.requirements import read_requirements
+from fsdpctl.job import JobOptions, parse_env_items, resolve_job
 from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.types import Overrides
 from fsdpctl.profiles.jobs import load_job
@@ -146,16 +146,16 @@ def test_resolving_a_job_combines_the_file_and_the_flags(tmp_path):
     (root / "job.yaml").write_text("name: j\nprofile: two-node\ncommand: [train.py, --a]\ncode: .\n"
                                    "env:\n  A: from-file\n  B: b\nrequirements: [torch>=2.6]\n"
                                    "requirements_file: req.txt\nnproc_per_node: 3\n")
-    job = resolve_job(JobFlags(job=str(root / "job.yaml"), env=("A=from-flag",)), tmp_path)
+    job = resolve_job(JobOptions(job=str(root / "job.yaml"), env={"A": "from-flag"}), tmp_path)
     assert job.command == ("train.py", "--a") and job.profile == "two-node" and job.nproc_per_node == 3
     assert job.env == {"A": "from-flag", "B": "b"} and job.requirements == ("torch>=2.6", "numpy")
     assert job.code is not None and job.code.root == root.resolve()
-    flagged = resolve_job(JobFlags(job=str(root / "job.yaml"), command=("other.py",), no_code=True), tmp_path)
+    flagged = resolve_job(JobOptions(job=str(root / "job.yaml"), command=("other.py",), no_code=True), tmp_path)
     assert flagged.command == ("other.py",) and flagged.code is None and flagged.chdir == str(tmp_path)
     with pytest.raises(UsageError, match="--code: goes with a command of your own"):
-        resolve_job(JobFlags(code=root), tmp_path)
+        resolve_job(JobOptions(code=root), tmp_path)
     with pytest.raises(UsageError, match="--chdir: goes with --no-code"):
-        resolve_job(JobFlags(command=("t.py",), chdir="/x"), tmp_path)
+        resolve_job(JobOptions(command=("t.py",), chdir="/x"), tmp_path)
 
 
 def test_dry_run_of_a_command_shows_what_every_rank_runs_and_the_code(tmp_path):

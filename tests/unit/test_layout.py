@@ -75,8 +75,8 @@ def under(prefix: str) -> list[str]:
 
 
 def test_the_rules_see_every_package():
-    for package in ("fsdpctl.cli", "fsdpctl.plan", "fsdpctl.backends", "fsdpctl.doctor", "fsdpctl.workload",
-                    "fsdpctl.profiles", "fsdpctl.runs", "fsdpctl.diagnose"):
+    for package in ("fsdpctl.cli", "fsdpctl.plan", "fsdpctl.backends", "fsdpctl.hostcheck", "fsdpctl.workload",
+                    "fsdpctl.profiles", "fsdpctl.rundir", "fsdpctl.diagnose"):
         assert len(under(package)) >= 3, package
     assert "fsdpctl.backends.nodes" in internal("fsdpctl.backends.local")  # relative imports are resolved
 
@@ -94,7 +94,7 @@ def test_what_the_nodes_get_imports_nothing_of_the_launcher(package):
 def test_plan_and_render_stay_pure(name):
     forbidden = {"subprocess", "socket", "paramiko", "submitit", "threading", "urllib", "http", "torch"}
     reached = {name, *closure(name)}
-    modules = {m for m in reached if m.startswith(("fsdpctl.backends", "fsdpctl.cli", "fsdpctl.doctor"))}
+    modules = {m for m in reached if m.startswith(("fsdpctl.backends", "fsdpctl.cli", "fsdpctl.hostcheck"))}
     assert not modules, f"{name} reaches {sorted(modules)}"
     libraries = set().union(*(third_party(m) for m in reached)) & forbidden
     assert not libraries, f"{name} (through {sorted(reached)}) imports {sorted(libraries)}"
@@ -125,7 +125,7 @@ def test_a_third_party_library_has_one_home(library, homes):
 
 
 # Sent to the nodes and run there by their own Python: it may import torch there, never in the CLI process.
-NODE_SIDE = {"fsdpctl.doctor.probe_script"}
+NODE_SIDE = {"fsdpctl.hostcheck.probe_script"}
 
 
 def test_typer_and_rich_only_in_the_cli_and_torch_only_in_the_workload():
@@ -161,3 +161,75 @@ def test_help_imports_no_heavy_library():
     assert "LOADED []" in result.stdout
     for command in ("doctor", "launch", "submit", "logs", "status", "stop", "runs", "render", "profiles"):
         assert command in result.stdout
+
+
+def module_level_imports(name: str) -> set[str]:
+    """The fsdpctl modules ``name`` imports at its top level, for type checkers too (not inside functions)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(statements) -> None:
+        for node in statements:
+            if isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                visit(getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join([*base, node.module] if node.module else base)
+                found.add(target)
+                found.update(f"{target}.{alias.name}" for alias in node.names)
+
+    visit(tree.body)
+    return {m for m in found if m in MODULES and m != name}
+
+
+def test_no_import_cycle_between_modules():
+    """Modules form layers: none reaches itself through the others' top-level imports (type-only
+    imports count: a cycle there is still two modules that need each other). A package's own
+    ``__init__`` re-exporting its modules is not a cycle."""
+    graph = {name: {m for m in module_level_imports(name) if not name.startswith(m + ".")} for name in MODULES}
+    cycles = []
+    for start in graph:
+        todo, seen = [(start, [start])], set()
+        while todo:
+            current, path = todo.pop()
+            for nxt in graph[current]:
+                if nxt == start:
+                    cycles.append(" -> ".join([*path, nxt]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    todo.append((nxt, [*path, nxt]))
+    assert not cycles, "\n".join(sorted(set(cycles))[:10])
+
+
+# What runs on the nodes prints its own output (to the node's log); the launcher reports events.
+PRINTS_ALLOWED = ("fsdpctl.cli", "fsdpctl.workload", "fsdpctl.node", "fsdpctl.backends.node_agent",
+                  "fsdpctl.hostcheck.probe_script")
+
+
+def test_nothing_below_the_cli_prints():
+    for name, path in MODULES.items():
+        if name.startswith(PRINTS_ALLOWED):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                raise AssertionError(f"{name}:{node.lineno} prints; report an event or return a value instead")
+            if isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "sys":
+                raise AssertionError(f"{name}:{node.lineno} writes to sys.{node.attr}")
+
+
+def test_importing_the_api_loads_no_heavy_library():
+    """What a notebook pays for ``import fsdpctl`` and for reaching the API's names."""
+    code = ("import sys, fsdpctl; fsdpctl.launch, fsdpctl.Run, fsdpctl.get_run, fsdpctl.doctor; "
+            "print(sorted(m for m in ('torch', 'paramiko', 'submitit', 'jinja2', 'yaml', 'typer', 'rich', 'numpy') "
+            "if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

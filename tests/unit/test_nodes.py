@@ -22,7 +22,7 @@ from fsdpctl.bundle import Payload, node_payload
 from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.render import render_all
 from fsdpctl.profiles.loader import parse_profile
-from fsdpctl.runs.record import create_run
+from fsdpctl.rundir.record import create_run
 
 STAND_IN = """\
 #!/usr/bin/env python3
@@ -68,7 +68,7 @@ def launch(tmp_path: Path, env: dict[str, str]):
     backend.start(run, Payload(node_payload(scripts)), detached=False)
     seen: list[tuple[int, str]] = []
     started = time.monotonic()
-    outcome = backend.follow(run, lambda rank, host, line: seen.append((rank, line)), owner=True)
+    outcome = backend.follow(run, lambda line: seen.append((line.node_rank, line.text)), owner=True, signals=True)
     return plan, run.paths, outcome, seen, time.monotonic() - started
 
 
@@ -100,8 +100,8 @@ def test_every_node_streams_and_succeeds(tmp_path):
 def test_first_failure_stops_the_other_node_and_its_session_children(tmp_path):
     plan, paths, result, seen, elapsed = launch(tmp_path, {"FAIL_RANK": "1", "RUN_SECONDS": "60"})
     assert result.exit_code == 3
-    assert result.first_failure["node_rank"] == 1 and result.first_failure["host"] == "10.9.0.2"
-    assert "node 1 failing" in result.first_failure["last_lines"]
+    assert result.first_failure.node_rank == 1 and result.first_failure.host == "10.9.0.2"
+    assert "node 1 failing" in result.first_failure.last_lines
     assert elapsed < 20, "the surviving node was not torn down"
     for pid in pids_of(plan, 0) + pids_of(plan, 1):
         assert not alive(pid), pid
@@ -169,15 +169,25 @@ def test_a_killed_launcher_leaves_nothing_behind(tmp_path):
 
 
 def test_root_cause_is_the_earliest_failure_and_not_a_lost_peer():
-    from fsdpctl.backends.node_runs import root_cause
+    from dataclasses import replace
 
-    victim = {"node_rank": 0, "failed_at": "2026-11-21_13:05:01", "peer_gone": True, "exit_code": 1}
-    killed = {"node_rank": 1, "failed_at": "2026-11-21_13:05:01", "peer_gone": False, "exit_code": -9}
-    later = {"node_rank": 2, "failed_at": "2026-11-21_13:05:07", "peer_gone": False, "exit_code": 143}
+    from fsdpctl.backends.node_runs import root_cause
+    from fsdpctl.rundir.state import Failure
+
+    def failure(node_rank, failed_at, peer_gone, exit_code, kind="exit"):
+        return Failure(kind=kind, host=f"n{node_rank}", node_rank=node_rank, failed_at=failed_at,
+                       peer_gone=peer_gone, exit_code=exit_code)
+
+    victim = failure(0, "2026-11-21_13:05:01", True, 1)
+    killed = failure(1, "2026-11-21_13:05:01", False, 137)
+    later = failure(2, "2026-11-21_13:05:07", False, 143)
     assert root_cause([victim, killed, later]) is killed
     # torchrun may stamp the killed worker after its victim's exception: a lost peer still loses.
-    earlier_victim = {**victim, "failed_at": "2026-11-21_13:05:00"}
+    earlier_victim = replace(victim, failed_at="2026-11-21_13:05:00")
     assert root_cause([earlier_victim, killed]) is killed
-    both_lost = {**killed, "peer_gone": True}  # e.g. the network between them failed: earliest wins
+    both_lost = replace(killed, peer_gone=True)  # e.g. the network between them failed: earliest wins
     assert root_cause([both_lost, earlier_victim]) is earlier_victim
-    assert root_cause([later, {"node_rank": 3, "peer_gone": False, "exit_code": 1}]) is later
+    assert root_cause([later, failure(3, None, False, 1)]) is later
+    # A node that stopped answering is the cause: its peers only failed because it vanished under them.
+    vanished = failure(3, "2026-11-21_13:05:09", False, 255, kind="lost")
+    assert root_cause([killed, vanished]) is vanished

@@ -13,7 +13,7 @@ from fsdpctl.errors import UsageError
 from fsdpctl.plan.make import DEBUG_ENV, auto_port, make_plan
 from fsdpctl.plan.types import Overrides
 from fsdpctl.profiles.loader import load_profile, parse_profile
-from fsdpctl.runs.paths import RUN_ID_PATTERN, make_run_id, new_run_id
+from fsdpctl.rundir.paths import RUN_ID_PATTERN, make_run_id, new_run_id
 
 RUN_ID = "two-node-20261121-120000-abcd"
 

@@ -13,12 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fsdpctl.doctor.checks import HostReport, judge_host, judge_parity
-from fsdpctl.doctor.probe import parse_probe_output
+from fsdpctl.hostcheck.checks import HostReport, judge_host, judge_parity
+from fsdpctl.hostcheck.probe import parse_probe_output
 from fsdpctl.profiles.loader import parse_profile
 from tests.conftest import REPO
 
-PROBE = REPO / "fsdpctl" / "doctor" / "probe_script.py"
+PROBE = REPO / "fsdpctl" / "hostcheck" / "probe_script.py"
 
 
 def probe(tmp_path: Path, tools: dict[str, str], args: dict | None = None) -> dict:

@@ -95,8 +95,8 @@ def test_time_limits_that_requeue_or_submitit_cannot_work_with_are_refused():
 
 def test_srun_label_pieces_of_a_long_probe_line_are_joined_back():
     from fsdpctl.backends.slurm.tasks import split_tasks
-    from fsdpctl.doctor.probe import parse_probe_output
-    from fsdpctl.doctor.probe_script import BEGIN, END
+    from fsdpctl.hostcheck.probe import parse_probe_output
+    from fsdpctl.hostcheck.probe_script import BEGIN, END
 
     answer = '{"hostname": "n2", "ok": true, "note": "a\\\\nb"}'
     out = f"1: welcome\n0: \n0: {BEGIN}\n0: {answer[:20]}\n1: {BEGIN}\n0: {answer[20:]}\n1: {{\"hostname\": \"n1\"}}\n"

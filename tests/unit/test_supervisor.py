@@ -10,12 +10,16 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from fsdpctl.backends.feeds import AgentFeed
 from fsdpctl.backends.node_runs import NodeRun
 from fsdpctl.backends.supervisor import NODE_LOST_EXIT, Supervisor
 from fsdpctl.errors import HostError
 from fsdpctl.plan.types import NodeSpec
+from fsdpctl.rundir.state import NodeState
+
+PLAN = SimpleNamespace(run_dir="/r", run_id="r")  # what the supervisor reads of a plan
 
 
 class ScriptedAgent:
@@ -58,10 +62,10 @@ def supervise(tmp_path: Path, agents: list[ScriptedAgent], node_timeout: float =
     for rank, agent in enumerate(agents):
         node = NodeSpec(node_rank=rank, host=f"n{rank + 1}", address=f"10.0.0.{rank + 1}", nproc="2",
                         script_path="/r/node.sh", torchrun_args=())
-        runs.append(NodeRun(node, transport=None, pid=100 + rank, state="running", session=agent))
+        runs.append(NodeRun(node, transport=None, pid=100 + rank, state=NodeState.RUNNING, session=agent))
     shown: list[str] = []
-    sup = Supervisor(plan=None, runs=runs, log_dir=tmp_path / "logs", grace=grace,
-                     sink=lambda rank, host, line: shown.append(f"[{host}] {line}"), feed=AgentFeed(node_timeout))
+    sup = Supervisor(plan=PLAN, runs=runs, log_dir=tmp_path / "logs", grace=grace, signals=True,
+                     sink=lambda line: shown.append(f"[{line.host}] {line.text}"), feed=AgentFeed(node_timeout))
     started = time.monotonic()
     result = sup.run()
     return result, runs, shown, time.monotonic() - started
@@ -74,8 +78,8 @@ def test_a_monitoring_thread_that_raises_makes_its_node_lost_and_stops_the_other
     result, runs, _, took = supervise(tmp_path, [broken, healthy])
     assert runs[0].state == "lost" and runs[0].lost_reason == "RuntimeError: unexpected reply"
     assert healthy.received[:1] == [b"stop\n"]
-    assert result.exit_code == NODE_LOST_EXIT and result.first_failure["node_rank"] == 0
-    assert result.first_failure["lost"] == "RuntimeError: unexpected reply"
+    assert result.exit_code == NODE_LOST_EXIT and result.first_failure.node_rank == 0
+    assert result.first_failure.kind == "lost" and result.first_failure.detail == "RuntimeError: unexpected reply"
     assert took < 5, took
     assert broken.closed and healthy.closed  # the agents see their input end
 
@@ -89,7 +93,7 @@ def test_a_silent_node_is_lost_after_the_node_timeout_and_named_with_since_when(
     assert runs[1].lost_reason.startswith("nothing heard from it since ")
     assert "the node timeout is 1.5 s" in runs[1].lost_reason
     assert b"hb\n" in healthy.received  # heartbeats went out while waiting
-    assert result.first_failure["node_rank"] == 1 and result.exit_code == NODE_LOST_EXIT
+    assert result.first_failure.node_rank == 1 and result.exit_code == NODE_LOST_EXIT
     assert 1.5 <= took < 5, took
 
 
@@ -121,9 +125,9 @@ def watched(tmp_path: Path, agents: list[ScriptedAgent], on_hang, timeout: float
     for rank, agent in enumerate(agents):
         node = NodeSpec(node_rank=rank, host=f"n{rank + 1}", address=f"10.0.0.{rank + 1}", nproc="2",
                         script_path="/r/node.sh", torchrun_args=())
-        runs.append(NodeRun(node, transport=None, pid=100 + rank, state="running", session=agent))
+        runs.append(NodeRun(node, transport=None, pid=100 + rank, state=NodeState.RUNNING, session=agent))
     watch = HangWatch(timeout, on_hang)
-    return Supervisor(plan=None, runs=runs, log_dir=tmp_path / "logs", sink=lambda *a: None,
+    return Supervisor(plan=PLAN, runs=runs, log_dir=tmp_path / "logs", sink=lambda line: None,
                       feed=AgentFeed(30.0), watch=watch).run(), runs
 
 

@@ -7,22 +7,26 @@ every node appends to ``node<R>.log``. ``doctor`` probes nodes allocated with ``
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ...bundle import Payload
-from ...doctor.checks import DoctorReport, HostReport
+from ...hostcheck.checks import DoctorReport, HostReport
 from ...node.stacks import BEGIN as STACKS_BEGIN
 from ...node.stacks import END as STACKS_END
 from ...node.stacks import answer_of
 from ...plan.types import LaunchPlan
 from ...profiles.schema import ClusterProfile
-from ...runs.attempts import attempt_folder
-from ...runs.paths import files_under
-from ...runs.record import Run, last_metrics, now
+from ...rundir.attempts import attempt_folder
+from ...rundir.lines import LogLine
+from ...rundir.paths import files_under
+from ...rundir.record import RunDir, last_metrics, now
+from ...rundir.state import Failure, NodeState, Outcome, RunState
+from ...rundir.status import NodeStatus, RunStatus, recorded_status
 from ...workload.layout import complete_steps
-from ..base import DoctorRequest, LineSink, Outcome
+from ..base import DoctorRequest, LineSink
 from ..hang_watch import HANG_EXIT, HangWatch
 from ..node_commands import STAGED, stacks_command
 from ..supervisor import Interrupted, on_stop_signals, raise_interrupted
@@ -66,76 +70,90 @@ class SlurmBackend:
         folder, python, params = submitit_job(plan, Path(plan.run_dir), scripts["submitit-setup.sh"])
         return {"submitit.sbatch (as submitit will write it)": submitit_preview(folder, python, params)}
 
-    def start(self, run: Run, payload: Payload, *, detached: bool) -> str:
+    def start(self, run: RunDir, payload: Payload, *, detached: bool) -> str:
         return f"submitted as Slurm job {submit_slurm(run, payload)}"
 
-    def follow(self, run: Run, sink: LineSink, *, owner: bool, watch: HangWatch | None = None) -> Outcome:
+    def follow(self, run: RunDir, sink: LineSink, *, owner: bool, watch: HangWatch | None = None,
+               signals: bool = False, leave: threading.Event | None = None) -> Outcome:
         """The node logs as they grow until Slurm says the job has ended; records how it ended.
-        Ctrl-C stops following only: the job is Slurm's, and goes on. A hang the watch ends is
-        cancelled with scancel and recorded as failed (exit 124)."""
+        An interruption stops following only: the job is Slurm's, and goes on. A hang the watch
+        ends is cancelled with scancel and recorded as failed (exit 124)."""
         plan, job_id = run.plan, run.record["job_id"]
-        previous = on_stop_signals(raise_interrupted)  # SIGTERM and SIGHUP as Ctrl-C: say what goes on
-        hang: dict[str, Any] = {}
+        # SIGTERM and SIGHUP as Ctrl-C: say what goes on.
+        previous = on_stop_signals(raise_interrupted) if signals else {}
+        hang: list[Failure] = []
 
-        def show(rank: int, host: str, line: str) -> None:
+        def show(line: LogLine) -> None:
             if watch is not None:
-                watch.saw(line)
-            sink(rank, host, line)
+                watch.saw(line.text)
+            sink(line)
 
         def hung() -> bool:
             silent = watch.due() if watch is not None else None
             if silent is not None and (verdict := watch.fire(silent)).stop:
-                hang.update(verdict.failure)
+                hang.append(verdict.failure)
                 client.cancel(job_id)
                 return True
             return False
 
+        left = f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop {plan.run_id}` or " \
+               f"`scancel {job_id}`)"
         try:
             state = follow(Path(plan.run_dir), plan.num_nodes, job_id, show,
-                           requeueable=bool(plan.slurm and plan.slurm.requeue), give_up=hung)
-        except Interrupted as stop:
-            return Outcome(exit_code=128 + stop.signum, state="detached",
-                           message=f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop "
-                                   f"{plan.run_id}` or `scancel {job_id}`)")
+                           requeueable=bool(plan.slurm and plan.slurm.requeue), give_up=hung, leave=leave)
+        except (Interrupted, KeyboardInterrupt) as stop:
+            signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+            return Outcome(exit_code=128 + signum, state=RunState.RUNNING, interrupted_by=signum, message=left)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if state is None:
+            return Outcome(exit_code=0, state=RunState.RUNNING, message=left)
         if hang:
-            run.update("failed", exit_code=HANG_EXIT, slurm_state=state.state, finished_at=now(), first_failure=hang)
-            return Outcome(exit_code=HANG_EXIT, state="failed", first_failure=hang)
+            run.update(RunState.FAILED, exit_code=HANG_EXIT, slurm_state=state.state, finished_at=now(),
+                       first_failure=hang[0].to_json())
+            return Outcome(exit_code=HANG_EXIT, state=RunState.FAILED, first_failure=hang[0])
         code = state.exit_code if state.exit_code is not None else (0 if state.state == "COMPLETED" else 1)
-        succeeded = state.state == "COMPLETED" and code == 0
-        notes = () if succeeded else tuple(batch_output(run.record, f"job {job_id} ended {state.state}"))
-        outcome_state = "succeeded" if succeeded else state.state.lower()
+        outcome_state = RunState.from_slurm(state.state, code)
+        if outcome_state is RunState.CANCELLED and run.record.get("stopped_at"):
+            outcome_state = RunState.STOPPED  # fsdpctl stop cancelled it
+        notes = () if outcome_state is RunState.SUCCEEDED else tuple(
+            batch_output(run.record, f"job {job_id} ended {state.state}"))
         run.update(outcome_state, exit_code=code, slurm_state=state.state, finished_at=now())
         return Outcome(exit_code=code, state=outcome_state, message=f"Slurm job {job_id} {state.state} (exit {code})",
                        notes=notes)
 
-    def status(self, run: Run) -> dict[str, Any]:
+    def status(self, run: RunDir) -> RunStatus:
         """The job's state from Slurm (the controller, then accounting), each node from its log."""
         plan, record = run.plan, run.record
-        info: dict[str, Any] = {"run_id": plan.run_id, "state": record.get("state"), "job_id": record.get("job_id"),
-                                "exit_code": record.get("exit_code"), "first_failure": record.get("first_failure")}
-        if record.get("state") in ("submitted", "running"):
-            state = client.job_state(record["job_id"], requeueable=bool(plan.slurm and plan.slurm.requeue))
-            info["slurm_state"] = state.state
-            info["restarts"] = state.restarts  # how often Slurm requeued it (preemption, --requeue)
-            info["state"] = "running" if not state.finished else (
-                "succeeded" if state.state == "COMPLETED" and not state.exit_code else "failed")
-            info["exit_code"] = state.exit_code
+        state, changes = RunState.parse(record.get("state")), {}
+        exit_code = record.get("exit_code")
+        if not state.is_over:
+            slurm = client.job_state(record["job_id"], requeueable=bool(plan.slurm and plan.slurm.requeue))
+            exit_code = slurm.exit_code
+            state = (RunState.from_slurm(slurm.state, exit_code) if slurm.finished else
+                     RunState.SUBMITTED if RunState.from_slurm(slurm.state, None) is RunState.SUBMITTED
+                     else RunState.RUNNING)
+            changes = {"slurm_state": slurm.state, "restarts": slurm.restarts}  # requeued by Slurm (--requeue)
+        elif record.get("slurm_state"):
+            changes = {"slurm_state": record["slurm_state"]}
         logs = NodeLogs(Path(plan.run_dir).expanduser(), plan.num_nodes)
-        logs.read_new(lambda rank, host, line: None)
-        info["nodes"] = [{"node_rank": rank, "host": logs.hosts[rank], "state": info["state"],
-                          "exit_code": info["exit_code"]} for rank in range(plan.num_nodes)]
+        logs.read_new(lambda line: None)
+        node_state = NodeState.PENDING if state is RunState.SUBMITTED else NodeState.RUNNING if not state.is_over \
+            else NodeState.SUCCEEDED if state is RunState.SUCCEEDED else NodeState.STOPPED \
+            if state is RunState.STOPPED else NodeState.FAILED
+        nodes = tuple(NodeStatus(node_rank=rank, host=logs.hosts[rank], state=node_state, exit_code=exit_code)
+                      for rank in range(plan.num_nodes))
         metrics = Path(plan.run_dir).expanduser() / "metrics.jsonl"
-        info["last_metrics"] = last_metrics([metrics.read_text(encoding="utf-8")] if metrics.exists() else [])
-        return info
+        last = last_metrics([metrics.read_text(encoding="utf-8")] if metrics.exists() else [])
+        return recorded_status(record, plan.run_id, state=state, exit_code=exit_code, nodes=nodes,
+                               last_metrics=last, **changes)
 
-    def checkpoint_steps(self, run: Run) -> list[int]:
+    def checkpoint_steps(self, run: RunDir) -> list[int]:
         """Read where the nodes wrote them: the shared run directory."""
         return complete_steps(Path(run.plan.run_dir).expanduser())
 
-    def read_logs(self, run: Run, sink: LineSink, attempt: int | None = None) -> list[str]:
+    def read_logs(self, run: RunDir, sink: LineSink, attempt: int | None = None) -> list[str]:
         run_dir = Path(run.plan.run_dir).expanduser()
         if attempt not in (None, run.attempt):
             earlier = run_dir / attempt_folder(attempt)
@@ -145,7 +163,7 @@ class SlurmBackend:
             return []
         return batch_output(run.record, "no node has written a log yet")
 
-    def stacks(self, run: Run, *, flight: bool = False, py_spy: bool = True, native: bool = False
+    def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:
         """Every rank's stack: one ``srun --overlap`` step into the job, one task per node."""
         plan, job_id = run.plan, run.record.get("job_id")
@@ -166,16 +184,16 @@ class SlurmBackend:
             nodes.append({**found, "hostname": found.get("host")})
         return sorted(nodes, key=lambda n: n.get("node_rank") if n.get("node_rank") is not None else 1 << 30)
 
-    def fetch(self, run: Run, path: str) -> dict[str, list[str]]:
+    def fetch(self, run: RunDir, path: str) -> dict[str, list[str]]:
         """The run directory is on storage this machine shares with the nodes: the files are named
         where they are."""
         return {"the shared run directory": files_under(Path(run.plan.run_dir).expanduser() / path, skip=STAGED)}
 
-    def stop(self, run: Run) -> dict[str, str]:
+    def stop(self, run: RunDir) -> dict[str, str]:
         """``scancel``: Slurm ends every step on every node."""
         job_id = run.record["job_id"]
         client.cancel(job_id)
-        run.update("stopped", stopped_at=now())
+        run.update(RunState.STOPPED, stopped_at=now())
         return {f"Slurm job {job_id}": ""}
 
 

@@ -27,7 +27,8 @@ def run_client(argv: list[str], timeout: float = TIMEOUT,
     if shutil.which(argv[0]) is None:
         raise UsageError(f"{argv[0]} not found", "run fsdpctl on a machine that can submit Slurm jobs")
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+        # umask: the job (its output files, the run directory) is this user's only: Slurm passes it on.
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, umask=0o077,
                               env={**os.environ, **env} if env else None)
     except subprocess.TimeoutExpired:
         raise FsdpctlError(f"{argv[0]} did not answer within {timeout:g} s",

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from ...doctor.checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
-from ...doctor.fanout import probe_args
-from ...doctor.probe import ProbeOutputError, parse_probe_output, probe_source
-from ...doctor.probe_script import BEGIN, END
+from ...hostcheck.checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
+from ...hostcheck.fanout import probe_args
+from ...hostcheck.probe import ProbeOutputError, parse_probe_output, probe_source
+from ...hostcheck.probe_script import BEGIN, END
 from ...plan.render import render_slurm_head
 from ...profiles.schema import ClusterProfile, slurm_directive_name
 from ...shell import quote_path

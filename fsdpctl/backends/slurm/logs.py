@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
+from ...rundir.lines import LogLine
 from .client import JobState, job_state
 
 POLL_SECONDS = 2.0
 _HOST = re.compile(r"^fsdpctl: node (\d+) of \d+ on (\S+)")
-Show = Callable[[int, str, str], None]  # (node rank, host, line)
+Show = Callable[[LogLine], None]
 
 
 class NodeLogs:
@@ -39,17 +42,19 @@ class NodeLogs:
             for line in lines:
                 if match := _HOST.match(line):  # the node names itself in its first line
                     self.hosts[rank] = match.group(2)
-                show(rank, self.hosts[rank], line)
+                show(LogLine.of(rank, self.hosts[rank], line))
                 count += 1
         return count
 
 
 def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show, requeueable: bool = False,
-           give_up: Callable[[], bool] = lambda: False) -> JobState:
+           give_up: Callable[[], bool] = lambda: False, leave: Optional[threading.Event] = None
+           ) -> Optional[JobState]:
     """Show the node logs as they grow until Slurm says the job has ended (a requeued job goes on).
-    ``give_up`` is asked after each read; once it says so (it cancelled the job) the job's end is awaited."""
+    ``give_up`` is asked after each read; once it says so (it cancelled the job) the job's end is
+    awaited. None when ``leave`` was set first (the job goes on)."""
     logs = NodeLogs(run_dir, num_nodes)
-    while True:
+    while leave is None or not leave.is_set():
         logs.read_new(show)
         if give_up():
             requeueable = False  # a cancelled job is over, whatever its requeue setting
@@ -58,4 +63,8 @@ def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show, requeueable: 
             time.sleep(0.5)  # the nodes' last writes
             logs.read_new(show)
             return state
-        time.sleep(POLL_SECONDS)
+        if leave is not None:
+            leave.wait(POLL_SECONDS)
+        else:
+            time.sleep(POLL_SECONDS)
+    return None

@@ -10,20 +10,21 @@ from typing import Any
 from ...bundle import Payload
 from ...plan.make import SHIPPED_PACKAGE_DIR
 from ...plan.types import LaunchPlan
-from ...runs.attempts import attempt_folder, move_into, node_files
-from ...runs.record import Run, now
+from ...rundir.attempts import attempt_folder, move_into, node_files
+from ...rundir.paths import private_dir
+from ...rundir.record import RunDir, now
+from ...rundir.state import RunState
 from ...shell import quote_path
 from . import client, via_submitit
 
 
-def submit_slurm(run: Run, payload: Payload) -> str:
+def submit_slurm(run: RunDir, payload: Payload) -> str:
     """Write the run directory on the nodes' shared storage once (the scripts, the workload package,
     the user's code) and submit the job, through ``sbatch`` or submitit's executor; returns Slurm's
     job id, recorded in run.json."""
     plan = run.plan
     assert plan.slurm is not None
-    run_dir = Path(plan.run_dir).expanduser()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = private_dir(Path(plan.run_dir).expanduser())
     if plan.attempt > 1:  # the last attempt's node logs move aside: every node appends to node<R>.log
         for rank in range(plan.num_nodes):
             move_into(run_dir, node_files(rank), attempt_folder(plan.attempt - 1))
@@ -37,7 +38,7 @@ def submit_slurm(run: Run, payload: Payload) -> str:
     else:
         job_id = client.submit_batch(str(run_dir / script_name), str(run_dir), payload.secrets)
         output = run_dir / f"slurm-{job_id}.out"
-    run.update("submitted", [{"node_rank": r, "host": f"slurm node {r}", "state": "pending", "exit_code": None}
+    run.update(RunState.SUBMITTED, [{"node_rank": r, "host": f"slurm node {r}", "state": "pending", "exit_code": None}
                              for r in range(plan.num_nodes)],
                submitted_at=now(), job_id=job_id, via=plan.slurm.via, slurm_output=str(output))
     return job_id

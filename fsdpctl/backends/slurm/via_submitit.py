@@ -52,12 +52,15 @@ def submitit_parameters(directives: tuple[tuple[str, str], ...], setup: list[str
 
 @contextlib.contextmanager
 def _environment(extra: dict[str, str]):
-    """``extra`` in os.environ while the block runs, then the environment as it was."""
+    """``extra`` in os.environ while the block runs, then the environment as it was; files written
+    meanwhile (submitit's folder) are this user's only, and so is the job's umask (Slurm passes it on)."""
     before = {name: os.environ.get(name) for name in extra}
     os.environ.update(extra)
+    umask = os.umask(0o077)
     try:
         yield
     finally:
+        os.umask(umask)
         for name, value in before.items():
             if value is None:
                 os.environ.pop(name, None)

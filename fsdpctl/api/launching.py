@@ -1,0 +1,118 @@
+"""``launch``, ``submit`` and ``prepare``: a run of your program (or of the bundled workload) on every
+node of a profile, started and, unless detached, followed to its end."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from ..errors import UsageError
+from .events import Emitter, EventHandler
+from .options import Command, JobOptions, resolve_options
+from .prepare import Prepared, ProfileLike
+from .prepare import prepare as prepare_plan
+from .run import Run
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def prepare(profile: Optional[ProfileLike] = None, command: Optional[Command] = None, *, slurm: bool = False,
+            options: Optional[JobOptions] = None, runs_dir: Optional[PathLike] = None, **values: Any) -> Prepared:
+    """The plan of a run and its rendered scripts, as ``launch`` (or with ``slurm``, ``submit``)
+    would start it, touching nothing: ``.plan``, ``.scripts``, ``.previews()``. Takes the same
+    keyword arguments as ``launch`` (or one ``options``)."""
+    return prepare_plan(profile, resolve_options(options, command, values), for_slurm=slurm,
+                        runs_dir=Path(runs_dir) if runs_dir is not None else None)
+
+
+def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = None, *,
+           code: Optional[PathLike] = None, env: Union[Mapping[str, str], Sequence[str], None] = None,
+           secrets: Sequence[str] = (), requirements: Optional[PathLike] = None, job: Optional[str] = None,
+           nproc_per_node: Optional[int] = None, detach: bool = False, preflight: bool = True,
+           fetch: Sequence[str] = (), hang_timeout: Optional[int] = None, max_restarts: Optional[int] = None,
+           options: Optional[JobOptions] = None, on_event: Optional[EventHandler] = None,
+           handle_signals: bool = False, runs_dir: Optional[PathLike] = None, **values: Any) -> Run:
+    """Start ``command`` (your program: ``["train.py", "--lr", "3e-4"]``, ``["-m", "pkg.train"]``)
+    or, without one, the bundled FSDP/FSDP2 GPT on every node of ``profile``, and return its Run.
+
+    First doctor's fast checks on the nodes (``preflight``; a failure raises PreflightError and
+    nothing starts), then one torchrun per node. ``detach=False`` follows the run to its end as the
+    CLI does (failing fast, restarting up to ``max_restarts`` times, fetching ``fetch`` paths back)
+    and returns the Run once it has ended; ``detach=True`` returns at once and the run outlives this
+    process. Lines and progress reach ``on_event``.
+
+    ``code``: the folder copied for your program (default: the current one); ``env``: variables for
+    every rank (a mapping, or ``NAME=VALUE`` strings); ``secrets``: names of variables whose values
+    are taken from this environment and reach the ranks only. Other options: ``no_code``,
+    ``chdir``, ``code_limit_mb``, ``master_port``, ``debug``, ``node_timeout``, ``on_hang``. Every
+    other keyword is a setting of the bundled workload (``fsdp=2, steps=200, lr=1e-3``). All of
+    them may come as one ``options`` (``fsdpctl.JobOptions``) instead.
+    ``handle_signals``: take SIGINT/SIGTERM/SIGHUP over while following (the CLI does); otherwise a
+    KeyboardInterrupt stops every node of the run, then propagates. ``runs_dir``: where run
+    directories go (default ``$FSDPCTL_RUNS_DIR``, else ``./runs``)."""
+    opts = resolve_options(options, command, {
+        "code": code, "env": env, "secrets": secrets, "requirements": requirements, "job": job,
+        "nproc_per_node": nproc_per_node, "hang_timeout": hang_timeout, "max_restarts": max_restarts, **values})
+    if opts.nodes or opts.time or opts.partition or opts.via or opts.requeue is not None:
+        raise UsageError("nodes/time/partition/via/requeue: Slurm settings, and launch runs on the profile's hosts",
+                         "use fsdpctl.submit (fsdpctl submit --slurm) for a Slurm job")
+    if opts.max_restarts and detach:
+        raise UsageError("--max-restarts: restarts are made by the launcher that follows the run",
+                         "drop --detach (or --max-restarts)")
+    if fetch and detach:
+        raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
+    prepared = prepare_plan(profile, opts, for_slurm=False, runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    fetch = tuple(fetch) or prepared.job.fetch
+    if fetch and detach:
+        raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
+    emit = Emitter(on_event)
+    if detach and prepared.plan.max_restarts:
+        emit.notice(f"note: the profile's max_restarts ({prepared.plan.max_restarts}) does not apply to a detached "
+                    f"run: restarts are made by the launcher that follows it", "warning")
+    return start_prepared(prepared, emit, preflight=preflight, detach=detach, fetch=fetch, signals=handle_signals)
+
+
+def submit(profile: Optional[ProfileLike] = None, command: Optional[Command] = None, *,
+           nodes: Optional[int] = None, time: Optional[str] = None, partition: Optional[str] = None,
+           via: Optional[str] = None, requeue: Optional[bool] = None, follow: bool = False,
+           options: Optional[JobOptions] = None, on_event: Optional[EventHandler] = None,
+           handle_signals: bool = False, runs_dir: Optional[PathLike] = None, **values: Any) -> Run:
+    """Submit the same job through Slurm (``sbatch``, or submitit's executor with ``via="submitit"``)
+    and return its Run at once (``follow``: after following it to its end). The run directory, your
+    code included, goes once to storage every node shares. ``nodes``, ``time``, ``partition``,
+    ``via`` and ``requeue`` override the profile's ``slurm`` section; the other keywords are
+    ``launch``'s."""
+    opts = resolve_options(options, command, {"nodes": nodes, "time": time, "partition": partition, "via": via,
+                                              "requeue": requeue, **values})
+    if opts.max_restarts:
+        raise UsageError("--max-restarts: Slurm requeues a job itself", "use requeue=True (--requeue) instead")
+    prepared = prepare_plan(profile, opts, for_slurm=True, runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    return start_prepared(prepared, Emitter(on_event), preflight=False, detach=not follow, fetch=(),
+                          signals=handle_signals)
+
+
+def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach: bool, fetch: tuple[str, ...],
+                   signals: bool) -> Run:
+    """Preflight, create the run directory, start (or submit) the run, and unless detached follow it
+    to its end, starting it again after a failure while restarts are left."""
+    from ..backends import backend_for
+    from ..rundir.record import create_run
+    from .following import follow_with_restarts, passes_preflight, start
+
+    for warning in prepared.warnings:
+        emit.notice(f"warning: {warning}", "warning")
+    loaded, plan = prepared.loaded, prepared.plan
+    payload = prepared.payload()
+    backend = backend_for(loaded.profile, plan.backend)
+    try:
+        if preflight:
+            passes_preflight(backend, plan, payload, emit)
+        run_dir = create_run(plan, loaded.profile, prepared.scripts, loaded.text, prepared.inputs)
+        start(backend, run_dir, payload, emit, detached=detach)
+        if not detach:
+            run_dir, _ = follow_with_restarts(backend, run_dir, emit, signals=signals, fetch=fetch)
+    finally:
+        backend.close()  # the Run opens its connections again when asked
+    return Run(run_dir, backend)

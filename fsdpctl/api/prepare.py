@@ -1,0 +1,121 @@
+"""From a profile and the options to a plan ready to start: the job resolved, the plan made and its
+scripts rendered, nothing touched yet (``--dry-run`` stops here)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from ..errors import UsageError
+from .options import JobOptions, workload_settings
+
+if TYPE_CHECKING:
+    from ..bundle import Payload
+    from ..job import Job
+    from ..plan.types import LaunchPlan, Overrides
+    from ..profiles.loader import LoadedProfile
+
+ProfileLike = Union[str, "os.PathLike[str]", "LoadedProfile"]
+"""A profile's name (``./cluster_profiles``, ``~/.config/fsdpctl/profiles``, shipped), a path to a
+.yaml file, or a profile ``load_profile`` returned."""
+
+
+def load_profile(profile: ProfileLike) -> LoadedProfile:
+    """A cluster profile, validated: by name, by path, or as already loaded."""
+    from ..profiles.loader import LoadedProfile
+    from ..profiles.loader import load_profile as load
+
+    if isinstance(profile, LoadedProfile):
+        return profile
+    if isinstance(profile, os.PathLike):
+        profile = os.fspath(profile)
+        if not profile.endswith((".yaml", ".yml")) and "/" not in profile:
+            profile = "./" + profile
+    if not isinstance(profile, str):
+        raise UsageError(f"profile {profile!r}: not a name, a path or a loaded profile",
+                         "pass e.g. 'two-node', 'cluster_profiles/lab.yaml' or fsdpctl.load_profile(...)")
+    return load(profile)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A plan ready to start: the profile, the plan, its scripts and the job behind it."""
+
+    loaded: LoadedProfile
+    plan: LaunchPlan
+    scripts: dict[str, str]
+    job: Job
+    inputs: dict[str, Any]
+    """What the plan was made from (kept with the run as inputs.json)."""
+    warnings: tuple[str, ...] = ()
+    """What the caller should hear before it starts (a credential passed as a plain variable)."""
+
+    def payload(self) -> Payload:
+        """What every node gets: the tar (scripts, workload package, code) and the secrets' values,
+        read now from this environment (a missing one is a one-line error before anything starts)."""
+        from ..bundle import Payload, node_payload
+        from ..job import secret_values
+
+        return Payload(node_payload(self.scripts, self.job.code), secret_values(self.plan.secrets))
+
+    def previews(self) -> dict[str, str]:
+        """The rendered scripts plus whatever the backend would write itself (what ``--dry-run`` shows)."""
+        from ..backends import backend_for
+
+        return {**self.scripts, **backend_for(self.loaded.profile, self.plan.backend).previews(self.plan, self.scripts)}
+
+
+def plan_inputs(loaded: LoadedProfile, for_slurm: bool) -> dict[str, Any]:
+    """make_plan's inputs from this process (besides the profile, run id and overrides): kept with
+    the run, so a later attempt is planned exactly as the first one was."""
+    return {"profile_source": str(loaded.path), "local_python": sys.executable, "home": str(Path.home()),
+            "local_cwd": str(Path.cwd()), "for_slurm": for_slurm}
+
+
+def build_plan(loaded: LoadedProfile, overrides: Overrides, *, for_slurm: bool,
+               runs_dir: Optional[Path] = None) -> LaunchPlan:
+    """The plan of a new run of ``loaded`` with a fresh run id."""
+    from ..plan.make import make_plan
+    from ..rundir.paths import new_run_id, runs_root
+
+    run_id = new_run_id(loaded.profile.name)
+    return make_plan(loaded.profile, run_id=run_id, local_run_dir=str((runs_dir or runs_root()) / run_id),
+                     overrides=overrides, **plan_inputs(loaded, for_slurm))
+
+
+def prepare(profile: Optional[ProfileLike], options: JobOptions, *, for_slurm: bool,
+            runs_dir: Optional[Path] = None) -> Prepared:
+    """Resolve the job, refuse workload settings next to a command of the user's, build and render
+    the plan. ``profile`` may be None when the job file names one."""
+    from ..job import credential_like, resolve_job
+    from ..plan.render import render_all
+    from ..plan.types import Overrides, overrides_to_json
+
+    job = resolve_job(options, Path.cwd())
+    if job.command and options.workload:
+        name = next(iter(options.workload))
+        raise UsageError(f"--{name.replace('_', '-')}: a setting of the bundled workload, and your own program "
+                         f"runs instead", "pass your program's own arguments after --, e.g. -- train.py --epochs 3")
+    train = {} if job.command else workload_settings(options.workload)
+    if profile is None and job.profile is None:
+        raise UsageError("--profile: missing", "name the cluster: -p PROFILE (or profile: in the job file)")
+    loaded = load_profile(profile if profile is not None else job.profile)  # type: ignore[arg-type]
+    slurm: dict[str, Any] = {}
+    if for_slurm:
+        slurm = {"slurm_nodes": options.nodes or job.nodes, "slurm_time": options.time or job.time,
+                 "slurm_partition": options.partition, "slurm_requeue": options.requeue, "slurm_via": options.via}
+    overrides = Overrides(
+        train=train, command=job.command, code=job.code.plan() if job.code else None, chdir=job.chdir,
+        requirements=job.requirements, extra_env=job.env, secrets=job.secrets,
+        nproc_per_node=options.nproc_per_node if options.nproc_per_node is not None else job.nproc_per_node,
+        master_port=options.master_port, debug=options.debug, node_timeout=options.node_timeout,
+        hang_timeout=options.hang_timeout, on_hang=options.on_hang, max_restarts=options.max_restarts, **slurm)
+    plan = build_plan(loaded, overrides, for_slurm=for_slurm, runs_dir=runs_dir)
+    warnings = tuple(f"{name} looks like a credential and is written into the run's scripts and records; pass it "
+                     f"as a secret instead (--env {name}, or secrets: [{name}])"
+                     for name in credential_like({**loaded.profile.env, **job.env}))
+    inputs = {**plan_inputs(loaded, for_slurm), "overrides": overrides_to_json(overrides)}
+    return Prepared(loaded, plan, render_all(plan), job, inputs, warnings)

@@ -1,0 +1,278 @@
+"""``Run``: one run, wherever it runs, to wait on, read, stop and continue (submitit's ``Job``,
+torchx's app handle). ``launch`` and ``submit`` return one; ``get_run`` finds one by id."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..errors import WaitTimeout
+from ..rundir.lines import LogLine
+from ..rundir.state import Outcome, RunState
+from .events import Emitter, EventHandler
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+    from ..diagnose.stacks import StackReport
+    from ..plan.types import LaunchPlan
+    from ..profiles.schema import ClusterProfile
+    from ..rundir.record import RunDir
+    from ..rundir.status import RunStatus
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as its run.json records it (nothing asked of its nodes): what ``fsdpctl runs`` lists."""
+
+    run_id: str
+    state: RunState
+    backend: str
+    num_nodes: Optional[int]
+    exit_code: Optional[int]
+    attempt: int
+    created_at: Optional[str]
+    path: Path
+
+
+class Run:
+    """A run and the backend that acts on it. A run this process started keeps the backend instance
+    that started it (which alone can follow a foreground run as its owner); any other is opened on
+    first use. ``close()`` (or ``with``) releases its connections; a later call opens them again."""
+
+    def __init__(self, run_dir: RunDir, backend: Optional[Backend] = None):
+        self._dir = run_dir
+        self._backend = backend
+
+    # ---- what the run is -------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self._dir.run_id
+
+    @property
+    def path(self) -> Path:
+        """The run's directory here (plan, scripts, run.json, logs)."""
+        return self._dir.root
+
+    @property
+    def plan(self) -> LaunchPlan:
+        """The plan of its newest attempt."""
+        return self._dir.plan
+
+    @property
+    def profile(self) -> ClusterProfile:
+        """The profile as it was when the run was made."""
+        return self._dir.profile
+
+    @property
+    def attempt(self) -> int:
+        return self._dir.plan.attempt
+
+    @property
+    def info(self) -> RunInfo:
+        """What run.json says now (another process may have written it since); asks no node."""
+        record = self._dir.record
+        return RunInfo(self.run_id, RunState.parse(record.get("state")), record.get("backend") or self.plan.backend,
+                       record.get("num_nodes"), record.get("exit_code"), record.get("attempt", 1),
+                       record.get("created_at"), self.path)
+
+    def __repr__(self) -> str:
+        return f"<fsdpctl.Run {self.run_id} {self.info.state}>"
+
+    @property
+    def backend(self) -> Backend:
+        """The backend that acts on the run (opened on first use)."""
+        if self._backend is None:
+            from ..backends import backend_for_run
+
+            self._backend = backend_for_run(self._dir)
+        return self._backend
+
+    def close(self) -> None:
+        """Release the backend's connections to the nodes."""
+        if self._backend is not None:
+            self._backend.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- how it stands ---------------------------------------------------------------------------
+    def status(self) -> RunStatus:
+        """The run's state, each node's, every attempt and the newest metrics: asked of the nodes (or
+        the scheduler) while the run is live, else as recorded."""
+        return self.backend.status(self._dir)
+
+    def wait(self, timeout: Optional[float] = None, *, on_event: Optional[EventHandler] = None,
+             handle_signals: bool = False) -> Outcome:
+        """Wait for the run to end and return how it ended (``exit_code``, ``state``,
+        ``first_failure``). A run still going is followed: its lines and what happens reach
+        ``on_event``; a detached run's end is recorded by its follower. Raises ``WaitTimeout`` after
+        ``timeout`` seconds (the run goes on). ``handle_signals``: take SIGINT/SIGTERM/SIGHUP over
+        while waiting (as the CLI does); otherwise a KeyboardInterrupt stops waiting, not the run."""
+        from .following import follow
+
+        record = self._dir.record
+        if RunState.parse(record.get("state")).is_over:
+            return Outcome.from_record(record)
+        leave = threading.Event()
+        timer = threading.Timer(timeout, leave.set) if timeout is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            outcome = follow(self.backend, self._dir, Emitter(on_event), owner=False, signals=handle_signals,
+                             leave=leave)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if outcome.left and leave.is_set():
+            raise WaitTimeout(f"run {self.run_id}: still {self.info.state} after {timeout:g} s",
+                              "wait again, or stop it with run.stop()")
+        return outcome
+
+    def logs(self, *, follow: bool = False, rank: Optional[int] = None, host: Optional[str] = None,
+             attempt: Optional[int] = None) -> LogLines:
+        """The run's lines, in order per node (``attempt``: an earlier attempt's). ``follow``: keep
+        reading a live run until it ends. ``rank``, ``host``: only that rank's (or host's) lines.
+        What could not be read (a node that did not answer) is in the result's ``notes`` afterwards."""
+        from ..errors import UsageError
+
+        if attempt is not None and not 1 <= attempt <= self.attempt:
+            raise UsageError(f"--attempt {attempt}: run {self.run_id} has {self.attempt} attempt(s)",
+                             f"give --attempt 1 to {self.attempt}, or leave it out for the newest")
+        if follow and attempt not in (None, self.attempt):
+            raise UsageError(f"--attempt {attempt}: ended; only the newest attempt can be followed",
+                             "drop follow to read it, or attempt to follow the newest")
+
+        def keep(line: LogLine) -> bool:
+            return (host is None or line.host == host) and (rank is None or line.rank == rank)
+
+        def produce(sink: Callable[[LogLine], None], leave: threading.Event) -> list[str]:
+            if not follow:
+                return self.backend.read_logs(self._dir, sink, attempt)
+            from .following import follow as follow_run
+
+            def lines_only(event: Any) -> None:
+                if isinstance(event, LogLine):
+                    sink(event)
+
+            follow_run(self.backend, self._dir, Emitter(lines_only), owner=False, signals=False, leave=leave)
+            return []
+
+        return LogLines(produce, keep)
+
+    def stacks(self, *, native: bool = False, py_spy: bool = True, flight: bool = False) -> StackReport:
+        """Where every rank is now: each rank's stack (py-spy where a node has it, else fsdpctl's own
+        dump handler; ``native``: C/C++ frames too), grouped by where they stand. ``flight``: every
+        rank also dumps torch's flight recorder (``fetch("flight")`` brings the dumps)."""
+        from ..diagnose.stacks import StackReport
+        from ..errors import UsageError
+
+        state = self.info.state
+        if state.is_over:
+            raise UsageError(f"run {self.run_id} is {state}: no rank is running",
+                             "stacks reads live ranks; a hang's stacks are kept in runs/<id>/hang/")
+        return StackReport(self.run_id, self.backend.stacks(self._dir, flight=flight, py_spy=py_spy, native=native))
+
+    # ---- acting on it ----------------------------------------------------------------------------
+    def stop(self) -> dict[str, str]:
+        """End every process of the run on every node (TERM, a grace period, KILL; Slurm: scancel) and
+        record it as stopped; per host, what remains (empty: nothing)."""
+        return self.backend.stop(self._dir)
+
+    def fetch(self, path: str = ".") -> dict[str, list[str]]:
+        """Copy ``path`` (under ``$FSDPCTL_RUN_DIR`` on the nodes; default: all the run wrote) into
+        ``runs/<id>/fetched/node<R>/``; per node, the local files (empty: no such path there)."""
+        from ..errors import UsageError
+
+        if path.startswith(("/", "~")) or ".." in path.split("/"):
+            raise UsageError(f"{path}: not a path inside the run directory", "give it relative to $FSDPCTL_RUN_DIR, "
+                             "e.g. outputs/model.pt")
+        return self.backend.fetch(self._dir, path)
+
+    def resume(self, *, steps: Optional[int] = None, epochs: Optional[int] = None, detach: bool = False,
+               preflight: bool = True, fetch: tuple[str, ...] = (), node_timeout: Optional[int] = None,
+               hang_timeout: Optional[int] = None, on_hang: Optional[str] = None,
+               max_restarts: Optional[int] = None, on_event: Optional[EventHandler] = None,
+               handle_signals: bool = False) -> Run:
+        """Start the run's next attempt in its own directory with its own plan (the bundled workload
+        from its newest complete checkpoint; ``steps``/``epochs`` may grow it) and, unless
+        ``detach``, follow it to its end as ``launch`` does. Refused (UsageError) for a live run, a
+        bundled run without a complete checkpoint, or one with nothing left to train. Returns this
+        run, now at its new attempt. A Slurm run is submitted again (no preflight)."""
+        from ..job import JobOptions
+        from ..rundir.attempts import begin_attempt
+        from .attempts import plan_resume
+        from .following import follow_with_restarts, passes_preflight, start
+
+        JobOptions(node_timeout=node_timeout, hang_timeout=hang_timeout, on_hang=on_hang, max_restarts=max_restarts)
+        emit = Emitter(on_event)
+        backend = self.backend
+        attempt = plan_resume(backend, self._dir, for_slurm=backend.queued, steps=steps, epochs=epochs,
+                              node_timeout=node_timeout, hang_timeout=hang_timeout, on_hang=on_hang,
+                              max_restarts=max_restarts)
+        payload = attempt.payload()
+        if preflight and not backend.queued:
+            passes_preflight(backend, attempt.plan, payload, emit)
+        where = f"from step {attempt.from_step}" if attempt.from_step is not None else "(your program resumes itself)"
+        emit.notice(f"run {self.run_id}: attempt {attempt.plan.attempt} {where}")
+        self._dir = begin_attempt(self._dir, attempt.plan, attempt.scripts, attempt.from_step)
+        start(backend, self._dir, payload, emit, detached=detach)
+        if not detach:
+            self._dir, _ = follow_with_restarts(backend, self._dir, emit, signals=handle_signals, fetch=fetch)
+        return self
+
+
+class LogLines:
+    """A run's lines, read (or followed) as they are iterated; ``notes`` says afterwards what could
+    not be read. Lines wait in a bounded queue: a slow reader slows the reading, never memory."""
+
+    QUEUE_LINES = 4096
+
+    def __init__(self, produce: Callable[[Callable[[LogLine], None], threading.Event], list[str]],
+                 keep: Callable[[LogLine], bool]):
+        self._produce, self._keep = produce, keep
+        self.notes: list[str] = []
+
+    def __iter__(self) -> Iterator[LogLine]:
+        lines: queue.Queue = queue.Queue(maxsize=self.QUEUE_LINES)
+        leave = threading.Event()
+        done = object()
+        failed: list[BaseException] = []
+
+        def put(item: object) -> None:
+            while not leave.is_set():
+                try:
+                    lines.put(item, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+
+        def sink(line: LogLine) -> None:
+            if self._keep(line):
+                put(line)
+
+        def body() -> None:
+            try:
+                self.notes.extend(self._produce(sink, leave))
+            except BaseException as exc:  # noqa: BLE001 - handed to the reader, raised there
+                failed.append(exc)
+            finally:
+                put(done)
+
+        reader = threading.Thread(target=body, name="fsdpctl-logs", daemon=True)
+        reader.start()
+        try:
+            while (item := lines.get()) is not done:
+                yield item
+            if failed:
+                raise failed[0]
+        finally:
+            leave.set()
+            reader.join(timeout=30)

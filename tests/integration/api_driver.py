@@ -1,0 +1,79 @@
+"""Driving fsdpctl's Python API inside the lab's client namespace, as a user's script would: a test
+writes the script's body, the driver runs it there (in the foreground, or in the background like a
+notebook left running) and reads back what it reported with ``report(...)``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.integration.test_launch import fsdpctl
+
+PRELUDE = '''\
+import json, os, signal, sys, time
+import fsdpctl
+from fsdpctl import *
+
+
+def report(value):
+    """What the test reads back: one JSON line."""
+    print("REPORT " + json.dumps(value, default=str), flush=True)
+
+
+def outcome_json(outcome):
+    failure = outcome.first_failure
+    return {"exit_code": outcome.exit_code, "state": str(outcome.state), "ok": outcome.ok,
+            "failure": failure.to_json() if failure else None, "message": outcome.message}
+
+'''
+
+
+def script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / f"api-{time.monotonic_ns()}.py"
+    path.write_text(PRELUDE + textwrap.dedent(body))
+    return path
+
+
+def argv_env(lab, tmp_path: Path, body: str) -> tuple[list[str], dict[str, str]]:
+    argv, env = fsdpctl(lab, tmp_path)
+    python_at = argv.index(sys.executable)
+    return [*argv[:python_at], sys.executable, str(script(tmp_path, body))], env
+
+
+def reports(stdout: str) -> list[Any]:
+    return [json.loads(line[len("REPORT "):]) for line in stdout.splitlines() if line.startswith("REPORT ")]
+
+
+def api(lab, tmp_path: Path, body: str, timeout: float = 300) -> tuple[list[Any], subprocess.CompletedProcess]:
+    """Run a script of the API to its end; (what it reported, the process)."""
+    argv, env = argv_env(lab, tmp_path, body)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    return reports(done.stdout), done
+
+
+class Background:
+    """A script of the API running in the background; its output goes to files."""
+
+    def __init__(self, lab, tmp_path: Path, body: str):
+        argv, env = argv_env(lab, tmp_path, body)
+        self.out_path = tmp_path / f"api-out-{time.monotonic_ns()}"
+        self.err_path = self.out_path.with_suffix(".err")
+        with self.out_path.open("w") as out, self.err_path.open("w") as err:
+            self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=tmp_path)
+
+    def finish(self, timeout: float) -> tuple[int, list[Any], str]:
+        code = self.process.wait(timeout=timeout)
+        return code, reports(self.out_path.read_text()), self.err_path.read_text()
+
+
+def python(lab, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the client namespace, with the environment fsdpctl's tests give it."""
+    argv, env = fsdpctl(lab, tmp_path)
+    python_at = argv.index(sys.executable)
+    return subprocess.run([*argv[:python_at], sys.executable, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
