@@ -9,12 +9,12 @@ size limit stops a data set or a checkpoint from being copied by mistake.
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import os
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -156,12 +156,58 @@ def collect_code(root: Path, limit_bytes: int) -> CodeManifest:
     return manifest
 
 
+class TarStream:
+    """An uncompressed tar made as it is read: headers by tarfile, the files' bytes from disk, chunk
+    by chunk, so a large project is never held in memory (nor copied once per node), and its size is
+    known before the first byte goes (the node agent reads exactly that many)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[bytes, bytes | Path | None, int]] = []  # (header, data, size)
+        self.size = 0
+
+    def add(self, info: tarfile.TarInfo, data: bytes | Path | None = None) -> None:
+        header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+        self.entries.append((header, data, info.size))
+        self.size += len(header) + -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+    def __len__(self) -> int:
+        end = self.size + 2 * tarfile.BLOCKSIZE  # two zero blocks, then padding to a whole record
+        return end + -end % tarfile.RECORDSIZE
+
+    def chunks(self, size: int = 1 << 16) -> Iterator[bytes]:
+        """The archive's bytes, in pieces of about ``size``; a file that shrank meanwhile is an error."""
+        for header, data, length in self.entries:
+            yield header
+            if isinstance(data, Path):
+                with data.open("rb") as handle:
+                    left = length
+                    while left:
+                        piece = handle.read(min(size, left))
+                        if not piece:
+                            raise UsageError(f"{data}: changed while it was being copied to the nodes",
+                                             "launch again once the file stays put")
+                        left -= len(piece)
+                        yield piece
+            elif data:
+                yield data
+            if length % tarfile.BLOCKSIZE:
+                yield NUL * (tarfile.BLOCKSIZE - length % tarfile.BLOCKSIZE)
+        yield NUL * (len(self) - self.size)
+
+    def getvalue(self) -> bytes:
+        """The whole archive in memory (for a local copy, and tests)."""
+        return b"".join(self.chunks())
+
+
+NUL = b"\0"
+
+
 @dataclass(frozen=True)
 class Payload:
     """What every node gets when it starts: the tar (``files``) and the run's secrets, which travel
     only inside the command that starts a node (or the environment of a Slurm submission)."""
 
-    files: bytes
+    files: TarStream
     secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
     def secret_blob(self) -> bytes:
@@ -177,24 +223,33 @@ def _private(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def node_payload(scripts: dict[str, str], code: Optional[CodeManifest] = None) -> bytes:
+def node_payload(scripts: dict[str, str], code: Optional[CodeManifest] = None) -> TarStream:
     """One uncompressed tar for every node: the node scripts, ``pkg/`` (the workload package, so a node
     needs nothing of fsdpctl installed) and ``code/``. Uncompressed: code is mostly small text, and
     gzip on one launcher core is slower than the network it would save."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        def add_bytes(name: str, data: bytes, mode: int = 0o600) -> None:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, 0
-            tar.addfile(info, io.BytesIO(data))
+    tar = TarStream()
 
-        for name, text in scripts.items():
-            add_bytes(name, text.encode(), 0o700)
-        add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/__init__.py", (_PACKAGE_ROOT / "__init__.py").read_bytes())
-        for package in SHIPPED_PACKAGES:
-            for source in sorted((_PACKAGE_ROOT / package).glob("*.py")):
-                add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/{package}/{source.name}", source.read_bytes())
-        if code is not None:
-            for relative, _ in code.files:
-                tar.add(code.root / relative, arcname=f"{CODE_DIR}/{relative}", recursive=False, filter=_private)
-    return buffer.getvalue()
+    def add_bytes(name: str, data: bytes, mode: int = 0o600) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(data), mode, 0
+        tar.add(info, data)
+
+    for name, text in scripts.items():
+        add_bytes(name, text.encode(), 0o700)
+    add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/__init__.py", (_PACKAGE_ROOT / "__init__.py").read_bytes())
+    for package in SHIPPED_PACKAGES:
+        for source in sorted((_PACKAGE_ROOT / package).glob("*.py")):
+            add_bytes(f"{SHIPPED_PACKAGE_DIR}/fsdpctl/{package}/{source.name}", source.read_bytes())
+    if code is not None:
+        for relative, _ in code.files:
+            path = code.root / relative
+            info = tarfile.TarInfo(f"{CODE_DIR}/{relative}")
+            stat = path.lstat()
+            info.mtime = int(stat.st_mtime)
+            if path.is_symlink():  # a link inside the folder (the manifest keeps no other)
+                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
+                tar.add(_private(info))
+            else:
+                info.size, info.mode = stat.st_size, stat.st_mode
+                tar.add(_private(info), path)
+    return tar

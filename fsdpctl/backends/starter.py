@@ -38,13 +38,15 @@ class NodeStarter:
         """The node's agent, its payload sent; what a chatty shell rc printed before it is read past."""
         secrets = self.payload.secret_blob()
         args = {"run_id": self.plan.run_id, "run_dir": self.plan.run_dir, "rank": rank,
-                "bytes": len(self.payload.files),
+                "bytes": len(self.payload.files),  # the tar's size, known before it is made
                 "secret_bytes": len(secrets), "probe": probe, "go_timeout": GO_TIMEOUT}
         if self.plan.attempt > 1:  # the last attempt's node files move aside when this one starts
             args["archive"] = {"to": attempt_folder(self.plan.attempt - 1), "names": node_files(rank)}
         session = self.transports[rank].session(marked(agent_command(self.python, args)))
         self.sessions[rank] = session
-        session.send(self.payload.files + secrets)
+        for chunk in self.payload.files.chunks():  # the tar as it is made: never all of it in memory
+            session.send(chunk)
+        session.send(secrets)
         session.read_until(OUTPUT_MARK, timeout)
         return session
 

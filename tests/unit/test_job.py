@@ -119,7 +119,7 @@ def test_the_payload_holds_scripts_workload_and_code(tmp_path):
     import tarfile
 
     manifest = collect_code(project(tmp_path / "p"), 10**6)
-    with tarfile.open(fileobj=io.BytesIO(node_payload({"node0.sh": "echo hi\n"}, manifest))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(node_payload({"node0.sh": "echo hi\n"}, manifest).getvalue())) as tar:
         members = {m.name: m for m in tar.getmembers()}
     assert members["node0.sh"].mode == 0o700 and members["code/pkg/a.py"].mode == 0o600
     assert "pkg/fsdpctl/workload/train.py" in members and "code/pkg/a.py" in members

@@ -28,7 +28,7 @@ def submit_slurm(run: RunDir, payload: Payload) -> str:
     if plan.attempt > 1:  # the last attempt's node logs move aside: every node appends to node<R>.log
         for rank in range(plan.num_nodes):
             move_into(run_dir, node_files(rank), attempt_folder(plan.attempt - 1))
-    with tarfile.open(fileobj=io.BytesIO(payload.files), mode="r:") as tar:
+    with tarfile.open(fileobj=io.BytesIO(payload.files.getvalue()), mode="r:") as tar:
         tar.extractall(run_dir, filter="data")
     script_name = "submitit-setup.sh" if plan.slurm.via == "submitit" else "sbatch.sh"
     if plan.slurm.via == "submitit":
