@@ -23,6 +23,7 @@ BENCHMARKS = {
     "doctor": ["doctor_fanout.py"],
     "launch": ["launch_overhead.py"],
     "copy": ["code_copy.py"],
+    "throughput": ["log_throughput.py"],
     "heartbeat": ["heartbeat.py"],
     "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
@@ -79,9 +80,21 @@ def rows() -> list[tuple[str, str, str, str]]:
     user = load("launch_user_script").get("cases", {})
     add("launch: user script's first line / hand-typed torchrun (1 MB project)",
         user.get("fsdpctl launch -- user script (1 MB project)", {}).get("ratio_to_baseline"), 1.2)
-    copy = load("code_copy").get("cases", {})
-    add("code copy, 50 MB to 2 nodes / tar c | ssh tar x in parallel",
-        copy.get("fsdpctl (collect, pack, send, unpack, start)", {}).get("ratio_to_baseline"), 1.2)
+    for name, size in (("code_copy", "50 MB"), ("code_copy_500mb", "500 MB")):
+        copy = load(name).get("cases", {})
+        add(f"code copy, {size} to 2 nodes / tar c | ssh tar x in parallel",
+            copy.get("fsdpctl (collect, pack, send, unpack, start)", {}).get("ratio_to_baseline"), 1.2)
+    flood = load("log_throughput")
+    if flood:
+        med = flood["median"]
+        out.append(("logs: 2 x 200,000 lines, launcher's last line after the ranks' last / ssh cat of the logs",
+                    f"{flood['lag_over_cat']:.3f} ({med['lag_s']:.2f} s after a {med['print_s']:.2f} s print; "
+                    f"cat {med['cat_s']:.2f} s)", "<= 1.5", "met" if flood["lag_over_cat"] <= 1.5 else "MISSED"))
+        out.append(("logs: 2 x 200,000 lines, first printed to last shown / ssh cat of the logs",
+                    f"{flood['stream_over_cat']:.3f}", "-", "-"))
+        out.append(("logs: launcher peak RSS, 200,000 / 20,000 lines per rank",
+                    f"{flood['peak_rss_bytes'] / 2**20:.0f} / "
+                    f"{flood['peak_rss_bytes_tenth_of_the_lines'] / 2**20:.0f} MiB", "bounded", "-"))
     beat = load("heartbeat")
     if beat:
         ours = next(row for name, row in beat["cases"].items() if name.startswith("this tree"))

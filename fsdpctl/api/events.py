@@ -2,8 +2,9 @@
 
 Whoever calls ``launch``, ``submit``, ``Run.wait`` or ``doctor`` may pass ``on_event``, a callable
 that receives each event as it happens: the CLI renders them on a terminal, a test collects them, a
-notebook may print a few. The API itself never prints. A callback may also have a ``flush()``
-method: it is called after each batch of lines (the CLI writes lines unflushed, then flushes once).
+notebook may print a few. The API itself never prints. A callback may also have a ``lines(batch)``
+method, which then receives a run's lines a batch at a time instead (a flood of output is 100,000s
+of lines), and a ``flush()`` method, called after each batch (the CLI writes unflushed, then flushes).
 """
 
 from __future__ import annotations
@@ -106,14 +107,20 @@ class Emitter:
     def __init__(self, handler: Optional[EventHandler] = None):
         self.handler = handler
         self._flush = getattr(handler, "flush", None)
+        batch = getattr(handler, "lines", None)
+        self._lines = batch if callable(batch) else None
 
     def __call__(self, event: Event) -> None:
         if self.handler is not None:
             self.handler(event)
 
-    def line(self, line: LogLine) -> None:
-        if self.handler is not None:
-            self.handler(line)
+    def lines(self, batch: list[LogLine]) -> None:
+        """A batch of a run's lines, in order."""
+        if self._lines is not None:
+            self._lines(batch)
+        elif self.handler is not None:
+            for line in batch:
+                self.handler(line)
 
     def flush(self) -> None:
         if self._flush is not None:

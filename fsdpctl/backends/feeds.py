@@ -42,7 +42,10 @@ class Listener(Protocol):
     finished: threading.Event
 
     def put(self, run: NodeRun, item: Any) -> None:
-        """A line of the node's log, None (its stream ended), or an answer tuple."""
+        """A note about the node (str), None (its stream ended), or an answer tuple."""
+
+    def put_data(self, run: NodeRun, chunk: bytes) -> None:
+        """Bytes of the node's log, in order (waits for room)."""
 
 
 class Feed(Protocol):
@@ -90,27 +93,42 @@ class AgentFeed:
     def _watch(self, sup: Listener, run: NodeRun) -> None:
         session, ended = run.session, False
         assert session is not None
+        frame = LINE.encode()
         while not sup.finished.is_set():
             try:
-                line = session.read_until("\n", 1.0)
+                header = session.read_line_bytes(1.0)
             except HostError:  # nothing for a second: liveness is check()'s business
                 continue
-            if not line:
+            if not header:
                 if not ended:
                     sup.put(run, ("lost", "its agent's connection closed before the node ended"))
                 sup.put(run, None)
                 return
             run.last_heard = time.monotonic()
-            line = line.rstrip("\n")
-            if line.startswith(LINE):
-                sup.put(run, line[len(LINE):])
-            elif line.startswith(EXIT + " "):
+            if header.startswith(frame) and header[1:-1].isdigit():
+                data = self._frame(sup, session, int(header[1:-1]))
+                if data is None:
+                    return
+                sup.put_data(run, data)
+                continue
+            line = header.decode("utf-8", "replace").rstrip("\n")
+            if line.startswith(EXIT + " "):
                 ended = True
                 sup.put(run, ("exit", line.split()[1]))
             elif line.startswith(STOPPED + " "):
                 sup.put(run, f"fsdpctl: the node ended its processes: {line[len(STOPPED) + 1:]}")
             elif line != ALIVE:
                 sup.put(run, line)  # not the protocol's: show it rather than lose it
+
+    @staticmethod
+    def _frame(sup: Listener, session, size: int) -> bytes | None:
+        """A frame's bytes (they follow its header at once); None when following ends first."""
+        while not sup.finished.is_set():
+            try:
+                return session.read_exactly(size, 1.0)
+            except HostError:
+                continue
+        return None
 
     def _heartbeats(self, sup: Listener) -> None:
         every = heartbeat_seconds(self.node_timeout)
@@ -164,13 +182,20 @@ class TailFeed:
         threading.Thread(target=self._poller, args=(sup,), daemon=True).start()
 
     def _follow(self, sup: Listener, run: NodeRun) -> None:
+        mark = OUTPUT_MARK.encode() + b"\n"
         try:
             stream = run.transport.stream(follow_command(sup.run_dir, run.rank, run.pid))
-            started = False
-            for line in stream.lines():
-                if started:
-                    sup.put(run, line)
-                started = started or line == OUTPUT_MARK  # before it: whatever the shell's rc printed
+            before = b""  # what the shell's rc files printed, up to the mark
+            for chunk in stream.chunks():
+                if before is not None:
+                    before += chunk
+                    at = before.find(mark)
+                    if at < 0:
+                        before = before[-len(mark):]
+                        continue
+                    chunk, before = before[at + len(mark):], None
+                if chunk:
+                    sup.put_data(run, chunk)
             stream.close()
         except (HostError, OSError, EOFError):
             pass  # the poll decides whether the host is gone

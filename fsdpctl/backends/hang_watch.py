@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -42,6 +42,14 @@ class HangWatch:
 
     def saw(self, line: str) -> None:
         matched = self.progress is None or bool(self.progress.search(line))
+        if matched or not self.started:
+            self.last_progress, self.reported = time.monotonic(), False
+        self.started = self.started or matched
+
+    def saw_any(self, lines: Iterable[str]) -> None:
+        """A batch of lines: as ``saw`` for each, but the clock is read once."""
+        search = self.progress.search if self.progress is not None else None
+        matched = search is None or any(search(line) for line in lines)
         if matched or not self.started:
             self.last_progress, self.reported = time.monotonic(), False
         self.started = self.started or matched

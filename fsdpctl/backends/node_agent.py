@@ -24,13 +24,15 @@ secret_bytes, probe, go_timeout):
    ``fsdpctl.node.mask`` when there are secrets) and, when it ends, ``node<R>.exit``; prints
    ``fsdpctl-agent: pid <N>``;
 5. with a node timeout (a foreground run; 0: detached, the agent leaves now), it stays: it sends
-   every line the node logs as ``|<line>``, ``!alive`` every few seconds, and ``!exit <code>`` at
-   the end. It reads the launcher's ``hb`` (heartbeat), ``stop`` (TERM, a grace period, KILL) and
-   ``kill``. When the launcher's input ends (it died, or its connection closed) or nothing came for
-   the node timeout (a cut link), the agent itself ends every process of the run: a node never
-   outlives its launcher.
+   every byte the node logs, in frames (``|<n>``, a newline, n bytes), as fast as the launcher
+   takes them (never dropping any: the log waits on disk), ``!alive`` every few seconds ahead of
+   waiting log data, and ``!exit <code>`` after the log's last byte. It reads the launcher's ``hb``
+   (heartbeat), ``stop`` (TERM, a grace period, KILL) and ``kill``. When the launcher's input ends
+   (it died, or its connection closed) or nothing came for the node timeout (a cut link), the agent
+   itself ends every process of the run: a node never outlives its launcher.
 """
 
+import collections
 import os
 import select
 import shutil
@@ -45,7 +47,7 @@ AGENT_REFUSED = "fsdpctl-agent: not started"
 # The node protocol's words, defined here once: this file runs on the node, and the launcher's side
 # (``starter``, ``feeds``) imports them from it.
 LINE = "|"
-"""agent -> launcher: a line of the node's log follows."""
+"""agent -> launcher: ``|<n>`` then n bytes of the node's log (a frame: any bytes, cut anywhere)."""
 ALIVE = "!alive"
 EXIT = "!exit"
 """agent -> launcher: ``!exit <code>``, the node's script has ended."""
@@ -61,7 +63,8 @@ KILL = "kill"
 GRACE_SECONDS = 10.0
 ORPHAN_GRACE_SECONDS = 5.0
 """Between TERM and KILL when the launcher is gone: the run ends within the node timeout + 10 s."""
-OUT_LIMIT = 4 << 20  # bytes waiting for a launcher that does not read: older log lines are dropped
+OUT_LIMIT = 1 << 20
+"""Log bytes waiting for the launcher before the agent stops reading the log (it reads on once they go)."""
 
 
 def heartbeat_seconds(node_timeout):
@@ -218,12 +221,20 @@ def end_run(run_id, grace):
 
 
 class Watch:
-    """Step 5: the node's log and end to the launcher, heartbeats both ways, and no run left behind."""
+    """Step 5: the node's log and end to the launcher, heartbeats both ways, and no run left behind.
+
+    The log goes out as frames of its bytes, read from the file only while less than ``OUT_LIMIT``
+    waits for the launcher: a launcher that reads slower than the ranks print gets every byte, late
+    (the file on disk holds the rest meanwhile). ``!alive`` and ``!stopped`` go ahead of log data
+    that waits (never inside a frame); ``!exit`` goes after the last byte of the log."""
 
     def __init__(self, run_id, rank, node_timeout, inp):
         self.run_id, self.rank, self.timeout, self.inp = run_id, rank, node_timeout, inp
-        self.out = bytearray()
-        self.log, self.partial = None, b""
+        self.control = []  # messages that go before any log data still waiting
+        self.data = collections.deque()  # frames of log data, then the exit
+        self.queued = 0  # bytes in ``data``
+        self.current = memoryview(b"")  # what is being written now: one whole message or frame
+        self.log = None
         self.last_heard = time.time()
         self.interval = heartbeat_seconds(node_timeout)
         self.next_alive = 0.0
@@ -231,34 +242,61 @@ class Watch:
         self.ended_at = None
         self.launcher_gone = False
 
-    def send(self, data):
-        self.out += data
-        if len(self.out) > OUT_LIMIT:  # the launcher stopped reading: keep the newest
-            del self.out[:len(self.out) - OUT_LIMIT]
+    def say(self, text):
+        self.control.append(("%s\n" % text).encode())
+
+    def pending(self):
+        return bool(self.current) or bool(self.control) or bool(self.data)
 
     def pump_log(self):
+        """Read what the log has, while little waits for the launcher; True when held back."""
         if self.log is None:
             try:
                 self.log = open("node%d.log" % self.rank, "rb")  # noqa: SIM115 - read as it grows, until exit
             except OSError:
-                return
-        while True:
+                return False
+        while self.queued < OUT_LIMIT:
             chunk = self.log.read(1 << 16)
             if not chunk:
-                return
-            *lines, self.partial = (self.partial + chunk).split(b"\n")
-            for line in lines:
-                self.send(LINE.encode() + line + b"\n")
+                return False
+            frame = ("%s%d\n" % (LINE, len(chunk))).encode() + chunk
+            self.data.append(frame)
+            self.queued += len(frame)
+        return True
 
     def end(self, why, grace=GRACE_SECONDS):
         if self.ending is None:
             self.ending = why
             left = end_run(self.run_id, grace)
             self.ended_at = time.time()
-            self.send(("%s %s%s\n" % (STOPPED, why, " left: %s" % left if left else "")).encode())
+            self.say("%s %s%s" % (STOPPED, why, " left: %s" % left if left else ""))
+
+    def write(self):
+        """Write what the launcher takes now: control messages first, between whole frames."""
+        while True:
+            if not self.current:
+                if self.control:
+                    self.current = memoryview(self.control.pop(0))
+                elif self.data:
+                    frame = self.data.popleft()
+                    self.queued -= len(frame)
+                    self.current = memoryview(frame)
+                else:
+                    return
+            try:
+                written = os.write(1, self.current)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.launcher_gone = True
+                self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
+                return
+            self.current = self.current[written:]
+            if self.current:
+                return  # the pipe is full: select says when it takes more
 
     def listen(self, wait):
-        want_write = [1] if self.out and not self.launcher_gone else []
+        want_write = [1] if self.pending() and not self.launcher_gone else []
         readable, writable, _ = select.select([self.inp.fd], want_write, [], wait)
         if readable:
             data = self.inp.read(4096)
@@ -270,39 +308,32 @@ class Watch:
                 if word in (STOP, KILL):
                     self.end("asked by the launcher", GRACE_SECONDS if word == STOP else 0.0)
         if writable:
-            try:
-                written = os.write(1, bytes(self.out))
-                del self.out[:written]
-            except BlockingIOError:
-                pass
-            except OSError:
-                self.launcher_gone = True
-                self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
+            self.write()
 
     def run(self):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # sshd hangs up on a launcher that died: we stay to clean up
         os.set_blocking(1, False)  # never block on a launcher that stopped reading
         exit_file = "node%d.exit" % self.rank
+        code = None
         while True:
-            self.pump_log()
-            if os.path.exists(exit_file):
-                time.sleep(0.05)  # the wrapper wrote the exit after the log's last line
-                self.pump_log()
-                with open(exit_file) as handle:
-                    self.send(("%s %s\n" % (EXIT, handle.read().strip() or "255")).encode())
-                deadline = time.time() + 5.0
-                while self.out and not self.launcher_gone and time.time() < deadline:
-                    self.listen(0.1)
+            if code is None and os.path.exists(exit_file):
+                with open(exit_file) as handle:  # written after the log's last byte
+                    code = handle.read().strip() or "255"
+            held_back = self.pump_log()
+            if code is not None and not held_back:  # the whole log is on its way
+                self.data.append(("%s %s\n" % (EXIT, code)).encode())
+                while self.pending() and not self.launcher_gone and time.time() - self.last_heard < self.timeout:
+                    self.listen(0.2)
                 return 0
             now = time.time()
             if now >= self.next_alive:
-                self.send(("%s\n" % ALIVE).encode())
+                self.say(ALIVE)
                 self.next_alive = now + self.interval
             if now - self.last_heard > self.timeout and not self.launcher_gone:
                 self.end("nothing heard from the launcher for %.0f s" % self.timeout, ORPHAN_GRACE_SECONDS)
             if self.ended_at is not None and now - self.ended_at > 15.0:
                 return 1  # the run is ended; its wrapper left no exit file (it was killed too)
-            self.listen(0.2)
+            self.listen(0.0 if held_back and not self.pending() else 0.2)
 
 
 def agent(args):

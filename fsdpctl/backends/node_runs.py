@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import HostError
 from ..plan.types import LaunchPlan, NodeSpec
+from ..rundir.lines import LineSplitter
 from ..rundir.paths import private_dir
 from ..rundir.state import Failure, NodeState, shell_exit_code
 from ..shell import after_mark, marked
@@ -47,6 +48,10 @@ class NodeRun:
     tail: deque = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
     session: Session | None = None
     """The node agent that started it and watches over it (a foreground run started here)."""
+    splitter: LineSplitter | None = None
+    """Its log's bytes into lines, as they arrive."""
+    received: int = 0
+    """Bytes of its log that arrived here."""
     last_heard: float = field(default_factory=time.monotonic)
     lost_reason: str | None = None
     """Why the node counts as lost (it stopped answering), when it does."""
@@ -58,8 +63,8 @@ class NodeRun:
 
 def node_records(runs: Sequence[NodeRun]) -> list[dict[str, Any]]:
     """Each node as run.json records it."""
-    return [{"node_rank": r.rank, "host": r.node.host, "pid": r.pid, "state": str(r.state), "exit_code": r.exit_code}
-            for r in runs]
+    return [{"node_rank": r.rank, "host": r.node.host, "pid": r.pid, "state": str(r.state), "exit_code": r.exit_code,
+             **({"log_bytes": r.received} if r.received else {})} for r in runs]
 
 
 @dataclass(frozen=True)
@@ -105,9 +110,10 @@ _PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|rem
                         r"communicator was aborted|Broken pipe", re.IGNORECASE)
 
 
-def first_failure_of(run: NodeRun, log_lines: Sequence[str], failed_at: str | None = None) -> Failure:
-    """What failed on a node: torchrun's 'Root Cause' block when it printed one, else the node.
-    ``failed_at``: when fsdpctl saw it, if torchrun's block does not say."""
+def first_failure_of(run: NodeRun, failed_at: str | None = None) -> Failure:
+    """What failed on a node, from its last lines: torchrun's 'Root Cause' block when it printed
+    one, else the node. ``failed_at``: when fsdpctl saw it, if torchrun's block does not say."""
+    log_lines = [line.stored() for line in run.tail]
     rank = local_rank = error_file = None
     code = run.exit_code
     text = "\n".join(log_lines)

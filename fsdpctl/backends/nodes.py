@@ -36,6 +36,7 @@ from ..workload.layout import complete_steps_command, parse_steps
 from .base import DoctorRequest, LineSink
 from .feeds import AgentFeed, TailFeed
 from .hang_watch import HangWatch
+from .log_copy import complete_logs, launcher_record
 from .node_commands import STAGED, poll_command, stacks_command
 from .node_runs import COMMAND_TIMEOUT, NodeRun, fetch_from_node, fetch_logs, node_records, stop_run
 from .starter import NodeStarter
@@ -124,7 +125,8 @@ class NodesBackend:
         # run is meant to outlive it, and its agents leave.
         started = starter.start(watch=0.0 if detached else float(run.plan.node_timeout))
         self._started[run.run_id] = started
-        run.update(RunState.RUNNING, node_records(started), started_at=now(), detached=detached)
+        run.update(RunState.RUNNING, node_records(started), started_at=now(), detached=detached,
+                   launcher=None if detached else launcher_record())
         world = run.plan.world_size or "from GPU count"
         return f"started on {run.plan.num_nodes} node(s), world size {world}"
 
@@ -146,7 +148,7 @@ class NodesBackend:
         # shell may have them too); the nodes mask their logs themselves as well.
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
         result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner,
-                            stop_on_interrupt=owner, mask=masker.text, watch=watch, signals=signals,
+                            stop_on_interrupt=owner, mask=masker.text if masker else None, watch=watch, signals=signals,
                             leave=None if owner else leave).run()
         if result.left:
             return Outcome(exit_code=0, state=RunState.RUNNING, message=f"stopped following; run {plan.run_id} goes on")
@@ -163,12 +165,17 @@ class NodesBackend:
         if result.hung and not owner and not run.record.get("detached"):
             # The launcher that owns it does the same; this follower only reports.
             return Outcome(exit_code=result.exit_code, state=RunState.FAILED, first_failure=failure)
+        lost = any(r.state == NodeState.LOST or r.streaming for r in node_runs)  # a stream cut short
         recorded = {"finished_at": now(), "exit_code": result.exit_code,
                     "first_failure": failure.to_json() if failure else None}
+        notes: list[str] = []
         if owner:
             if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
                 fetch_logs(plan, node_runs, run.root, masker.bytes if masker else None)
-            run.update(state, node_records(node_runs), **recorded)
+            # Every stream ran to its node's end: the copies here are whole (a lost node's is not).
+            run.update(state, node_records(node_runs), logs_complete=not lost, **recorded)
+            if lost:  # what the node logged since its stream was cut, if it answers now
+                notes = complete_logs(run, self.transports)
         elif run.record.get("detached") and run.record.get("state") == RunState.RUNNING:
             # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
             # records how it ended.
@@ -178,7 +185,7 @@ class NodesBackend:
             by = signal.Signals(result.signal).name if result.signal else "a signal"
             message = f"run {plan.run_id} interrupted by {by}; every process of it was stopped"
         return Outcome(exit_code=result.exit_code, state=state, first_failure=failure, message=message,
-                       interrupted_by=result.signal)
+                       interrupted_by=result.signal, notes=tuple(notes))
 
     def status(self, run: RunDir) -> RunStatus:
         """run.json, with each node asked for its script's state while the run is marked running,
@@ -216,26 +223,18 @@ class NodesBackend:
         raise errors[0]
 
     def read_logs(self, run: RunDir, sink: LineSink, attempt: int | None = None) -> list[str]:
-        """The merged log kept here; for a run nobody followed (detached), each node's log, read once.
-        ``attempt``: an earlier attempt's, from where its files were moved."""
-        folder = "" if attempt in (None, run.attempt) else attempt_folder(attempt) + "/"
+        """Every line of the run, from the merged log kept here, first made whole from the nodes'
+        own logs where the live stream did not bring everything (a lost node, a killed launcher, a
+        detached run). ``attempt``: an earlier attempt's, from where its files were moved."""
+        earlier = attempt not in (None, run.attempt)
+        notes = [] if earlier else complete_logs(run, self.transports)
+        folder = attempt_folder(attempt) + "/" if earlier else ""
         merged = run.root / folder / "logs" / "merged.log"
-        if merged.exists() and merged.stat().st_size:
+        if merged.exists():
             with merged.open(encoding="utf-8", errors="replace") as handle:
                 for raw in handle:
                     if match := _MERGED_LINE.match(raw.rstrip("\n")):
                         sink(LogLine.of(int(match["node"]), match["host"], match["text"]))
-            return []
-        notes = []
-        for node, transport in zip(run.plan.nodes, self.transports, strict=True):
-            try:
-                log = f"{quote_path(run.plan.run_dir)}/{folder}node{node.node_rank}.log"
-                _, out, _ = transport.run(marked(f"cat {log}"), 60)
-            except HostError as exc:
-                notes.append(f"fsdpctl: {exc.message}")
-                continue
-            for line in after_mark(out).splitlines():
-                sink(LogLine.of(node.node_rank, node.host, line))
         return notes
 
     def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False

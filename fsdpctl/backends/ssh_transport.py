@@ -133,6 +133,10 @@ class _SSHStream:
         with self.channel.makefile("rb") as output:
             yield from read_lines(output)
 
+    def chunks(self, idle_timeout: float | None = None):
+        self.channel.settimeout(idle_timeout)  # socket.timeout (an OSError) after that long without output
+        yield from iter(lambda: self.channel.recv(65536), b"")
+
     def close(self) -> None:
         self.channel.close()
 
@@ -178,6 +182,12 @@ class _SSHSession:
 
     def read_until(self, marker: str, timeout: float) -> str:
         return self.reader.until(marker, timeout)
+
+    def read_line_bytes(self, timeout: float) -> bytes:
+        return self.reader.line_bytes(timeout)
+
+    def read_exactly(self, count: int, timeout: float) -> bytes:
+        return self.reader.exactly(count, timeout)
 
     def finish(self, timeout: float) -> tuple[int, str, str]:
         self.channel.shutdown_write()

@@ -22,17 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from ..plan.types import LaunchPlan
-from ..rundir.lines import LogLine
+from ..rundir.lines import LineSplitter, LogLine
 from ..rundir.paths import private_dir
 from ..rundir.state import Failure, NodeState
 from .feeds import Feed
 from .hang_watch import HANG_EXIT, HangWatch
-from .node_runs import GRACE_SECONDS, NodeRun, RunResult, first_failure_of, root_cause
+from .node_runs import GRACE_SECONDS, KEEP_LINES, NodeRun, RunResult, first_failure_of, root_cause
 
 LineSink = Callable[[LogLine], None]
 WAIT_SECONDS = 0.5
 DRAIN_SECONDS = 5.0
-"""How long the lines of a node already known to have ended may still be on their way."""
+"""How long a node already known to have ended may stay silent before its stream counts as done."""
+ROOM_CHUNKS = 64
+"""Chunks of log bytes (up to 64 KiB each) waiting to be shown: a feed that finds no room waits, and
+so does the node behind it (its log waits on disk). The launcher's memory stays bounded."""
 NODE_LOST_EXIT = 255
 """The exit code of a run whose node stopped answering (as ssh's own, for a lost connection)."""
 
@@ -64,17 +67,21 @@ class Supervisor:
 
     def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink, feed: Feed,
                  grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True,
-                 mask: Callable[[str], str] = str, watch: HangWatch | None = None, signals: bool = False,
+                 mask: Callable[[str], str] | None = None, watch: HangWatch | None = None, signals: bool = False,
                  leave: threading.Event | None = None):
         self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
+        batch = getattr(sink, "lines", None)  # a sink that takes a batch at once (see api.events)
+        self.sink_lines = batch if callable(batch) else (lambda lines: [sink(line) for line in lines])
         self.run_dir, self.run_id = plan.run_dir, plan.run_id
         self.feed = feed
         self.signals = signals  # take SIGINT/SIGTERM/SIGHUP over while following
         self.leave = leave  # set by the caller: stop following (a follower only; the run goes on)
-        self.mask = mask  # the run's secrets, masked in every line shown or kept
+        self.mask = mask  # the run's secrets, masked in every line shown or kept (None: there are none)
         self.write_local = write_local  # False for a second follower: the launching process writes them
         self.stop_on_interrupt = stop_on_interrupt  # a signal to `logs -f` ends the following, not the run
         self.lines: queue.Queue = queue.Queue()
+        self.room = threading.Semaphore(ROOM_CHUNKS)
+        self.last_data = time.monotonic()
         self.first_failure: Failure | None = None
         self.files: dict[int, Any] = {}
         self.merged: Any = None
@@ -84,11 +91,12 @@ class Supervisor:
         self.watch = watch
         self.hang_failure: Failure | None = None  # the watchdog ended the run
 
-    def _open(self, name: str):
-        if self.write_local:
-            fd = os.open(self.log_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            return open(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()'s finally
-        return open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - closed in run()'s finally
+    def _open(self, name: str, binary: bool = False):
+        target = self.log_dir / name if self.write_local else Path(os.devnull)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if binary:
+            return open(fd, "ab")  # noqa: SIM115 - closed in run()'s finally
+        return open(fd, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()'s finally
 
     def _hurry(self, signum: int, frame) -> None:
         self.hurry.set()
@@ -100,8 +108,15 @@ class Supervisor:
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> RunResult:
         private_dir(self.log_dir)
-        self.files = {run.rank: self._open(f"node{run.rank}.log") for run in self.runs}
+        # node<R>.log here: the node's own log, byte for byte; merged.log: every line as shown.
+        self.files = {run.rank: self._open(f"node{run.rank}.log", binary=True) for run in self.runs}
         self.merged = self._open("merged.log")
+        on_nodes = f"{self.run_dir}/node{{rank}}.log on {{host}}"
+        for run in self.runs:
+            where = on_nodes.format(rank=run.rank, host=run.node.host)
+            if self.write_local:
+                where = f"{self.log_dir / f'node{run.rank}.log'} (and {where})"
+            run.splitter = LineSplitter(run.rank, run.node.host, where)
         previous = on_stop_signals(self._interrupted) if self.signals else {}
         signum = None
         try:
@@ -156,10 +171,12 @@ class Supervisor:
                 self._hang(silent)
 
     def _drain_ended(self) -> None:
-        """Every node has ended: take the lines still on their way from nodes that answer."""
+        """Every node has ended: take what is still on its way from nodes that answer, as long as it
+        keeps coming."""
         open_streams = [r for r in self.runs if r.streaming and r.state != NodeState.LOST]
-        if open_streams:
-            self._loop(lambda: any(r.streaming for r in open_streams), time.monotonic() + DRAIN_SECONDS)
+        while any(r.streaming for r in open_streams) and time.monotonic() - self.last_data < DRAIN_SECONDS \
+                and not self._left():
+            self._step()
 
     def _hang(self, silent: float) -> None:
         """No progress for the watchdog's timeout: its handler gathers and reports; end the run if it says so."""
@@ -190,21 +207,47 @@ class Supervisor:
 
     # ---- what the feed says ----------------------------------------------------------------------
     def put(self, run: NodeRun, item: Any) -> None:
-        """For the feed's threads: a line, None (the node's stream ended) or an answer tuple."""
+        """For the feed's threads: a note line (str), None (the node's stream ended) or an answer tuple."""
         self.lines.put((run, item))
 
-    def _take(self, run: NodeRun, line: str | None) -> None:
-        if line is None:
+    def put_data(self, run: NodeRun, chunk: bytes) -> None:
+        """For the feed's threads: bytes of the node's log, once there is room for them (the node is
+        heard from meanwhile: the launcher is the slow one, not the node)."""
+        while not self.room.acquire(timeout=0.5):
+            run.last_heard = time.monotonic()
+            if self.finished.is_set():
+                return
+        self.lines.put((run, chunk))
+
+    def _take(self, run: NodeRun, item: bytes | str | None) -> None:
+        splitter = run.splitter
+        assert splitter is not None
+        if item is None:
             run.streaming = False
+            if run.state != NodeState.LOST:  # a cut stream's last piece comes whole with the rest (log_copy)
+                self._show(run, splitter.end())
             return
-        run.last_heard = time.monotonic()
+        run.last_heard = self.last_data = time.monotonic()
+        if isinstance(item, str):  # fsdpctl's own word about the node: shown and kept, not the node's log
+            self._show(run, [LogLine(run.rank, run.node.host, item)])
+            return
+        self.room.release()
+        self.files[run.rank].write(item)
+        run.received += len(item)
+        self._show(run, splitter.feed(item))
+
+    def _show(self, run: NodeRun, lines: list[LogLine]) -> None:
+        """A node's lines, shown and kept: per batch, not per line (a flood is 100,000s of them)."""
+        if not lines:
+            return
+        if self.mask is not None:
+            lines = [line._replace(text=self.mask(line.text)) for line in lines]
         if self.watch is not None:
-            self.watch.saw(line)
-        line = self.mask(line)
-        run.tail.append(line)
-        self.files[run.rank].write(line + "\n")
-        self.merged.write(f"[{run.node.host} r{run.rank}] {line}\n")
-        self.sink(LogLine.of(run.rank, run.node.host, line))
+            self.watch.saw_any(line.text for line in lines)
+        run.tail.extend(lines[-KEEP_LINES:])
+        prefix = f"[{run.node.host} r{run.rank}] "
+        self.merged.write("".join([f"{prefix}{line.stored()}\n" for line in lines]))
+        self.sink_lines(lines)
 
     def _flush(self) -> None:
         for handle in (*self.files.values(), self.merged):
@@ -238,10 +281,12 @@ class Supervisor:
             run.state = NodeState.SUCCEEDED if run.exit_code == 0 else NodeState.FAILED
         elif answer[0] == "lost":
             run.state, run.exit_code, run.lost_reason = NodeState.LOST, NODE_LOST_EXIT, answer[1]
-            run.tail.append(f"fsdpctl: {run.node.host} stopped answering: {answer[1]}")
+            run.tail.append(LogLine(run.rank, run.node.host,
+                                    f"fsdpctl: {run.node.host} stopped answering: {answer[1]}"))
         elif answer[0] == "gone":
             run.state, run.exit_code = NodeState.FAILED, NODE_LOST_EXIT
-            run.tail.append("fsdpctl: the node script's wrapper vanished without an exit status")
+            run.tail.append(LogLine(run.rank, run.node.host,
+                                    "fsdpctl: the node script's wrapper vanished without an exit status"))
         if run.state in (NodeState.FAILED, NodeState.LOST):
             self._fail(run)
 
@@ -251,7 +296,7 @@ class Supervisor:
         if run.state != NodeState.LOST:  # torchrun's last lines (its failure summary) may still be on their way
             self._drain_lines(lambda: run.streaming, 0.5)
         # Without torchrun's own time stamp (torchrun itself died), it failed now.
-        self.first_failure = first_failure_of(run, list(run.tail), time.strftime("%Y-%m-%d_%H:%M:%S"))
+        self.first_failure = first_failure_of(run, time.strftime("%Y-%m-%d_%H:%M:%S"))
         others = [r for r in self.runs if r is not run and r.state == NodeState.RUNNING]
         if others:
             self.feed.stop(self, others, hurry=False)
@@ -261,7 +306,7 @@ class Supervisor:
             return RunResult(HANG_EXIT, self.hang_failure, False, hung=True)
         if self.first_failure is not None:
             # The first node seen failing may only have lost a peer: decide once every node has ended.
-            failed = [self.first_failure] + [first_failure_of(r, list(r.tail)) for r in self.runs
+            failed = [self.first_failure] + [first_failure_of(r) for r in self.runs
                                              if r.state in (NodeState.FAILED, NodeState.LOST)
                                              and r.rank != self.first_failure.node_rank]
             self.first_failure = root_cause(failed)

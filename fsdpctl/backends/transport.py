@@ -26,6 +26,10 @@ class Stream(Protocol):
     def lines(self) -> Iterator[str]:
         """Output lines (stdout and stderr together) until the command ends."""
 
+    def chunks(self, idle_timeout: float | None = None) -> Iterator[bytes]:
+        """Output as it comes, in pieces of any size, until the command ends; OSError (a timeout)
+        after ``idle_timeout`` seconds without any."""
+
     def close(self) -> None:
         """Stop reading (the command is ended if it still runs)."""
 
@@ -39,6 +43,12 @@ class Session(Protocol):
     def read_until(self, marker: str, timeout: float) -> str:
         """stdout up to and including the first line that holds ``marker``; what came before the end
         of output when it never comes. Raises HostError(cause="timeout")."""
+
+    def read_line_bytes(self, timeout: float) -> bytes:
+        """stdout's next line as bytes (b"" at the end). Raises HostError(cause="timeout")."""
+
+    def read_exactly(self, count: int, timeout: float) -> bytes:
+        """stdout's next ``count`` bytes (fewer only at the end). Raises HostError(cause="timeout")."""
 
     def finish(self, timeout: float) -> tuple[int, str, str]:
         """Close stdin and wait for the end: (exit status, the rest of stdout, stderr). Raises HostError."""
@@ -83,20 +93,42 @@ class MarkerReader:
         deadline = time.monotonic() + timeout
         wanted = marker.encode()
         while wanted not in self.pending and not self.ended:
-            left = deadline - time.monotonic()
-            try:
-                if left <= 0:
-                    raise TimeoutError
-                chunk = self.recv(left)
-            except TimeoutError:
-                raise HostError(self.host, "timeout", f"no answer within {timeout:g} s",
-                                "the node may be overloaded or stuck; look at it") from None
-            self.ended = not chunk
-            self.pending += chunk
+            self._fill(deadline, timeout)
         at = self.pending.find(wanted)
         end = len(self.pending) if at < 0 else self.pending.find(b"\n", at) + 1 or len(self.pending)
         text, self.pending = self.pending[:end], self.pending[end:]
         return text.decode("utf-8", "replace")
+
+    def _fill(self, deadline: float, timeout: float) -> None:
+        """Receive once more (the end of output leaves ``ended`` set); HostError when nothing came in time."""
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            chunk = self.recv(left)
+        except TimeoutError:
+            raise HostError(self.host, "timeout", f"no answer within {timeout:g} s",
+                            "the node may be overloaded or stuck; look at it") from None
+        self.ended = not chunk
+        self.pending += chunk
+
+    def line_bytes(self, timeout: float) -> bytes:
+        """The next line, newline included, as bytes; what is left at the end of output (b"" when
+        nothing is). Raises HostError(cause="timeout")."""
+        deadline = time.monotonic() + timeout
+        while (at := self.pending.find(b"\n")) < 0 and not self.ended:
+            self._fill(deadline, timeout)
+        end = len(self.pending) if at < 0 else at + 1
+        line, self.pending = self.pending[:end], self.pending[end:]
+        return line
+
+    def exactly(self, count: int, timeout: float) -> bytes:
+        """The next ``count`` bytes (fewer only at the end of output). Raises HostError(cause="timeout")."""
+        deadline = time.monotonic() + timeout
+        while len(self.pending) < count and not self.ended:
+            self._fill(deadline, timeout)
+        data, self.pending = self.pending[:count], self.pending[count:]
+        return data
 
     def rest(self, timeout: float) -> str:
         """Everything until the end of output."""
@@ -134,6 +166,12 @@ class _LocalSession:
     def read_until(self, marker: str, timeout: float) -> str:
         return self.reader.until(marker, timeout)
 
+    def read_line_bytes(self, timeout: float) -> bytes:
+        return self.reader.line_bytes(timeout)
+
+    def read_exactly(self, count: int, timeout: float) -> bytes:
+        return self.reader.exactly(count, timeout)
+
     def finish(self, timeout: float) -> tuple[int, str, str]:
         self._close_stdin()
         rest = self.reader.rest(timeout)
@@ -167,6 +205,17 @@ class _LocalStream:
     def lines(self) -> Iterator[str]:
         assert self.process.stdout is not None
         yield from read_lines(self.process.stdout)
+
+    def chunks(self, idle_timeout: float | None = None) -> Iterator[bytes]:
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        while True:
+            if idle_timeout is not None and not select.select([fd], [], [], idle_timeout)[0]:
+                raise TimeoutError(f"no output for {idle_timeout:g} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return
+            yield chunk
 
     def close(self) -> None:
         if self.process.poll() is None:

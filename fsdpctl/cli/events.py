@@ -31,9 +31,10 @@ PROGRESS_SECONDS = 5.0
 _LEVEL_COLOUR = {"info": None, "warning": "yellow", "error": "red", "success": "green"}
 
 
-def prefix(node_rank: int, host: str, colour: bool = True) -> str:
-    text = f"[{host} r{node_rank}]"
-    return typer.style(text, fg=COLOURS[node_rank % len(COLOURS)]) if colour else text
+def prefix(line: LogLine, colour: bool = True) -> str:
+    """``[host rN]`` for a rank's line (N its global rank), ``[host]`` for the node's own; coloured by node."""
+    text = f"[{line.host} r{line.rank}]" if line.rank is not None else f"[{line.host}]"
+    return typer.style(text, fg=COLOURS[line.node_rank % len(COLOURS)]) if colour else text
 
 
 def say(text: str, colour: Optional[str] = None) -> None:
@@ -58,6 +59,8 @@ class EventPrinter:
         self.started = time.monotonic()
         self.outcome: Optional[Outcome] = None
         self.announced = False
+        self.prefixes: dict[tuple, str] = {}
+        self.write = sys.stdout.write
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, LogLine):
@@ -97,16 +100,41 @@ class EventPrinter:
         if event.detached:
             say(f"detached; follow with `fsdpctl logs -f {event.run_id}`, end with `fsdpctl stop {event.run_id}`")
 
+    def lines(self, batch: list[LogLine]) -> None:
+        """A batch of lines: one write for all (the supervisor flushes after each batch)."""
+        out = []
+        for line in batch:
+            if self.show_line is not None and not self.show_line(line):
+                continue
+            text = line.text
+            if "step=" in text:  # a metrics line: progress, bold
+                if out:
+                    self.write("".join(out))
+                    out = []
+                self.line(line)
+                continue
+            key = (line.node_rank, line.host, line.rank)
+            shown = self.prefixes.get(key)
+            if shown is None:
+                shown = self.prefixes[key] = prefix(line, self.colour) + " "
+            out.append(shown + text + "\n")
+        if out:
+            self.write("".join(out))
+
     def line(self, line: LogLine) -> None:
         if self.show_line is not None and not self.show_line(line):
             return
         text = line.text
-        metric = _METRIC.search(text)
+        metric = _METRIC.search(text) if "step=" in text else None
         if metric:
             self.step, self.loss, self.rate = metric.group(1), metric.group(2), metric.group(3) or self.rate
             text = typer.style(text, bold=True) if self.colour else text
+        key = (line.node_rank, line.host, line.rank)
+        shown = self.prefixes.get(key)
+        if shown is None:
+            shown = self.prefixes[key] = prefix(line, self.colour) + " "
         # No flush per line: the supervisor flushes once per batch of lines (see flush).
-        sys.stdout.write(f"{prefix(line.node_rank, line.host, self.colour)} {text}\n")
+        self.write(shown + text + "\n")
         if metric and not self.quiet and time.monotonic() - self.shown > PROGRESS_SECONDS:
             sys.stdout.flush()
             self.shown = time.monotonic()

@@ -22,7 +22,7 @@ def logs(
     """Print a run's logs, merged across nodes, each line prefixed with [host rNODE]."""
     import fsdpctl
 
-    from .events import EventPrinter, exit_code_of, prefix, say
+    from .events import EventPrinter, exit_code_of, say
 
     try:
         pattern = re.compile(grep) if grep else None
@@ -34,21 +34,18 @@ def logs(
                 and (pattern is None or pattern.search(line.text) is not None))
 
     with fsdpctl.get_run(run_id) as run:
+        printer = EventPrinter(quiet_progress=True, show_line=wanted)
         if follow:
             if attempt is not None and attempt != run.attempt:
                 run.logs(follow=True, attempt=attempt)  # refuses it, in one line
             state = run.info.state
-            if state.is_over:
-                say(f"run {run.run_id} is {state}; showing its logs")
-                reader = run.logs(attempt=attempt)
-            else:
-                printer = EventPrinter(quiet_progress=True, show_line=wanted)
+            if not state.is_over:
                 run.wait(on_event=printer, handle_signals=True)
                 raise typer.Exit(exit_code_of(printer))
-        else:
-            reader = run.logs(attempt=attempt)
+            say(f"run {run.run_id} is {state}; showing its logs")
+        reader = run.logs(attempt=attempt)
         for line in reader:
-            if wanted(line):
-                typer.echo(f"{prefix(line.node_rank, line.host)} {line.text}")
+            printer.line(line)
+        printer.flush()
         for note in reader.notes:
             typer.echo(note, err=True)

@@ -1,44 +1,204 @@
-"""One line of a run's output, as the launcher, ``logs`` and the API hand it on: which node and host
-said it, which rank (when a rank did), and the text.
+"""A run's output, from the bytes a node logs to the lines the launcher, ``logs`` and the API show.
 
-torchrun prefixes every line a rank prints with ``[rank<N>]:`` (the template fsdpctl gives it in
-``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``); the node's own lines (its script's, torchrun's) have none.
+A node's log holds whatever its ranks printed, byte for byte; it is copied as it is. What is shown
+is one line per newline, made readable: torchrun's ``[rank<N>]:`` prefix (the template fsdpctl gives
+it in ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``) becomes the line's ``rank``; invalid UTF-8 shows as
+replacement characters; a NUL shows as ``\\0`` instead of ending the text; a line of ``\\r``
+progress updates (tqdm) shows its last state, as a terminal would; and a line longer than
+``MAX_LINE_BYTES`` shows its first ``HEAD_BYTES`` and last ``TAIL_BYTES`` with a mark saying how
+many bytes were cut and where the whole line is. Memory per node stays bounded by these sizes,
+whatever a rank prints.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 RANK_PREFIX = "[rank"
-_RANK = re.compile(r"\[rank(\d+)\]:")
+MAX_LINE_BYTES = 16 * 1024
+"""Lines up to this size are shown whole."""
+HEAD_BYTES = 12 * 1024
+TAIL_BYTES = 2 * 1024
+_EMBEDDED = re.compile(rb"\[rank\d+\]:")
 
 
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """A line of a run: ``text`` as the node logged it; ``rank`` the global rank that printed it
-    (None for the node's own lines)."""
+class LogLine(NamedTuple):
+    """A line of a run: ``text`` as the rank (or the node) printed it, shown readable; ``rank`` the
+    global rank that printed it (None for the node's own lines: its script's, torchrun's)."""
 
     node_rank: int
     host: str
     text: str
     rank: Optional[int] = None
+    cut: int = 0
+    """Bytes of a long line that are not shown (the whole line is in the node's log)."""
 
     @classmethod
-    def of(cls, node_rank: int, host: str, text: str) -> LogLine:
-        """A node's log line, its rank read from torchrun's prefix."""
-        rank = None
-        if text.startswith(RANK_PREFIX) and (match := _RANK.match(text)):
-            rank = int(match.group(1))
-        return cls(node_rank, host, text, rank)
+    def of(cls, node_rank: int, host: str, stored: str) -> LogLine:
+        """A line as logs keep it (``[rank<N>]:text``, or the node's own text)."""
+        if stored.startswith(RANK_PREFIX):
+            close = stored.find("]:", 5, 16)
+            if close > 5 and stored[5:close].isdigit():
+                return cls(node_rank, host, stored[close + 2:], int(stored[5:close]))
+        return cls(node_rank, host, stored)
 
-    @property
-    def message(self) -> str:
-        """The text without torchrun's ``[rank<N>]:`` prefix."""
-        if self.rank is None:
-            return self.text
-        return self.text[self.text.index("]:") + 2:]
+    def stored(self) -> str:
+        """The line as logs keep it: torchrun's prefix and the text."""
+        return self.text if self.rank is None else f"[rank{self.rank}]:{self.text}"
 
     def __str__(self) -> str:
-        return f"[{self.host} r{self.node_rank}] {self.text}"
+        return f"[{self.host} r{self.rank}] {self.text}" if self.rank is not None else f"[{self.host}] {self.text}"
+
+
+def _split_prefix(raw: bytes) -> tuple[Optional[int], bytes]:
+    if raw.startswith(b"[rank"):
+        close = raw.find(b"]:", 5, 16)
+        if close > 5 and raw[5:close].isdigit():
+            return int(raw[5:close]), raw[close + 2:]
+    return None, raw
+
+
+def _show(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    return text.replace("\0", "\\0") if "\0" in text else text
+
+
+def last_state(raw: bytes) -> bytes:
+    """What a terminal shows of a line of ``\\r`` updates: the text after the last one."""
+    raw = raw.rstrip(b"\r")
+    at = raw.rfind(b"\r")
+    return raw if at < 0 else raw[at + 1:]
+
+
+class LineSplitter:
+    """One node's log bytes, as they arrive in chunks of any size, into lines to show. ``where``
+    names the whole log in the mark on a cut line."""
+
+    def __init__(self, node_rank: int, host: str, where: str):
+        self.node_rank, self.host, self.where = node_rank, host, where
+        self.partial = b""
+        self.tail = b""  # of a line being cut: its last bytes so far
+        self.length = 0  # of a line being cut: its bytes so far
+        self.cutting = False
+        self.unfinished: dict[int, bytes] = {}  # per rank: the start of a line torchrun echoed unfinished
+
+    def _line(self, raw: bytes) -> LogLine:
+        rank, raw = _split_prefix(raw)
+        if rank is not None and rank in self.unfinished:  # the start of this rank's line came earlier
+            raw = self.unfinished.pop(rank) + raw
+        if b"\r" in raw:
+            raw = last_state(raw)
+        return LogLine(self.node_rank, self.host, _show(raw), rank)
+
+    def _long(self, head: bytes, tail: bytes, length: int) -> LogLine:
+        whole_head = len(head)
+        rank, head = _split_prefix(head)
+        if b"\r" in tail.rstrip(b"\r"):  # progress updates: their last state is all a terminal shows
+            return LogLine(self.node_rank, self.host, _show(last_state(tail)), rank)
+        cut = length - whole_head - len(tail)
+        printed = length - (whole_head - len(head))  # what the rank printed: without torchrun's prefix
+        text = (f"{_show(head)} [... fsdpctl: {cut} bytes of this {printed}-byte line cut; the whole line is in "
+                f"{self.where}] {_show(tail)}")
+        return LogLine(self.node_rank, self.host, text, rank, cut)
+
+    def _start_cut(self) -> None:
+        self.cutting, self.length = True, len(self.partial)
+        self.tail = self.partial[-TAIL_BYTES:]
+        self.partial = self.partial[:HEAD_BYTES]
+
+    def _grow(self, data: bytes) -> None:
+        self.length += len(data)
+        self.tail = (self.tail + data)[-TAIL_BYTES:]
+
+    def _finish(self) -> LogLine:
+        line = self._long(self.partial, self.tail, self.length)
+        self.partial, self.tail, self.length, self.cutting = b"", b"", 0, False
+        return line
+
+    def feed(self, chunk: bytes) -> list[LogLine]:
+        """The lines that ``chunk`` completes."""
+        out: list[LogLine] = []
+        start = 0
+        if self.cutting or self.partial:
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                if self.cutting:
+                    self._grow(chunk)
+                else:
+                    self.partial += chunk
+                    if len(self.partial) > MAX_LINE_BYTES:
+                        self._start_cut()
+                return out
+            if self.cutting:
+                self._grow(chunk[:newline])
+                out.append(self._finish())
+            else:
+                out += self._whole(self.partial + chunk[:newline])
+                self.partial = b""
+            start = newline + 1
+        last = chunk.rfind(b"\n")
+        if last >= start:
+            body = chunk[start:last]
+            if b"\r" in body or b"\0" in body or self.unfinished or \
+                    body.count(b"[rank") != body.count(b"\n[rank") + body.startswith(b"[rank"):
+                for raw in body.split(b"\n"):
+                    out += self._whole(raw)
+            else:
+                out += self._plain(body.split(b"\n"))
+            start = last + 1
+        if start < len(chunk):
+            self.partial = chunk[start:]
+            if len(self.partial) > MAX_LINE_BYTES:
+                self._start_cut()
+        return out
+
+    def _plain(self, raws: list[bytes]) -> list[LogLine]:
+        """Lines without \\r, NUL or a second rank prefix: the common case, and the launcher's
+        per-line cost in a flood (the prefix of the line before is tried first)."""
+        node, host, out = self.node_rank, self.host, []
+        prefix, rank, skip = b"\0", None, 0
+        for raw in raws:
+            if len(raw) > MAX_LINE_BYTES:
+                out += self._whole(raw)
+            elif raw.startswith(prefix):
+                out.append(LogLine(node, host, raw[skip:].decode("utf-8", "replace"), rank))
+            elif raw[:5] == b"[rank" and (close := raw.find(b"]:", 5, 16)) > 5 and raw[5:close].isdigit():
+                prefix, rank, skip = raw[:close + 2], int(raw[5:close]), close + 2
+                out.append(LogLine(node, host, raw[skip:].decode("utf-8", "replace"), rank))
+            else:
+                out.append(LogLine(node, host, raw.decode("utf-8", "replace")))
+        return out
+
+    def _interleaved(self, raw: bytes) -> list[LogLine]:
+        """torchrun echoes a rank's unfinished line (a progress bar without its newline yet, or what a
+        rank's buffer flushed mid-line) as it is, and the next echo lands after it on the same line:
+        ``[rank0]:loss=1.2[rank1]:step=...``. Each piece but the last is an unfinished line of its
+        rank, kept until that rank's next piece completes it."""
+        starts = [m.start() for m in _EMBEDDED.finditer(raw)]
+        out = []
+        for a, b in zip(starts, [*starts[1:], len(raw)], strict=True):
+            if b == len(raw):
+                out.append(self._line(raw[a:b]))
+                continue
+            rank, piece = _split_prefix(raw[a:b])
+            if rank is not None:
+                self.unfinished[rank] = self.unfinished.get(rank, b"") + piece
+        return out
+
+    def _whole(self, raw: bytes) -> list[LogLine]:
+        """Any complete line (the common one has a fast path in ``feed``)."""
+        if len(raw) > MAX_LINE_BYTES:
+            return [self._long(raw[:HEAD_BYTES], raw[-TAIL_BYTES:], len(raw))]
+        if raw.find(b"[rank", 1) > 0 and _EMBEDDED.match(raw):
+            return self._interleaved(raw)
+        return [self._line(raw)]
+
+    def end(self) -> list[LogLine]:
+        """The last line, when the log ended without a newline."""
+        if self.cutting:
+            return [self._finish()]
+        if self.partial:
+            lines, self.partial = self._whole(self.partial), b""
+            return lines
+        return []

@@ -93,7 +93,7 @@ def test_a_secret_reaches_every_rank_exactly_and_no_file_command_line_or_output(
     assert len(records) == 2
     assert {r["secret_sha256"] for r in records} == {hashlib.sha256(SECRET.encode()).hexdigest()}
     printed = out.read_text()
-    assert "[rank0]:the secret is: ***" in printed and "zq8" not in printed
+    assert "r0] the secret is: ***" in printed and "zq8" not in printed
     shown = fsdpctl_output(lab, tmp_path, "logs", run_dir.name)
     assert "the secret is: ***" in shown and "zq8" not in shown
     node_dir = lab.root / "work" / "runs" / run_dir.name

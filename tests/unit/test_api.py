@@ -9,7 +9,6 @@ import pytest
 
 import fsdpctl
 from fsdpctl import api
-from fsdpctl.rundir.lines import LogLine
 from fsdpctl.rundir.state import Failure, Outcome, RunState
 from tests.conftest import REPO
 
@@ -72,13 +71,6 @@ def test_states_know_when_a_run_is_over_and_whether_it_failed():
     assert RunState.from_slurm("COMPLETED", 1) is RunState.FAILED
     assert RunState.from_slurm("PENDING", None) is RunState.SUBMITTED
     assert json.dumps({"state": RunState.RUNNING}) == '{"state": "running"}'
-
-
-def test_a_line_knows_its_rank():
-    line = LogLine.of(1, "n2", "[rank3]:step=4 loss=2.0")
-    assert (line.rank, line.message, str(line)) == (3, "step=4 loss=2.0", "[n2 r1] [rank3]:step=4 loss=2.0")
-    node_line = LogLine.of(0, "n1", "fsdpctl: node 0 of 2 on n1")
-    assert node_line.rank is None and node_line.message == node_line.text
 
 
 def test_a_run_that_ended_is_read_back_without_its_nodes(tmp_path, monkeypatch, isolated_home):

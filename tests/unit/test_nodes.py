@@ -150,7 +150,7 @@ def test_ctrl_c_stops_everything_and_exits_130(tmp_path):
     out, err = launcher.communicate(timeout=30)
     assert launcher.returncode == 130, err
     assert "interrupted by SIGINT; every process of it was stopped" in err
-    assert "[localhost r0] node 0 starting" in out and "\x1b[" not in out  # no colour codes into a pipe
+    assert "[localhost] node 0 starting" in out and "\x1b[" not in out  # no colour codes into a pipe
     for pid in (int(p) for p in pid_file.read_text().split()):
         assert not alive(pid), pid
     record = json.loads(next((tmp_path / "runs").glob("*/run.json")).read_text())

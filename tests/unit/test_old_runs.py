@@ -43,10 +43,10 @@ def test_an_old_local_run_shows_its_logs_and_status(runs_dir):
     env = {"FSDPCTL_RUNS_DIR": str(runs_dir)}
     logs = run_cli("logs", LOCAL_RUN, env=env)
     assert logs.returncode == 0, logs.stderr
-    assert "[localhost r0] [rank0]:Train Epoch: 1  Step: 4  Loss: 8.4716 | step=4 loss=8.4716" in logs.stdout
+    assert "[localhost r0] Train Epoch: 1  Step: 4  Loss: 8.4716 | step=4 loss=8.4716" in logs.stdout
     assert len(logs.stdout.splitlines()) == 5
     only = run_cli("logs", LOCAL_RUN, "--grep", "Validation", env=env)
-    assert only.stdout.splitlines() == ["[localhost r0] [rank0]:Validation  Step: 4  Loss: 8.4319 | step=4 "
+    assert only.stdout.splitlines() == ["[localhost r0] Validation  Step: 4  Loss: 8.4319 | step=4 "
                                         "val_loss=8.4319 val_ppl=4591.38"]
     status = run_cli("status", LOCAL_RUN, "--json", env=env)
     assert status.returncode == 0, status.stderr
@@ -59,8 +59,8 @@ def test_an_old_slurm_run_shows_its_nodes_logs_and_status(runs_dir):
     env = {"FSDPCTL_RUNS_DIR": str(runs_dir)}
     logs = run_cli("logs", SLURM_RUN, env=env)
     assert logs.returncode == 0, logs.stderr
-    assert "[gpu7 r0] [rank0]:Train Epoch: 1  Step: 5  Loss: 4.2000 | step=5 loss=4.2000" in logs.stdout
-    assert "[gpu8 r1] fsdpctl: node 1 of 2 on gpu8" in logs.stdout
+    assert "[gpu7 r0] Train Epoch: 1  Step: 5  Loss: 4.2000 | step=5 loss=4.2000" in logs.stdout
+    assert "[gpu8] fsdpctl: node 1 of 2 on gpu8" in logs.stdout
     info = json.loads(run_cli("status", SLURM_RUN, "--json", env=env).stdout)
     assert info["state"] == "succeeded" and info["job_id"] == "7"
     assert [n["host"] for n in info["nodes"]] == ["gpu7", "gpu8"]

@@ -23,14 +23,18 @@ PLAN = SimpleNamespace(run_dir="/r", run_id="r")  # what the supervisor reads of
 
 
 class ScriptedAgent:
-    """A node agent's session: says it is alive, obeys stop and kill the way the real agent does."""
+    """A node agent's session: sends a frame of its log, says it is alive, obeys stop and kill the way
+    the real agent does."""
 
     def __init__(self, fail_with: Exception | None = None, silent: bool = False):
         self.fail_with, self.silent = fail_with, silent
-        self.out: queue.Queue[str] = queue.Queue()
+        self.out: queue.Queue[bytes | None] = queue.Queue()
+        self.buffer = b""
+        self.ended = False
         self.received: list[bytes] = []
         self.closed = False
-        self.out.put("|step=1 loss=4.0\n")
+        line = b"[rank0]:step=1 loss=4.0\n"
+        self.out.put(b"|%d\n" % len(line) + line)
 
     def send(self, data: bytes) -> None:
         self.received.append(data)
@@ -39,19 +43,36 @@ class ScriptedAgent:
         # "stop" starts the agent's grace period: this one only ends on kill
 
     def end(self, code: int) -> None:
-        self.out.put(f"!exit {code}\n")
-        self.out.put("")  # the agent leaves after its exit line: end of output
+        self.out.put(f"!exit {code}\n".encode())
+        self.out.put(None)  # the agent leaves after its exit line: end of output
 
-    def read_until(self, marker: str, timeout: float) -> str:
+    def _more(self, timeout: float) -> None:
         if self.fail_with is not None:
             raise self.fail_with
         if self.silent:
             time.sleep(timeout)
             raise HostError("n", "timeout", "no answer", "")
         try:
-            return self.out.get(timeout=timeout)
+            item = self.out.get(timeout=timeout)
         except queue.Empty:
-            return "!alive\n"  # the real agent says so every few seconds
+            item = b"!alive\n"  # the real agent says so every few seconds
+        if item is None:
+            self.ended = True
+        else:
+            self.buffer += item
+
+    def read_line_bytes(self, timeout: float) -> bytes:
+        while b"\n" not in self.buffer and not self.ended:
+            self._more(timeout)
+        end = self.buffer.find(b"\n") + 1 or len(self.buffer)
+        line, self.buffer = self.buffer[:end], self.buffer[end:]
+        return line
+
+    def read_exactly(self, count: int, timeout: float) -> bytes:
+        while len(self.buffer) < count and not self.ended:
+            self._more(timeout)
+        data, self.buffer = self.buffer[:count], self.buffer[count:]
+        return data
 
     def close(self) -> None:
         self.closed = True
@@ -114,7 +135,8 @@ def test_a_second_signal_skips_the_grace_period(tmp_path):
         assert orders == [b"stop\n", b"kill\n"]
     assert took < 10, took  # not the 60 s grace period
     assert result.first_failure is None  # the nodes ended because they were told to
-    assert "[n1] step=1 loss=4.0" in shown
+    assert "[n1] step=1 loss=4.0" in shown and (tmp_path / "logs" / "node0.log").read_bytes() == \
+        b"[rank0]:step=1 loss=4.0\n"  # the node's log, byte for byte
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the launcher's handlers are put back
 
 
@@ -155,7 +177,7 @@ def test_on_hang_keep_reports_once_per_stall_and_the_run_goes_on(tmp_path):
     def on_hang(silent):
         calls.append(silent)
         if len(calls) == 1:
-            agent.out.put("|step=2 loss=3.0\n")  # progress after the first report: a new stall may be reported
+            agent.out.put(b"|17\nstep=2 loss=3.0\n")  # progress after the first report: a new stall may be reported
         else:
             agent.end(0)
         return HangVerdict(False, {"hang": "no progress"})

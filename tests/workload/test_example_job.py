@@ -18,7 +18,7 @@ def test_the_example_job_trains_and_brings_its_checkpoints_back(tmp_path):
     result = subprocess.run([sys.executable, "-m", "fsdpctl", "launch", "--job", str(REPO / "jobs" / "example.yaml"),
                              "--no-preflight"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "[localhost r0] [rank0]:step=20 loss=" in result.stdout
+    assert "[localhost r0] step=20 loss=" in result.stdout
     assert "from scratch" in result.stdout
     # The local profile's workdir is this folder: the node's run directory is the record's own, and the
     # fetched checkpoints are named where they already are.

@@ -157,9 +157,9 @@ class SlurmBackend:
         run_dir = Path(run.plan.run_dir).expanduser()
         if attempt not in (None, run.attempt):
             earlier = run_dir / attempt_folder(attempt)
-            found = NodeLogs(earlier, run.plan.num_nodes).read_new(sink)
+            found = NodeLogs(earlier, run.plan.num_nodes).read_new(sink, final=True)
             return [] if found else [f"fsdpctl: attempt {attempt} left no node log in {earlier}"]
-        if NodeLogs(run_dir, run.plan.num_nodes).read_new(sink):
+        if NodeLogs(run_dir, run.plan.num_nodes).read_new(sink, final=True):
             return []
         return batch_output(run.record, "no node has written a log yet")
 

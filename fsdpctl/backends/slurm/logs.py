@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from ...rundir.lines import LogLine
+from ...rundir.lines import LineSplitter, LogLine
 from .client import JobState, job_state
 
 POLL_SECONDS = 2.0
@@ -18,33 +18,39 @@ Show = Callable[[LogLine], None]
 
 
 class NodeLogs:
-    """Incremental reader of a run directory's node<R>.log files."""
+    """Incremental reader of a run directory's node<R>.log files, as lines to show."""
 
     def __init__(self, run_dir: Path, num_nodes: int):
         self.paths = [run_dir / f"node{rank}.log" for rank in range(num_nodes)]
         self.offsets = [0] * num_nodes
-        self.partial = [""] * num_nodes
         self.hosts = [f"node{rank}" for rank in range(num_nodes)]
+        self.splitters = [LineSplitter(rank, self.hosts[rank], str(path)) for rank, path in enumerate(self.paths)]
 
-    def read_new(self, show: Show) -> int:
-        """Show every complete line written since the last call; returns how many."""
+    def read_new(self, show: Show, final: bool = False) -> int:
+        """Show every complete line written since the last call (``final``: the last one too, newline
+        or not); returns how many."""
         count = 0
         for rank, path in enumerate(self.paths):
             try:
                 with path.open("rb") as handle:
                     handle.seek(self.offsets[rank])
-                    data = handle.read()
+                    while chunk := handle.read(1 << 16):
+                        self.offsets[rank] += len(chunk)
+                        count += self._show(rank, self.splitters[rank].feed(chunk), show)
             except FileNotFoundError:
-                continue
-            self.offsets[rank] += len(data)
-            text = self.partial[rank] + data.decode("utf-8", "replace")
-            *lines, self.partial[rank] = text.split("\n")
-            for line in lines:
-                if match := _HOST.match(line):  # the node names itself in its first line
-                    self.hosts[rank] = match.group(2)
-                show(LogLine.of(rank, self.hosts[rank], line))
-                count += 1
+                pass
+            if final:
+                count += self._show(rank, self.splitters[rank].end(), show)
         return count
+
+    def _show(self, rank: int, lines: list[LogLine], show: Show) -> int:
+        for line in lines:
+            if match := _HOST.match(line.text):  # the node names itself in its first line
+                self.hosts[rank] = self.splitters[rank].host = match.group(2)
+            if line.host != self.hosts[rank]:
+                line = line._replace(host=self.hosts[rank])
+            show(line)
+        return len(lines)
 
 
 def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show, requeueable: bool = False,
@@ -61,7 +67,7 @@ def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show, requeueable: 
         state = job_state(job_id, requeueable)
         if state.finished:
             time.sleep(0.5)  # the nodes' last writes
-            logs.read_new(show)
+            logs.read_new(show, final=True)
             return state
         if leave is not None:
             leave.wait(POLL_SECONDS)
