@@ -45,7 +45,7 @@ def test_a_git_project_runs_on_two_nodes_with_its_arguments_verbatim(lab, tmp_pa
     run_id = run_dir_of(tmp_path).name
     address = {name: lab.hosts[name].address for name in ("n1", "n2")}
     assert f"[{address['n1']} r0] user step=4 loss=" in result.stdout
-    assert f"[{address['n2']} r1] fsdpctl: node 1 of 2 on n2 " in result.stdout
+    assert f"[{address['n2']}] fsdpctl: node 1 of 2 on n2 " in result.stdout
     got = records(lab, run_id)
     assert sorted(got) == [0, 1] and {r["host"] for r in got.values()} == {"n1", "n2"}
     for record in got.values():
