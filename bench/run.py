@@ -24,6 +24,7 @@ BENCHMARKS = {
     "launch": ["launch_overhead.py"],
     "copy": ["code_copy.py"],
     "throughput": ["log_throughput.py"],
+    "init": ["init_fanout.py"],
     "heartbeat": ["heartbeat.py"],
     "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
@@ -68,6 +69,8 @@ def rows() -> list[tuple[str, str, str, str]]:
         out.append(("doctor: client CPU per host (32 hosts)", f"{fan['client_cpu_s_per_host'] * 1e3:.0f} ms", "-", "-"))
     else:
         add("doctor, 32 hosts / parallel OpenSSH", None, 1.0)
+    for size, row in (load("init_fanout").get("sizes") or {}).items():
+        add(f"init, {size} host(s) / doctor on the same hosts", row["fsdpctl init"]["ratio_to_baseline"], 1.2)
     launch = load("launch_overhead").get("cases", {})
     add("launch: time to first step / hand-typed torchrun", launch.get("fsdpctl launch", {}).get("ratio_to_baseline"),
         1.2)

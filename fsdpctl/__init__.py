@@ -18,7 +18,7 @@ PUBLIC_NAMES = (
     "JobOptions", "LogLine", "LogLines", "NodeState", "NodeStatus", "Notice", "Outcome", "PreflightError",
     "PreflightFailed", "PreflightStarted", "Prepared", "ProfileError", "ProfileNotFound", "Run", "RunEnded",
     "RunInfo", "RunStarted", "RunState", "RunStatus", "StackReport", "UsageError", "WaitTimeout", "doctor",
-    "get_run", "launch", "load_profile", "prepare", "runs", "submit",
+    "get_run", "launch", "load_profile", "prepare", "runs", "submit", "init_profile", "InitResult", "InitRefused",
 )
 """What ``fsdpctl.api`` offers as ``fsdpctl.<name>``."""
 

@@ -27,6 +27,7 @@ from .events import (
     RunEnded,
     RunStarted,
 )
+from .init import InitRefused, InitResult, init_profile
 from .launching import launch, prepare, submit
 from .prepare import Prepared, load_profile
 from .registry import get_run, runs

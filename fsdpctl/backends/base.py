@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from ..rundir.state import Outcome
@@ -56,6 +56,8 @@ class DoctorRequest:
     """Processes per node the run will start (GPUs needed), when known."""
     requirements: tuple[str, ...] = ()
     """Distributions the job imports (``numpy``, ``transformers==4.40``): installed on every node, same versions."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """More the probe is asked on every node (``init``: the route to the master, Pythons with torch)."""
 
 
 class Backend(Protocol):

@@ -99,7 +99,8 @@ class NodesBackend:
                runner: ProbeRunner | None = None) -> DoctorReport:
         master_rank, master_addr = self.master()
         jobs = make_jobs(self.profile, self.transports, master_rank, master_addr, request.port, request.deep,
-                         request.port_check and self.port_check, requirements=request.requirements)
+                         request.port_check and self.port_check, requirements=request.requirements,
+                         extra=request.extra)
         return run_doctor(self.profile, jobs, python=self.python, timeout=request.timeout, nproc=request.nproc,
                           concurrency=request.concurrency, on_host=on_host, runner=runner)
 

@@ -9,7 +9,7 @@ import typer
 
 from .. import __version__
 from ..errors import FsdpctlError, PreflightError
-from . import doctor, fetch, launch, logs, profiles, render, stacks, status, submit
+from . import doctor, fetch, init, launch, logs, profiles, render, stacks, status, submit
 
 app = typer.Typer(
     name="fsdpctl",
@@ -36,6 +36,7 @@ def _root(
     """Launch FSDP/FSDP2 training on many nodes over SSH or Slurm, checked before it starts."""
 
 
+app.command(name="init")(init.init)
 app.command(name="doctor")(doctor.doctor)
 app.command(name="launch")(launch.launch)
 app.command(name="submit")(submit.submit)

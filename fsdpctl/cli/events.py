@@ -66,7 +66,7 @@ class EventPrinter:
         if isinstance(event, LogLine):
             self.line(event)
         elif isinstance(event, Notice):
-            typer.secho(event.text if event.text.startswith(("fsdpctl:", "doctor:")) else f"fsdpctl: {event.text}",
+            typer.secho(event.text if event.text.startswith(("fsdpctl:", "doctor:", " ")) else f"fsdpctl: {event.text}",
                         err=True, fg=_LEVEL_COLOUR[event.level])
         elif isinstance(event, HostChecked):
             from .doctor_table import progress

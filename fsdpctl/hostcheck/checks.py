@@ -108,8 +108,9 @@ def _gib(value: int) -> str:
 # ---- per-host checks --------------------------------------------------------------------------
 
 def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int],
-               requirements: Sequence[str] = ()) -> list[Check]:
-    """The verdicts on one host's probe facts; ``requirements``: what the job needs installed."""
+               requirements: Sequence[str] = (), interface: Optional[str] = None) -> list[Check]:
+    """The verdicts on one host's probe facts; ``requirements``: what the job needs installed;
+    ``interface``: the host's own card (``hosts[].interface``), default the profile's."""
     checks = [Check("python", "pass", f"{facts['python']['path']} {facts['python']['version']}")]
     torch = facts.get("torch") or {}
     deep = facts.get("deep")
@@ -127,7 +128,7 @@ def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[i
                             "fix the torch installation on this host"))
     checks += _package_checks(facts, requirements)
     checks += _gpu_checks(profile, facts, nproc)
-    checks += _network_checks(profile, facts)
+    checks += _network_checks(profile, facts, interface or profile.network.interface)
     checks += _storage_checks(facts)
     checks += _stack_checks(facts)
     return checks
@@ -166,16 +167,16 @@ def _gpu_checks(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[
                   "no NVIDIA GPU visible here; set device: cpu to train on CPU")]
 
 
-def _network_checks(profile: ClusterProfile, facts: dict[str, Any]) -> list[Check]:
+def _network_checks(profile: ClusterProfile, facts: dict[str, Any], name: Optional[str]) -> list[Check]:
     checks: list[Check] = []
     interfaces = facts.get("interfaces") or {}
-    name = profile.network.interface
     if name:
         info = interfaces.get(name)
         if info is None:
             known = ", ".join(sorted(interfaces)) or "none"
             checks.append(Check("interface", "fail", f"interface {name} does not exist (has: {known})",
-                                "set network.interface to the card that connects the nodes"))
+                                "set network.interface (or this host's hosts[].interface) to the card that "
+                                "connects the nodes; `fsdpctl init` finds it"))
         elif info.get("up") is False:
             checks.append(Check("interface", "fail", f"interface {name} is {info.get('state')}",
                                 f"bring it up (ip link set {name} up) or choose another interface"))
@@ -272,10 +273,16 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
     }
     for name in sorted({n for f in facts.values() for n in (f.get("packages") or {}) if n != "torch"}):
         values[name] = {h: (f.get("packages") or {}).get(name) for h, f in facts.items()}
-    if profile.network.interface:
-        values["mtu"] = {h: (f["interfaces"].get(profile.network.interface) or {}).get("mtu")
-                         for h, f in facts.items()}
+    cards = {r.host: _interface_of(profile, r.node_rank) for r in reports if r.facts is not None}
+    if any(cards.values()):
+        values["mtu"] = {h: (f["interfaces"].get(cards[h] or "") or {}).get("mtu") for h, f in facts.items()}
     return values
+
+
+def _interface_of(profile: ClusterProfile, node_rank: int) -> Optional[str]:
+    """The card a node talks over: its own (``hosts[].interface``), else the profile's."""
+    own = profile.hosts[node_rank].interface if node_rank < len(profile.hosts) else None
+    return own or profile.network.interface
 
 
 def _shown(value: Any) -> str:

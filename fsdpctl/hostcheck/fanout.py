@@ -39,12 +39,15 @@ def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str])
 
 def make_jobs(profile: ClusterProfile, transports: Sequence[Any], master_rank: int, master_addr: str,
               port: int, deep: bool, port_check: bool, window: float = PORT_WINDOW_SECONDS,
-              requirements: Sequence[str] = ()) -> list[HostJob]:
-    """One probe per host; the master listens on the rendezvous port, the others connect to it."""
+              requirements: Sequence[str] = (), extra: Optional[dict[str, Any]] = None) -> list[HostJob]:
+    """One probe per host; the master listens on the rendezvous port, the others connect to it.
+    ``extra``: more the probes are asked (``init``'s discoveries)."""
     jobs = []
     others = len(transports) - 1
     for rank, transport in enumerate(transports):
-        args = probe_args(profile, deep, requirements)
+        args = {**probe_args(profile, deep, requirements), **(extra or {})}
+        if rank < len(profile.hosts) and profile.hosts[rank].interface:
+            args["interface"] = profile.hosts[rank].interface
         if port_check:
             if rank == master_rank:
                 args["listen"] = {"port": port, "expect": others, "window": window}
@@ -86,7 +89,7 @@ def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfil
             facts["_received"] = time.time()
             report.facts = facts
             report.checks = [Check("reachable", "pass", "connected"),
-                             *judge_host(profile, facts, nproc, job.requirements)]
+                             *judge_host(profile, facts, nproc, job.requirements, job.args.get("interface"))]
     except HostError as exc:
         report.checks = [Check(_CAUSE_CHECK.get(exc.cause, "reachable"), "fail", exc.detail, exc.hint)]
     except ProbeOutputError as exc:

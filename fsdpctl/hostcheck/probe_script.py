@@ -130,13 +130,15 @@ def gpus():
         if devices:
             facts["count"], facts["source"] = len(devices), "/dev"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader,nounits"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=10,
                              universal_newlines=True)
         rows = [r.split(",") for r in out.stdout.strip().splitlines() if r.strip()]
         if out.returncode == 0 and rows:
             facts["names"] = [r[0].strip() for r in rows]
-            facts["driver"] = rows[0][-1].strip()
+            facts["driver"] = rows[0][1].strip() if len(rows[0]) > 1 else None
+            facts["memory_mib"] = [int(float(r[2])) if r[2:] and r[2].strip().isdigit() else None for r in rows]
             facts["count"], facts["source"] = len(rows), "nvidia-smi"
     except (OSError, subprocess.SubprocessError):
         pass
@@ -267,10 +269,8 @@ def space(path):
 
 def packages(names):
     """{distribution: installed version, or None} for this Python, from the installed metadata."""
-    try:
-        from importlib import metadata
-    except ImportError:  # Python < 3.8
-        return {name: None for name in names}
+    from importlib import metadata
+
     found = {}
     for name in names:
         try:
@@ -376,6 +376,8 @@ def collect(args):
         facts["listen"] = listen(args["listen"])
     if args.get("connect"):
         facts["connect"] = connect(args["connect"])
+    if args.get("init"):  # fsdpctl init: discover() comes with this source (discover_script.py)
+        facts["init"] = discover(args, facts)  # noqa: F821
     if args.get("shared_file"):  # written by the submitting machine: is this node's view the same?
         facts["shared_file"] = os.path.isfile(os.path.expanduser(args["shared_file"]))
     facts["probe_seconds"] = round(time.time() - started, 3)
@@ -389,7 +391,9 @@ def answer(facts):
 
 
 def main():
-    answer(collect(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
+    args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    answer({"python": {"path": sys.executable, "version": platform.python_version()}, "torch": torch_facts()}
+           if args.get("torch_only") else collect(args))  # torch_only: init asks another Python for its torch
 
 
 if __name__ == "__main__":

@@ -107,19 +107,25 @@ def _env(profile: ClusterProfile, debug: bool, run_id: str, chdir: str, attempt:
     }
     net = profile.network
     if net.interface:
-        env["NCCL_SOCKET_IFNAME"] = net.interface
-        env["GLOO_SOCKET_IFNAME"] = net.interface
+        env.update(interface_env(net.interface))
     if net.ib:
         if net.ib_hca:
             env["NCCL_IB_HCA"] = net.ib_hca
     else:
         env["NCCL_IB_DISABLE"] = "1"
+        env["NCCL_NET"] = "Socket"  # a net plugin (aws-ofi-nccl, HPC-X's) would otherwise try RDMA
     if debug:
         env.update(DEBUG_ENV)
     env.update({k: v for k, v in profile.env.items() if k != "PYTHONPATH"})  # may override the defaults
     env["FSDPCTL_RUN_ID"] = run_id
     env["FSDPCTL_ATTEMPT"] = str(attempt)
     return env
+
+
+def interface_env(name: str) -> dict[str, str]:
+    """The card the nodes talk over: NCCL's exact-match form (a plain name is a prefix to NCCL: ``eth0``
+    also matches ``eth0.100``), Gloo's plain name (Gloo wants the exact name)."""
+    return {"NCCL_SOCKET_IFNAME": f"={name}", "GLOO_SOCKET_IFNAME": name}
 
 
 def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[int]) -> str:
@@ -266,6 +272,8 @@ def make_plan(
             script_path=join_path(run_dir, f"node{rank}.sh"),
             torchrun_args=_torchrun_args(**rdzv, master_addr=master_addr, node_rank=str(rank),
                                          local_addr=explicit_addr, nproc=node_nproc),
+            env=interface_env(profile.hosts[rank].interface)
+            if not profile.on_this_machine and profile.hosts[rank].interface else {},
         ))
     counts = [n.nproc for n in nodes] if nodes else [nproc] * num_nodes
     world_size = sum(int(c) for c in counts) if all(c.isdigit() for c in counts) else None

@@ -106,6 +106,8 @@ class NodeSpec:
     """The rendered node script, inside the run directory on the node."""
     torchrun_args: tuple[str, ...]
     """Arguments after ``python``: ``-m torch.distributed.run ... -m fsdpctl.workload.train ...``."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables of this node only, after the plan's (its own interface name)."""
 
 
 @dataclass(frozen=True, kw_only=True)

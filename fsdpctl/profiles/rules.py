@@ -24,6 +24,9 @@ def _host_rules(host: HostSpec):
         return "user", f"{host.user!r} is not a valid user name", "use a plain login name"
     if host.gpus is not None and host.gpus < 0:
         return "gpus", f"{host.gpus} is negative", "give 0 or more"
+    if host.interface is not None and not schema.IFNAME_PATTERN.match(host.interface):
+        return ("interface", f"{host.interface!r} is not a network interface name",
+                "give the name `ip link` shows on that host, e.g. enp3s0 (at most 15 characters)")
     return _port_problem("port", host.port)
 
 
@@ -120,6 +123,8 @@ def _profile_rules(p: ClusterProfile):
         return "on_hang", f"{p.on_hang!r} is not stop or keep", "give on_hang: stop (end the run) or keep"
     if not 0 <= p.max_restarts <= 100:
         return "max_restarts", f"{p.max_restarts} is outside 0-100", "give how many restarts to allow, e.g. 3"
+    if p.gpu_memory is not None and not schema.SIZE_PATTERN.match(p.gpu_memory.strip()):
+        return "gpu_memory", f"{p.gpu_memory!r} is not a size", "write e.g. 80GiB or 81559MiB"
     if not p.workdir or not schema.WORKDIR_PATTERN.match(p.workdir):
         return ("workdir", f"{p.workdir!r} is not a usable directory path",
                 "give e.g. ~/fsdpctl or /scratch/me/fsdpctl (no spaces, quotes or shell characters)")

@@ -31,7 +31,18 @@ SLURM_DIRECTIVE_PATTERN = re.compile(r"^--[a-z][a-z0-9-]*(?:=[^\s'\"`$\\;|&<>]+)
 
 
 # Variables the profile's network section owns; setting them in env would silently disagree.
-NETWORK_OWNED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA")
+NETWORK_OWNED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_NET")
+SIZE_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30,
+              "TiB": 2**40}
+
+
+def size_bytes(text: str) -> int:
+    """``80GiB``, ``81559MiB``, ``80GB`` as bytes (ValueError for anything else)."""
+    match = SIZE_PATTERN.match(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a size")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2)])
 # Variables fsdpctl sets for every run: the run's processes are found and stopped by FSDPCTL_RUN_ID.
 FSDPCTL_OWNED_ENV = ("FSDPCTL_RUN_ID", "FSDPCTL_RUN_DIR", "FSDPCTL_NODE_RANK", "FSDPCTL_PYTHON",
                      "FSDPCTL_HEAD_ADDR", "FSDPCTL_SECRET_NAMES", "FSDPCTL_REQUEUE_MARKER")
@@ -80,6 +91,9 @@ class HostSpec:
     """SSH user for this host; overrides ``ssh.user``."""
     gpus: Optional[int] = None
     """GPUs on this host, when ``nproc_per_node: auto`` should not count them at run time."""
+    interface: Optional[str] = None
+    """This host's own name for the card that connects the nodes, where names differ between hosts
+    (overrides ``network.interface`` on this host)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,9 +101,11 @@ class NetworkSpec:
     """How the nodes reach each other."""
 
     interface: Optional[str] = None
-    """Network interface that connects the nodes (becomes NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME)."""
+    """Network interface that connects the nodes: GLOO_SOCKET_IFNAME, and NCCL_SOCKET_IFNAME in NCCL's
+    exact-match form (``=eth0``: a plain name is a prefix to NCCL, and would match ``eth0.100`` too)."""
     ib: bool = False
-    """Use InfiniBand; false sets NCCL_IB_DISABLE=1 so NCCL never tries it."""
+    """Use InfiniBand; false sets NCCL_IB_DISABLE=1 and NCCL_NET=Socket, so neither NCCL nor a net
+    plugin installed on the node tries RDMA."""
     ib_hca: Optional[str] = None
     """InfiniBand adapters NCCL may use (NCCL_IB_HCA, e.g. ``mlx5_0,mlx5_1``); needs ``ib: true``."""
 
@@ -213,6 +229,9 @@ class ClusterProfile:
     """Processes per node: ``auto`` is the node's GPU count; a number is used as given (on CPU too)."""
     device: Device = "auto"
     """Device the workload trains on: auto (CUDA when present), cuda, or cpu (gloo backend)."""
+    gpu_memory: Optional[str] = None
+    """Memory of each GPU (``80GiB``, ``81559MiB``): what plans are checked against before a launch;
+    ``fsdpctl init`` writes what the nodes report."""
     network: NetworkSpec = field(default_factory=NetworkSpec)
     """Interface and InfiniBand settings."""
     rendezvous: RendezvousSpec = field(default_factory=RendezvousSpec)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 from tests.integration.test_launch import processes_of, wait_for_line
@@ -379,3 +380,17 @@ def test_submit_resume_continues_a_cancelled_job_from_its_checkpoint(lab, slurm,
     assert len(record["attempts"]) == 1 and record["attempts"][0]["state"] in ("stopped", "cancelled")
     earlier = fsdpctl(lab, slurm, tmp_path, "logs", run_dir.name, "--attempt", "1")
     assert "step=13 loss=" in earlier.stdout and "resumed_from" not in earlier.stdout
+
+
+def test_init_from_a_slurm_nodelist_writes_a_profile_doctor_passes(lab, slurm, tmp_path):
+    result = fsdpctl(lab, slurm, tmp_path, "init", "slurminit", "--slurm", "--nodelist", "n[1-2]", "--python",
+                     sys.executable, "--workdir", f"{tmp_path}/work")
+    print(f"\n--- fsdpctl init --slurm ---\n{result.stderr}\n{result.stdout}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = yaml.safe_load(result.stdout)
+    assert data["backend"] == "slurm" and data["slurm"] == {"nodes": 2}
+    assert data["network"] == {"interface": "eth0", "ib": False} and data["device"] == "cpu"
+    assert "n1: eth0" in result.stdout and "n2: eth0" in result.stdout  # probed on the nodes, through srun
+    assert "fsdpctl-doctor" not in queue(slurm)
+    code, report = doctor(lab, slurm, tmp_path, tmp_path / "cluster_profiles" / "slurminit.yaml")
+    assert code == 0 and report["ok"], json.dumps(report, indent=1)[-3000:]

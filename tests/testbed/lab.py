@@ -149,11 +149,13 @@ class Lab:
     def known_hosts(self) -> Path:
         return self.root / "ssh" / "known_hosts"
 
-    def start_sshd(self, name: str, extra_config: str = "", overlays: dict[str, Path] | None = None) -> Host:
+    def start_sshd(self, name: str, extra_config: str = "", overlays: dict[str, Path] | None = None,
+                   setup: str = "") -> Host:
         """Start sshd for one host (its own host key; its sessions see hostname ``name``).
 
         ``overlays`` maps files of this machine to stand-ins that the host's sessions see instead
-        (bind mounts in a private mount namespace: nothing changes for anyone else)."""
+        (bind mounts in a private mount namespace: nothing changes for anyone else); ``setup`` is
+        shell run in that mount namespace before sshd starts (each command ending in ``&&``)."""
         host = self.hosts[name]
         host.dir.mkdir(parents=True, exist_ok=True)
         host_key = host.dir / "ssh_host_ed25519_key"
@@ -172,7 +174,7 @@ class Lab:
         pid_file.unlink(missing_ok=True)
         command = [SSHD, "-f", str(config), "-E", str(host.log)]
         mounts = "".join(f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)} && "
-                         for dst, src in (overlays or {}).items())
+                         for dst, src in (overlays or {}).items()) + setup
         if host.namespace:
             command = ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "--mount", "sh", "-c",
                        f'hostname "$0" && {mounts}exec "$@"', name, *command]

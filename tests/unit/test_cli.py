@@ -21,7 +21,8 @@ def test_launch_dry_run_two_node_prints_both_nodes():
     assert "# ---- node0.sh ----" in out and "# ---- node1.sh ----" in out
     assert "export FSDPCTL_NODE_RANK=0" in out and "export FSDPCTL_NODE_RANK=1" in out
     assert re.search(r"--rdzv-endpoint 10\.0\.0\.1:2\d{4} ", out)  # rendezvous.port: auto
-    assert "export NCCL_SOCKET_IFNAME=eth0" in out and "export GLOO_SOCKET_IFNAME=eth0" in out
+    assert "export NCCL_SOCKET_IFNAME==eth0" in out and "export GLOO_SOCKET_IFNAME=eth0" in out
+    assert "export NCCL_NET=Socket" in out  # ib: false, whatever net plugin a node has
     assert "export NCCL_IB_DISABLE=1" in out
     assert not (REPO / "runs").exists() or not any((REPO / "runs").glob("two-node-*")), "dry run wrote files"
 
@@ -33,7 +34,7 @@ def test_launch_dry_run_json_matches_the_plan():
     plan = data["plan"]
     assert [n["node_rank"] for n in plan["nodes"]] == [0, 1]
     assert plan["master_addr"] == "10.0.0.1" and plan["master_port"] == auto_port(plan["run_id"])
-    assert plan["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert plan["env"]["NCCL_SOCKET_IFNAME"] == "=eth0"  # exact match: not eth0.100
     assert plan["train"]["steps"] == 9 and plan["train"]["lr"] == 0.01
     assert set(data["scripts"]) == {"node0.sh", "node1.sh"}
     assert "--steps 9" in data["scripts"]["node1.sh"]

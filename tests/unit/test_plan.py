@@ -28,7 +28,9 @@ def test_two_nodes_with_ranks_master_ip_and_network_env():
     assert [n.node_rank for n in plan.nodes] == [0, 1]
     assert plan.num_nodes == 2
     assert plan.master_addr == "10.0.0.1" and plan.master_addr_is_ip
-    assert plan.env["NCCL_SOCKET_IFNAME"] == plan.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    # NCCL's exact-match form (a plain name is a prefix to NCCL); Gloo wants the plain name.
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "=eth0" and plan.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert plan.env["NCCL_NET"] == "Socket" and plan.env["NCCL_IB_DISABLE"] == "1"
     assert plan.env["NCCL_IB_DISABLE"] == "1"
     assert plan.env["PYTHONUNBUFFERED"] == "1" and "OMP_NUM_THREADS" in plan.env
     for node in plan.nodes:

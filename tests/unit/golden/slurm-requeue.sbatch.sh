@@ -25,9 +25,10 @@ export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:'
 export TORCH_FR_BUFFER_SIZE=2000
 export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 export TORCH_FR_DUMP_TEMP_FILE="$FSDPCTL_RUN_DIR"/flight/on-timeout/rank_
-export NCCL_SOCKET_IFNAME=eth0
+export NCCL_SOCKET_IFNAME==eth0
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_IB_DISABLE=1
+export NCCL_NET=Socket
 export FSDPCTL_RUN_ID=slurm-requeue-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
 mkdir -p "$FSDPCTL_RUN_DIR"
