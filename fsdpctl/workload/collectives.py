@@ -33,6 +33,13 @@ def parse_size(text: str) -> int:
     return int(number) * scale
 
 
+def process_group_backend(use_cuda: bool) -> str:
+    """NCCL for the timed collectives on GPUs, and gloo beside it: the ranks agree on each median
+    with a CPU tensor, which an NCCL-only group rejects ("No backend type associated with device
+    type cpu")."""
+    return "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     if use_cuda:
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    backend = "nccl" if use_cuda else "gloo"
+    backend = process_group_backend(use_cuda)
     dist.init_process_group(backend)
     world, rank = dist.get_world_size(), dist.get_rank()
     default = "1K,64K,1M,16M,64M" if use_cuda else "1K,64K,1M,4M"
@@ -97,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
             results.append({"op": kind, "bytes": size, "seconds": seconds, "algbw_gbps": algbw,
                             "busbw_gbps": algbw * factor})
     if rank == 0:
-        summary = {"backend": backend, "world_size": world, "device": device.type, "results": results}
+        summary = {"backend": "nccl" if use_cuda else "gloo", "world_size": world, "device": device.type,
+                   "results": results}
         print(f"{PREFIX}: {json.dumps(summary)}", flush=True)
     dist.destroy_process_group()
     sys.stdout.flush()
