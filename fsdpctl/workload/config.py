@@ -42,6 +42,8 @@ class TrainConfig:
     """Where the tokenizer and encoded tokens are cached (default: ~/.cache/fsdpctl)."""
     vocab_size: int = 5000
     """Size of the byte-level BPE trained locally on the corpus."""
+    model_vocab_size: Optional[int] = None
+    """Embedding and output-head rows; null: the tokenizer's size padded to 64 (gpt2-124m: 50304)."""
     seq_len: int = 128
     """Tokens per training sequence (must not exceed the preset's context length)."""
     val_fraction: float = 0.1
@@ -52,8 +54,8 @@ class TrainConfig:
     """Optimizer steps to run; mutually exclusive with epochs. Default: 100 when neither is set."""
     epochs: Optional[int] = None
     """Passes over the training split; mutually exclusive with steps."""
-    batch_size: int = 8
-    """Sequences per rank per micro-step."""
+    batch_size: Optional[int] = None
+    """Sequences per rank per micro-step; null: 8 on CPU, the preset's GPU batch on a GPU (gpt2-124m: 32)."""
     grad_accum: int = 1
     """Micro-steps per optimizer step."""
     optimizer: Optimizer = "adamw"
@@ -192,7 +194,7 @@ def coerce_value(name: str, value: Any) -> Any:
     return float(value) if annotation is float else value
 
 
-_POSITIVE = ("vocab_size", "seq_len", "batch_size", "grad_accum", "eval_steps", "log_interval",
+_POSITIVE = ("vocab_size", "model_vocab_size", "seq_len", "batch_size", "grad_accum", "eval_steps", "log_interval",
              "keep_checkpoints")
 _NON_NEGATIVE = ("warmup_steps", "eval_interval", "checkpoint_interval", "grad_clip",
                  "weight_decay", "min_lr")

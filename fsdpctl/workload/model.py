@@ -43,13 +43,38 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# GPT-2's vocabulary (50257) padded to 64. The gpt2-124m preset keeps it whatever size the tokenizer
+# trained on the corpus reaches (the builtin corpus stops near 18k tokens), so the model's parameters
+# and FLOPs are GPT-2 124M's; rows the tokenizer never produces are simply never looked up.
+PRESET_MODEL_VOCAB = {"gpt2-124m": 50304}
+
+# Sequences per rank per micro-step when no batch size is given: 8 on a CPU; on a GPU the preset's
+# own, large enough that the device, not the host launching its kernels, sets the pace (at 16 the
+# gpt2-124m step is host-bound under FSDP2 on an H100; 32 x 1024 tokens fits a 40 GB GPU in bf16).
+DEFAULT_BATCH = {"cpu": {"tiny": 8, "small": 8, "gpt2-124m": 8},
+                 "cuda": {"tiny": 64, "small": 32, "gpt2-124m": 32}}
+
+
+def default_batch_size(preset: str, device_type: str) -> int:
+    """The batch size used when none is given, for this preset on this kind of device."""
+    return DEFAULT_BATCH["cuda" if device_type == "cuda" else "cpu"][preset]
+
+
 def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
     """Round the tokenizer's vocabulary up so the embedding and head matrices are GPU-friendly."""
     return (vocab_size + multiple - 1) // multiple * multiple
 
 
-def preset_config(preset: str, vocab_size: int) -> GPTConfig:
-    return GPTConfig(vocab_size=padded_vocab(vocab_size), **PRESETS[preset])
+def model_vocab_size(preset: str, tokenizer_vocab: int, requested: int | None = None) -> int:
+    """Rows of the token embedding and the output head: ``requested`` if given, else the tokenizer's
+    size padded to 64, and for a preset with a vocabulary of its own (gpt2-124m) at least that."""
+    if requested is not None:
+        return requested
+    return max(padded_vocab(tokenizer_vocab), PRESET_MODEL_VOCAB.get(preset, 0))
+
+
+def preset_config(preset: str, tokenizer_vocab: int, requested_vocab: int | None = None) -> GPTConfig:
+    return GPTConfig(vocab_size=model_vocab_size(preset, tokenizer_vocab, requested_vocab), **PRESETS[preset])
 
 
 class CausalSelfAttention(nn.Module):
@@ -85,6 +110,9 @@ class Block(nn.Module):
 
     Checkpointing happens inside ``forward`` so the parameter names stay the same with or
     without it (checkpoints and exports are interchangeable) and so it runs inside the FSDP unit.
+    ``compile_compute()`` compiles the block's arithmetic (``_forward``) and nothing around it:
+    FSDP's hooks on the block stay eager, outside the compiled code, so they cause no graph
+    breaks, and the twelve blocks share one compiled graph.
     """
 
     def __init__(self, config: GPTConfig):
@@ -94,6 +122,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
         self.activation_checkpointing = False
+        self._compute = self._forward
+
+    def compile_compute(self) -> None:
+        self._compute = torch.compile(self._forward)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -101,8 +133,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation_checkpointing and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, use_reentrant=False)
-        return self._forward(x)
+            return checkpoint(self._compute, x, use_reentrant=False)
+        return self._compute(x)
 
 
 class GPT(nn.Module):
@@ -117,6 +149,7 @@ class GPT(nn.Module):
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self._head_loss = self._logits_and_loss
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -125,6 +158,15 @@ class GPT(nn.Module):
     def set_activation_checkpointing(self, enabled: bool) -> None:
         for block in self.blocks:
             block.activation_checkpointing = enabled
+
+    def compile_compute(self) -> None:
+        """Compile each block's arithmetic and the head with the loss (where the logits, the
+        largest tensors of a step, are upcast for the loss: compiled, the upcast is fused into the
+        loss instead of writing a float32 copy of the logits). Modules and parameter names stay as
+        they are, so FSDP wraps the same modules and checkpoints load either way."""
+        for block in self.blocks:
+            block.compile_compute()
+        self._head_loss = torch.compile(self._logits_and_loss)
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
@@ -150,9 +192,12 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
         if targets is None:
-            return logits
+            return self.lm_head(self.transformer.ln_f(x))
+        return self._head_loss(x, targets)
+
+    def _logits_and_loss(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.lm_head(self.transformer.ln_f(x))
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 

@@ -15,8 +15,9 @@ hybrid            2-D mesh (nodes, ranks per node): shard      HYBRID_SHARD on t
 ================  ==========================================  ===============================
 
 FSDP2 shards each transformer block, then the root. ``reshard_after_forward`` applies to the
-blocks; the root always keeps its parameters gathered from forward to backward (backward needs
-them first), as FSDP2 itself does by default for a root module.
+blocks (and is left off where a shard group has a single rank: nothing is sharded there, see
+``resolve_reshard``); the root always keeps its parameters gathered from forward to backward
+(backward needs them first), as FSDP2 itself does by default for a root module.
 """
 
 from __future__ import annotations
@@ -72,10 +73,15 @@ def resolve_precision(cfg: TrainConfig, device_type: str) -> str:
     return "bf16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
 
 
-def resolve_reshard(cfg: TrainConfig) -> bool:
+def resolve_reshard(cfg: TrainConfig, world: int, local_world: int) -> bool:
+    """FSDP2's ``reshard_after_forward`` for the blocks: as given, else free the gathered parameters
+    after forward where they are really sharded (full: over every rank; hybrid: inside a node). A
+    shard group of one rank holds whole parameters: resharding would only gather them again for
+    backward (at world 1 that was 12 more gathers per step of the 124M model, for no memory)."""
     if cfg.reshard_after_forward is not None:
         return cfg.reshard_after_forward
-    return cfg.sharding in ("full", "hybrid")
+    shard_ranks = {"full": world, "hybrid": local_world}.get(cfg.sharding, 1)
+    return shard_ranks > 1
 
 
 def check_combination(cfg: TrainConfig, device_type: str, world: int, local_world: int) -> None:
@@ -192,8 +198,11 @@ def build_model(cfg: TrainConfig, gpt_config: GPTConfig, rt: Runtime, precision:
         model = GPT(gpt_config)
     model.set_activation_checkpointing(cfg.activation_checkpointing)
     if cfg.compile:
-        for block in model.blocks:
-            block.compile()
+        # One compiled graph serves every block; should dynamo still specialise per block, a limit
+        # below the block count would leave the last blocks eager.
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 2 * gpt_config.n_layer))
+        model.compile_compute()
     if cfg.fsdp == 2:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -204,7 +213,7 @@ def build_model(cfg: TrainConfig, gpt_config: GPTConfig, rt: Runtime, precision:
         if cfg.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=rt.is_cuda)
         for block in model.blocks:
-            fully_shard(block, reshard_after_forward=resolve_reshard(cfg), **kwargs)
+            fully_shard(block, reshard_after_forward=resolve_reshard(cfg, rt.world, rt.local_world), **kwargs)
         # The root (embeddings, final norm, head) is needed again as soon as backward starts:
         # keep it gathered (FSDP2's own default for the root; resharding it cost ~5 % step time).
         fully_shard(model, reshard_after_forward=False, **kwargs)
@@ -287,14 +296,13 @@ def gradient_sync(model: nn.Module, cfg: TrainConfig, sync: bool):
             yield
 
 
-def clip_gradients(model: nn.Module, cfg: TrainConfig) -> float:
-    """Clip to ``cfg.grad_clip`` and return the global norm before clipping."""
+def clip_gradients(model: nn.Module, cfg: TrainConfig) -> torch.Tensor:
+    """Clip to ``cfg.grad_clip`` and return the global norm before clipping, as a tensor on the
+    device: reading it (``float``) waits for the device, so the loop reads it only when it logs."""
     if cfg.fsdp == 1:
-        norm = model.clip_grad_norm_(cfg.grad_clip)  # type: ignore[operator]
-    else:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    return float(norm)
+        return model.clip_grad_norm_(cfg.grad_clip)  # type: ignore[operator]
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 def reshard_all(model: nn.Module) -> None:

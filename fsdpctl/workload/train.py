@@ -7,6 +7,9 @@ stderr and exits 2.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import gc
 import math
 import os
 import signal
@@ -14,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -23,12 +27,16 @@ from . import data
 from . import parallelize as par
 from .config import ConfigError, TrainConfig, parse_args
 from .metrics import Meter, RunLog, peak_memory_mb
-from .model import GPTConfig, count_params, flops_per_token, preset_config
+from .model import GPTConfig, count_params, default_batch_size, flops_per_token, preset_config
 from .parallelize import PeerFailed, Runtime
 from .sampler import Sampler
 from .signals import StopSignals, clear_requeue_marker, write_requeue_marker
 
 PREFIX = "fsdpctl.workload"
+# Python's automatic garbage collection is off while training: a full collection walks every object
+# (modules, FSDP's state, autograd's) at moments nobody chose, and made log windows unsteady. The
+# young generations are collected every GC_EVERY steps instead, at a step boundary.
+GC_EVERY = 50
 
 
 def _fail(error: ConfigError | None) -> None:
@@ -61,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         stop_signals = StopSignals() if cfg.checkpoint_on_signal else None
         _, world, _, local_world = par.env_ranks()
         device_type = par.resolve_device_type(cfg)
+        cfg = with_device_defaults(cfg, device_type)
         par.check_combination(cfg, device_type, world, local_world)
     except ConfigError as error:
         _fail(error if local_rank_from_env() == 0 else None)  # identical on every rank
@@ -70,6 +79,37 @@ def main(argv: list[str] | None = None) -> None:
         _fail(error)
     except PeerFailed:
         _fail(None)
+
+
+def with_device_defaults(cfg: TrainConfig, device_type: str) -> TrainConfig:
+    """Settings left to the device: the batch size (see ``model.DEFAULT_BATCH``)."""
+    if cfg.batch_size is None:
+        cfg = dataclasses.replace(cfg, batch_size=default_batch_size(cfg.preset, device_type))
+    return cfg
+
+
+@contextlib.contextmanager
+def steady_gc():
+    """Training steps without Python's automatic garbage collection (see GC_EVERY); what exists when
+    they start (the model, the optimizer) is frozen out of every later scan."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch onto the device without stalling the host: on a GPU through pinned memory and an
+    asynchronous copy (a copy from pageable memory waits for the device to reach it, so the host
+    could not queue the next step while the device works on this one)."""
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def local_rank_from_env() -> int:
@@ -138,7 +178,7 @@ def evaluate(model, cfg: TrainConfig, rt: Runtime, sampler: Sampler) -> tuple[fl
     total = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
         for x, y in sampler.val_batches(cfg.eval_steps):
-            _, loss = model(torch.from_numpy(x).to(rt.device), torch.from_numpy(y).to(rt.device))
+            _, loss = model(to_device(x, rt.device), to_device(y, rt.device))
             total += loss.double().cpu()
     model.train()
     if cfg.fsdp == 2:
@@ -157,7 +197,13 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     total_steps = cfg.steps or (cfg.epochs * train_sampler.steps_per_epoch if cfg.epochs else 100)
 
     precision = par.resolve_precision(cfg, device_type)
-    gpt_config = preset_config(cfg.preset, tokens.vocab_size)
+    gpt_config = preset_config(cfg.preset, tokens.vocab_size, cfg.model_vocab_size)
+
+    def check_vocab():
+        if gpt_config.vocab_size < tokens.vocab_size:
+            raise ConfigError("model_vocab_size", f"{gpt_config.vocab_size} rows cannot hold the tokenizer's "
+                              f"{tokens.vocab_size} tokens", f"give at least {tokens.vocab_size}, or drop it")
+    par.agree(rt, check_vocab)
     n_params = count_params(gpt_config)
     model = par.build_model(cfg, gpt_config, rt, precision)
     optimizer = par.build_optimizer(cfg, model, rt, precision)
@@ -182,7 +228,10 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                   rt.world, start_time)
     log.print(f"{PREFIX}: world={rt.world} device={rt.device.type} fsdp={cfg.fsdp} "
               f"sharding={cfg.sharding} precision={precision} preset={cfg.preset} "
-              f"params={n_params / 1e6:.2f}M vocab={tokens.vocab_size} dataset={corpus.name} "
+              f"params={n_params / 1e6:.2f}M vocab={tokens.vocab_size} model_vocab={gpt_config.vocab_size} "
+              f"batch={cfg.batch_size} optimizer={cfg.optimizer}"
+              f"{'(fused)' if cfg.optimizer == 'adamw' and par.fused_adamw(rt.device.type, precision) else ''} "
+              f"dataset={corpus.name} "
               f"train_tokens={len(tokens.train)} steps={total_steps} "
               + (f"resumed_from={latest.name}" if latest else "fresh"))
 
@@ -200,50 +249,53 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     state_bytes: dict[str, int] = {}
     last_saved = first_step = step
     model.train()
-    while step < total_steps:
-        if stop_signals is not None and (received := stop_signals.agreed()):
-            stop_on_signal(received, step, step - first_step, last_saved, save, run_dir, rt, log)
-        lr = lr_at(step, cfg, total_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        step += 1
-        step_loss = torch.zeros((), device=rt.device)
-        micro = train_sampler.next_step()
-        for i, (x, y) in enumerate(micro):
-            with par.gradient_sync(model, cfg, sync=i == len(micro) - 1):
-                _, loss = model(torch.from_numpy(x).to(rt.device), torch.from_numpy(y).to(rt.device))
-                loss = loss / cfg.grad_accum
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            step_loss += loss.detach()
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        grad_norm = par.clip_gradients(model, cfg) if cfg.grad_clip > 0 else None
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        if not state_bytes:  # after the first step: optimizer state exists, gradients not freed
-            state_bytes = par.local_state_bytes(model, optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        meter.step_done()
+    with steady_gc():
+        while step < total_steps:
+            if stop_signals is not None and (received := stop_signals.agreed()):
+                stop_on_signal(received, step, step - first_step, last_saved, save, run_dir, rt, log)
+            lr = lr_at(step, cfg, total_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            step += 1
+            step_loss = torch.zeros((), device=rt.device)
+            micro = train_sampler.next_step()
+            for i, (x, y) in enumerate(micro):
+                with par.gradient_sync(model, cfg, sync=i == len(micro) - 1):
+                    _, loss = model(to_device(x, rt.device), to_device(y, rt.device))
+                    loss = loss / cfg.grad_accum
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                step_loss += loss.detach()
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            grad_norm = par.clip_gradients(model, cfg) if cfg.grad_clip > 0 else None
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            if not state_bytes:  # after the first step: optimizer state exists, gradients not freed
+                state_bytes = par.local_state_bytes(model, optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            if step % GC_EVERY == 0:
+                gc.collect(1)
+            meter.step_done()
 
-        if step % cfg.log_interval == 0 or step == total_steps:
-            summed = step_loss.float().cpu()
-            dist.all_reduce(summed)
-            train_loss = float(summed) / rt.world
-            tok_s = meter.tokens_per_s(meter.close_window())
-            log.train_line(train_sampler.epoch + 1, step, train_loss, lr, tok_s, meter.mfu(tok_s),
-                           peak_memory_mb(rt.device), grad_norm)
-        if cfg.eval_interval and step % cfg.eval_interval == 0 and step < total_steps:
-            meter.close_window()
-            val_loss, val_ppl = evaluate(model, cfg, rt, val_sampler)
-            log.val_line(step, val_loss, val_ppl)
-            meter.restart_window()
-        if (not cfg.no_checkpoint and cfg.checkpoint_interval
-                and step % cfg.checkpoint_interval == 0 and step < total_steps):
-            save(step)
-            last_saved = step
+            if step % cfg.log_interval == 0 or step == total_steps:
+                summed = step_loss.float().cpu()
+                dist.all_reduce(summed)
+                train_loss = float(summed) / rt.world
+                tok_s = meter.tokens_per_s(meter.close_window())
+                log.train_line(train_sampler.epoch + 1, step, train_loss, lr, tok_s, meter.mfu(tok_s),
+                               peak_memory_mb(rt.device), None if grad_norm is None else float(grad_norm))
+            if cfg.eval_interval and step % cfg.eval_interval == 0 and step < total_steps:
+                meter.close_window()
+                val_loss, val_ppl = evaluate(model, cfg, rt, val_sampler)
+                log.val_line(step, val_loss, val_ppl)
+                meter.restart_window()
+            if (not cfg.no_checkpoint and cfg.checkpoint_interval
+                    and step % cfg.checkpoint_interval == 0 and step < total_steps):
+                save(step)
+                last_saved = step
 
     val_loss, val_ppl = evaluate(model, cfg, rt, val_sampler)
     log.val_line(step, val_loss, val_ppl)
@@ -269,7 +321,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                                  for row in per_rank],
         "world_size": rt.world, "ranks_per_node": rt.local_world, "device": rt.device.type,
         "fsdp": {"version": cfg.fsdp, "sharding": cfg.sharding, "mixed_precision": precision,
-                 "reshard_after_forward": par.resolve_reshard(cfg) if cfg.fsdp == 2 else None,
+                 "reshard_after_forward": par.resolve_reshard(cfg, rt.world, rt.local_world) if cfg.fsdp == 2 else None,
                  "backward_prefetch": cfg.backward_prefetch if cfg.fsdp == 1 else None,
                  "auto_wrap": cfg.auto_wrap if cfg.fsdp == 1 else None,
                  "activation_checkpointing": cfg.activation_checkpointing,

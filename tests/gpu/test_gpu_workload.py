@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -47,12 +48,14 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 def _train(cache_dir: Path, run_dir: Path, *flags: str, nproc: int | None = None,
-           expect_rc: int = 0) -> subprocess.CompletedProcess:
+           expect_rc: int = 0, env: dict | None = None, base: bool = True) -> subprocess.CompletedProcess:
     nproc = nproc or _nproc()
-    cmd = [str(Path(sys.executable).parent / "torchrun"), "--nnodes=1", f"--nproc-per-node={nproc}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
            "--master-addr=127.0.0.1", f"--master-port={_port()}", "-m", "fsdpctl.workload.train",
-           *BASE, "--cache-dir", str(cache_dir), "--run-dir", str(run_dir), *flags]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="4")
+           *(BASE if base else ["--vocab-size", "1024"]), "--cache-dir", str(cache_dir), "--run-dir", str(run_dir),
+           *flags]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="4", **(env or {}))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == expect_rc, (proc.stdout + proc.stderr)[-6000:]
     return proc
@@ -97,9 +100,29 @@ def test_fp16_with_grad_scaler_and_activation_checkpointing(cache_dir, tmp_path,
     assert all(math.isfinite(v) for v in _losses(tmp_path).values())
 
 
-def test_compile(cache_dir, tmp_path):
-    _train(cache_dir, tmp_path, "--compile", "--steps", "5", "--no-checkpoint")
+def test_compile_builds_one_graph_for_every_block(cache_dir, tmp_path):
+    """Each block's arithmetic and the head with the loss are compiled inside FSDP's hooks: one graph
+    serves all blocks; the only recompilation is evaluation's (no grad), never one per block."""
+    proc = _train(cache_dir, tmp_path, "--compile", "--steps", "8", "--eval-interval", "4", "--no-checkpoint",
+                  env={"TORCH_LOGS": "recompiles"})
     assert _summary(tmp_path)["fsdp"]["compile"] is True
+    output = proc.stdout + proc.stderr
+    reasons = [line for line in output.splitlines() if re.search(r"\[__recompiles\]\s+- ", line)]
+    recompiled = [line for line in output.splitlines() if "Recompiling function" in line]
+    assert len(recompiled) <= 2, output[-4000:]  # the block's and the head's, for evaluation
+    assert all("grad_mode" in line for line in reasons), output[-4000:]
+    assert "recompile_limit" not in output and "cache_size_limit" not in output
+    assert all(math.isfinite(v) for v in _losses(tmp_path).values())
+
+
+def test_gpt2_on_a_gpu_takes_its_own_vocabulary_and_the_gpu_batch(cache_dir, tmp_path):
+    nproc = _nproc()
+    cmd_flags = ["--preset", "gpt2-124m", "--seq-len", "256", "--steps", "2", "--no-checkpoint"]
+    _train(cache_dir, tmp_path, *cmd_flags, base=False)
+    summary = _summary(tmp_path)
+    assert summary["model_config"]["vocab_size"] == 50304
+    assert summary["tokens_per_step"] == nproc * 32 * 256  # the preset's GPU batch of 32
+    assert summary["fsdp"]["reshard_after_forward"] is (nproc > 1)  # one GPU shards nothing
 
 
 def test_resume_and_export_on_gpu(cache_dir, tmp_path):
@@ -131,3 +154,16 @@ def test_cuda_errors_are_one_line(cache_dir, tmp_path):
     lines = [line for line in (proc.stdout + proc.stderr).splitlines()
              if line.startswith("fsdpctl.workload: backward_prefetch: ")]
     assert len(lines) == 1
+
+
+def test_doctor_collectives_report_nccl_bus_bandwidth(tmp_path):
+    """`fsdpctl doctor -p local-gpu --collectives`: NCCL all-reduce and all-gather timed on every GPU
+    (the ranks agree on each median over gloo, beside NCCL)."""
+    proc = subprocess.run([sys.executable, "-m", "fsdpctl", "doctor", "-p", "local-gpu", "--collectives", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, FSDPCTL_RUNS_DIR=str(tmp_path / "runs")))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    data = json.loads(proc.stdout)["collectives"]
+    assert data["backend"] == "nccl" and data["device"] == "cuda"
+    assert {row["op"] for row in data["results"]} == {"all_reduce", "all_gather"}
+    assert all(row["seconds"] > 0 and row["algbw_gbps"] > 0 for row in data["results"])

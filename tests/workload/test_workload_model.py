@@ -7,13 +7,21 @@ import math
 import pytest
 import torch
 
-from fsdpctl.workload.model import GPT, GPTConfig, count_params, flops_per_token, preset_config
+from fsdpctl.workload.model import (
+    GPT,
+    Block,
+    GPTConfig,
+    count_params,
+    default_batch_size,
+    flops_per_token,
+    preset_config,
+)
 
 pytestmark = pytest.mark.workload
 
 
 @pytest.mark.parametrize("preset, low, high", [
-    ("tiny", 1.0e6, 2.2e6), ("small", 10e6, 20e6), ("gpt2-124m", 85e6, 130e6)])
+    ("tiny", 1.0e6, 2.2e6), ("small", 10e6, 20e6), ("gpt2-124m", 163.0e6, 163.2e6)])
 def test_preset_sizes_at_default_vocab(preset, low, high):
     assert low <= count_params(preset_config(preset, 5000)) <= high
 
@@ -21,6 +29,32 @@ def test_preset_sizes_at_default_vocab(preset, low, high):
 def test_vocab_is_padded():
     assert preset_config("tiny", 5000).vocab_size == 5056
     assert preset_config("tiny", 1024).vocab_size == 1024
+
+
+def test_gpt2_keeps_its_own_vocabulary_unless_told():
+    # GPT-2 124M's size whatever the tokenizer reaches: 124.4M with the head tied, 163.1M untied.
+    assert preset_config("gpt2-124m", 5000).vocab_size == 50304
+    assert preset_config("gpt2-124m", 60000).vocab_size == 60032  # a larger tokenizer still fits
+    assert preset_config("gpt2-124m", 5000, 5056).vocab_size == 5056  # asked for: as asked
+    config = preset_config("gpt2-124m", 5000)
+    assert count_params(config) - config.vocab_size * config.n_embd == pytest.approx(124.4e6, rel=1e-3)
+
+
+def test_default_batch_is_the_presets_on_a_gpu_and_8_on_a_cpu():
+    assert default_batch_size("gpt2-124m", "cuda") == 32 and default_batch_size("gpt2-124m", "cpu") == 8
+    assert all(default_batch_size(p, "cpu") == 8 for p in ("tiny", "small"))
+
+
+def test_compiling_keeps_the_modules_and_their_names():
+    """FSDP wraps the same blocks and checkpoints load either way: only the arithmetic is compiled
+    (torch.compile is lazy, so nothing is compiled here)."""
+    config = GPTConfig(vocab_size=128, n_layer=2, n_embd=32, n_head=4, block_size=16)
+    plain, compiled = GPT(config), GPT(config)
+    compiled.compile_compute()
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+    assert [type(m) for m in compiled.modules()] == [type(m) for m in plain.modules()]
+    assert all(block._compute is not block._forward for block in compiled.blocks)
+    assert all(getattr(block._compute, "__func__", None) is Block._forward for block in plain.blocks)
 
 
 def test_meta_init_equals_direct_init():
