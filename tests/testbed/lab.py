@@ -12,6 +12,7 @@ Loopback mode (no CAP_NET_ADMIN): sshd per host on 127.<x>.<y>.K with its own po
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shlex
@@ -27,6 +28,9 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), check=check, capture_output=True, text=True, timeout=30)
+
+
+_LAB_NUMBERS = itertools.count(1)
 
 
 def netns_available() -> str | None:
@@ -81,10 +85,13 @@ class Lab:
     client_ns: str | None = None
     switch_ns: str | None = None
     _guard: bool = False
+    _created: list[str] = field(default_factory=list)  # the namespaces this lab made (all it removes)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def up(self) -> Lab:
-        self.tag = f"f{os.getpid() % 10000}{random.randrange(100):02d}"
+        # Unique among the labs of this process (a test module may stand up its own beside the
+        # session's): two labs with one tag would share, and tear down, each other's namespaces.
+        self.tag = f"f{os.getpid() % 100000}l{next(_LAB_NUMBERS)}"
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "ssh").mkdir(mode=0o700, exist_ok=True)
         try:
@@ -101,22 +108,28 @@ class Lab:
             raise
         return self
 
+    def _add_namespace(self, name: str) -> str:
+        _run("ip", "netns", "add", name)
+        self._created.append(name)
+        return name
+
     def _network_up(self) -> None:
-        third = random.randrange(1, 250)
-        self.subnet = f"10.251.{third}"
-        # Guard first: until teardown, the root namespace answers "unreachable" for the subnet.
-        guard = _run("ip", "route", "add", "unreachable", f"{self.subnet}.0/24", check=False)
-        if guard.returncode != 0:
-            raise RuntimeError(f"cannot add the guard route for {self.subnet}.0/24: {guard.stderr.strip()}")
+        # Guard first: until teardown, the root namespace answers "unreachable" for the subnet. A
+        # subnet whose guard exists already belongs to another lab: take another.
+        for _ in range(50):
+            self.subnet = f"10.251.{random.randrange(1, 250)}"
+            guard = _run("ip", "route", "add", "unreachable", f"{self.subnet}.0/24", check=False)
+            if guard.returncode == 0:
+                break
+        else:
+            raise RuntimeError(f"cannot add a guard route in 10.251.0.0/16: {guard.stderr.strip()}")
         self._guard = True
-        self.switch_ns = f"{self.tag}sw"
-        _run("ip", "netns", "add", self.switch_ns)
+        self.switch_ns = self._add_namespace(f"{self.tag}sw")
         _run("ip", "-n", self.switch_ns, "link", "add", "br0", "type", "bridge")
         _run("ip", "-n", self.switch_ns, "link", "set", "br0", "up")
         members = [(name, i) for i, name in enumerate(self.names, start=1)] + [("client", 254)]
         for name, i in members:
-            ns = f"{self.tag}{name}"
-            _run("ip", "netns", "add", ns)
+            ns = self._add_namespace(f"{self.tag}{name}")
             _run("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}",
                  "netns", self.switch_ns)
             _run("ip", "-n", self.switch_ns, "link", "set", f"p{i}", "master", "br0")
@@ -207,13 +220,12 @@ class Lab:
                 self.stop_sshd(name)
             except ProcessLookupError:
                 pass
-        namespaces = [h.namespace for h in self.hosts.values() if h.namespace]
-        namespaces += [ns for ns in (self.client_ns, self.switch_ns) if ns]
-        for ns in namespaces:
+        for ns in reversed(self._created):
             for pid in _pids_in_namespace(ns):
                 _kill(pid)
             _run("ip", "netns", "del", ns, check=False)
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+        self._created.clear()
         if self.tag and Path("/etc/netns").is_dir() and not any(Path("/etc/netns").iterdir()):
             Path("/etc/netns").rmdir()
         if self._guard:
