@@ -83,6 +83,9 @@ def init_profile(name: str, hosts: Sequence[str] = (), *, hostfile: Optional[Pat
     if slurm:
         if hosts or hostfile:
             raise UsageError("--slurm: the nodes come from the allocation", "drop the hosts (or --hostfile)")
+        if master:
+            raise UsageError("--master with --slurm: the head node is the job's first node, whichever it is",
+                             "drop --master")
         profile, listed, slots = _slurm_profile(name, nodelist, partition, python), [], {}
         master_addr = "FSDPCTL_HEAD_ADDRESS"  # the node itself reads the head node's address from Slurm
     else:
@@ -92,6 +95,11 @@ def init_profile(name: str, hosts: Sequence[str] = (), *, hostfile: Optional[Pat
         if master not in listed:
             raise UsageError(f"--master {master}: not one of the hosts", "name one of them, e.g. " + listed[0])
         master_addr = _address_of(profile, master)
+        if len(listed) > 1 and _is_loopback(master_addr):
+            raise UsageError(f"{master}: resolves to {master_addr} on this machine, a loopback address the other "
+                             "hosts cannot reach (Debian and Ubuntu map a machine's own name to 127.0.1.1)",
+                             f"name {master} by an address the hosts share (e.g. its eth0 address), "
+                             "or map its name to that address in /etc/hosts")
     report = _probe(profile, master_addr, slurm, timeout, concurrency, emit)
     names = listed or [h.host for h in report.hosts]
     findings = [finding_of(names[h.node_rank] if listed else h.host, h.node_rank, h.facts, _why(h))
@@ -101,8 +109,14 @@ def init_profile(name: str, hosts: Sequence[str] = (), *, hostfile: Optional[Pat
         raise InitRefused(["no host answered: " + "; ".join(c.detail for c in report.cluster if c.status == "fail")],
                           [], [])
     decision = decide(findings, master_finding, ib, python)
-    if decision.refusals:
-        raise InitRefused(decision.refusals, findings, decision.rows)
+    refusals = list(decision.refusals)
+    if slurm and decision.host_interfaces:
+        # A Slurm profile names no hosts, so it has no per-host interface to give.
+        named = ", ".join(f"{host}: {name}" for host, name in sorted(decision.host_interfaces.items()))
+        refusals.append(f"the nodes route to the head node through differently named cards ({named}), and a "
+                        "Slurm profile holds one network.interface; rename them alike, or profile them over SSH")
+    if refusals:
+        raise InitRefused(refusals, findings, decision.rows)
     text = profile_text(name, findings, decision, profile, master_finding, slots, slurm, partition, ib, workdir)
     _check(text, path)
     if write:
@@ -150,6 +164,13 @@ def _slurm_profile(name: str, nodelist: Optional[str], partition: Optional[str],
     return ClusterProfile(name=name, backend="slurm", python=python,
                           slurm=SlurmSpec(nodes=len(nodes), partition=partition,
                                           directives=(f"--nodelist={','.join(nodes)}",)))
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a name left for the nodes to resolve
+        return False
 
 
 def _address_of(profile: ClusterProfile, host: str) -> str:
@@ -233,7 +254,8 @@ def profile_text(name: str, findings: list[HostFinding], decision: Decision, pro
     out.field("python", decision.python, "has torch on every host")
     out.field("workdir", workdir, "runs go to <workdir>/runs/<run id> on the nodes")
     if slurm:
-        out.section("slurm", [("nodes", len(findings), ""), ("partition", partition, "")])
+        probed_on = ",".join(f.host for f in findings)
+        out.section("slurm", [("nodes", len(findings), f"probed on {probed_on}"), ("partition", partition, "")])
     else:
         ssh = probed.ssh
         out.section("ssh", [("user", ssh.user, ""), ("port", ssh.port, ""), ("identity_file", ssh.identity_file, ""),

@@ -102,16 +102,21 @@ def route(master, interfaces):
 
 
 def nccl_default(interfaces):
-    """The interface NCCL picks without NCCL_SOCKET_IFNAME: an ``ib*`` one first, else the first other
-    one that is up with an IPv4 address, never ``lo`` or ``docker*`` (in the kernel's index order)."""
+    """The interface NCCL picks without NCCL_SOCKET_IFNAME, in NCCL's own order (src/misc/socket.cc):
+    an ``ib*`` one, else any other but ``docker*``, ``lo`` and ``virbr*``, else ``docker*``, then
+    ``lo``, then ``virbr*``; each time the first up with an IPv4 address, in the kernel's index order."""
     try:
         order = [name for _, name in sorted(socket.if_nameindex())]
     except OSError:
         order = sorted(interfaces)
-    usable = [n for n in order if n in interfaces and interfaces[n].get("up") and interfaces[n].get("ipv4")
-              and n != "lo" and not n.startswith("docker")]
-    preferred = [n for n in usable if n.startswith("ib")]
-    return (preferred or usable or [None])[0]
+    usable = [n for n in order if n in interfaces and interfaces[n].get("up") and interfaces[n].get("ipv4")]
+    skipped = ("docker", "lo", "virbr")
+    tiers = ([n for n in usable if n.startswith("ib")],
+             [n for n in usable if not n.startswith(skipped)],
+             [n for n in usable if n.startswith("docker")],
+             [n for n in usable if n.startswith("lo")],
+             [n for n in usable if n.startswith("virbr")])
+    return next((tier[0] for tier in tiers if tier), None)
 
 
 def net_plugins():

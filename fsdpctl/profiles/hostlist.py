@@ -3,6 +3,7 @@ Slurm node lists (``gpu[01-04,07],login1``), expanded as ``scontrol show hostnam
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,21 @@ class ListedHost:
     slots: Optional[int] = None
 
 
-_SLOTS = re.compile(r"^(?:slots|max_slots|max-slots)\s*=\s*(\d+)$")
-_HOST = re.compile(r"^[A-Za-z0-9_.\[\]:-]+$")
+_SLOTS = re.compile(r"^slots\s*=\s*(\d+)$")
+# Open MPI's cap on oversubscription, not a count of processes: accepted and left aside.
+_MAX_SLOTS = re.compile(r"^max[_-]slots\s*=\s*\d+$")
+_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def _is_host(name: str) -> bool:
+    """A host name, an IPv4 address, or a bare IPv6 address (no brackets, no port)."""
+    if _HOST.match(name):
+        return True
+    try:
+        ipaddress.IPv6Address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_hostfile(text: str, source: str) -> list[ListedHost]:
@@ -40,12 +54,14 @@ def parse_hostfile(text: str, source: str) -> list[ListedHost]:
                                  "write host:N, host slots=N, or the host alone")
             slots = int(count)
         for word in words[1:]:
+            if _MAX_SLOTS.match(word):
+                continue
             match = _SLOTS.match(word)
             if match is None:
                 raise UsageError(f"{source}:{number}: {word!r}: not a slots=N field",
                                  "write host slots=N (DeepSpeed, Open MPI), host:N (MPICH), or the host alone")
             slots = int(match.group(1))
-        if not _HOST.match(name):
+        if not _is_host(name):
             raise UsageError(f"{source}:{number}: {name!r}: not a host name or address", "fix or remove the line")
         if slots == 0:
             raise UsageError(f"{source}:{number}: {name}: 0 slots", "give 1 or more, or remove the host")
@@ -107,6 +123,8 @@ def _expand(name: str) -> list[str]:
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """``gpu[01-03,07],login1`` -> gpu01, gpu02, gpu03, gpu07, login1 (several bracket groups too)."""
+    if any(char.isspace() for char in nodelist.strip()):
+        raise UsageError(f"--nodelist {nodelist!r}: a space in it", "separate nodes with commas, e.g. n1,n2")
     try:
         names = [n for part in _split_top(nodelist.strip()) if part for n in _expand(part.strip())]
     except ValueError as exc:

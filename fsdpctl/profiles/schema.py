@@ -31,7 +31,9 @@ SLURM_DIRECTIVE_PATTERN = re.compile(r"^--[a-z][a-z0-9-]*(?:=[^\s'\"`$\\;|&<>]+)
 
 
 # Variables the profile's network section owns; setting them in env would silently disagree.
-NETWORK_OWNED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_NET")
+# NCCL_NET is not among them: ``ib: false`` sets it to Socket, but a profile's env may name a net
+# plugin's transport instead (EFA's aws-ofi-nccl is no InfiniBand, yet wants its plugin).
+NETWORK_OWNED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA")
 SIZE_PATTERN = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30,
               "TiB": 2**40}
@@ -105,7 +107,7 @@ class NetworkSpec:
     exact-match form (``=eth0``: a plain name is a prefix to NCCL, and would match ``eth0.100`` too)."""
     ib: bool = False
     """Use InfiniBand; false sets NCCL_IB_DISABLE=1 and NCCL_NET=Socket, so neither NCCL nor a net
-    plugin installed on the node tries RDMA."""
+    plugin installed on the node tries RDMA (``env: {NCCL_NET: ...}`` names a plugin's transport instead)."""
     ib_hca: Optional[str] = None
     """InfiniBand adapters NCCL may use (NCCL_IB_HCA, e.g. ``mlx5_0,mlx5_1``); needs ``ib: true``."""
 

@@ -20,17 +20,34 @@ def test_hostfiles_as_deepspeed_and_mpi_write_them():
     hosts = parse_hostfile("# the lab\nworker-1 slots=8\nworker-2:4  # MPICH\n\n10.0.0.3\n", "hosts")
     assert [(h.host, h.slots) for h in hosts] == [("worker-1", 8), ("worker-2", 4), ("10.0.0.3", None)]
     for text, words in (("w1 slots=x\n", "not a slots=N field"), ("w1:x\n", "not a count"), ("w1\nw1\n", "twice"),
-                        ("w1 slots=0\n", "0 slots"), ("# nothing\n", "no hosts"), ("w$1\n", "not a host name")):
+                        ("w1 slots=0\n", "0 slots"), ("# nothing\n", "no hosts"), ("w$1\n", "not a host name"),
+                        ("[::1]:4\n", "not a host name"), ("-w1\n", "not a host name")):
         with pytest.raises(UsageError, match=words) as error:
             parse_hostfile(text, "hosts")
         assert error.value.message.startswith("hosts"), error.value.message
+
+
+def test_open_mpis_max_slots_is_a_cap_not_the_count_and_ipv6_hosts_are_bare():
+    hosts = parse_hostfile("a slots=4 max_slots=8\nb max-slots=2\nfe80::1 slots=2\n", "hosts")
+    assert [(h.host, h.slots) for h in hosts] == [("a", 4), ("b", None), ("fe80::1", 2)]
+
+
+def test_init_refuses_a_master_that_resolves_to_loopback_here():
+    """Debian maps a machine's own name to 127.0.1.1: written as the master's address, every other
+    host would try to reach itself. Refused before any host is contacted."""
+    from fsdpctl.api.init import init_profile
+
+    with pytest.raises(UsageError, match="loopback address the other hosts cannot reach"):
+        init_profile("x", ["localhost", "10.0.0.2"], write=False)
+    with pytest.raises(UsageError, match="--master with --slurm"):
+        init_profile("x", slurm=True, nodelist="n[1-2]", master="n1", write=False)
 
 
 def test_slurm_nodelists_expand_as_scontrol_does():
     assert expand_nodelist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
     assert expand_nodelist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
     assert expand_nodelist("n[8-10]") == ["n8", "n9", "n10"]
-    for bad in ("n[1-", "n[3-1]", "n[a]", ""):
+    for bad in ("n[1-", "n[3-1]", "n[a]", "", "n1 n2"):
         with pytest.raises(UsageError, match="--nodelist"):
             expand_nodelist(bad)
 
@@ -118,3 +135,17 @@ def test_a_python_with_torch_is_found_when_the_login_shells_has_none(tmp_path, m
     assert os.path.exists(found[0]["path"])
     assert Path(found[0]["path"]).resolve() == Path(sys.executable).resolve()
     assert os.environ["HOME"] == str(tmp_path)
+
+
+def test_the_interface_nccl_would_pick_follows_nccls_own_order(monkeypatch):
+    from fsdpctl.hostcheck import discover_script
+
+    def pick(*names: str, down: tuple[str, ...] = ()) -> str | None:
+        monkeypatch.setattr(discover_script.socket, "if_nameindex", lambda: list(enumerate(names, start=1)))
+        return discover_script.nccl_default({n: {"up": n not in down, "ipv4": ["10.0.0.1/24"]} for n in names})
+
+    assert pick("lo", "docker0", "virbr0", "eth0") == "eth0"
+    assert pick("lo", "virbr0", "eth0", "ib0") == "ib0"  # IPoIB first, wherever it is
+    assert pick("lo", "eth0", "ib0", down=("ib0",)) == "eth0"
+    assert pick("lo", "virbr0", "docker0") == "docker0" and pick("virbr0", "lo") == "lo"
+    assert pick("virbr0") == "virbr0" and pick() is None

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fsdpctl.errors import UsageError
+from fsdpctl.errors import ProfileError, UsageError
 from fsdpctl.plan.make import DEBUG_ENV, auto_port, make_plan
 from fsdpctl.plan.types import Overrides
 from fsdpctl.profiles.loader import load_profile, parse_profile
@@ -31,7 +31,19 @@ def test_two_nodes_with_ranks_master_ip_and_network_env():
     # NCCL's exact-match form (a plain name is a prefix to NCCL); Gloo wants the plain name.
     assert plan.env["NCCL_SOCKET_IFNAME"] == "=eth0" and plan.env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert plan.env["NCCL_NET"] == "Socket" and plan.env["NCCL_IB_DISABLE"] == "1"
-    assert plan.env["NCCL_IB_DISABLE"] == "1"
+
+
+def test_a_profile_may_name_a_net_plugins_transport_with_ib_off():
+    """ib: false selects NCCL's socket transport, unless the profile's env names another (EFA's
+    aws-ofi-nccl is no InfiniBand but wants its plugin); the interface stays the network section's."""
+    import dataclasses
+
+    profile = load_profile("two-node").profile
+    efa = dataclasses.replace(profile, env={**profile.env, "NCCL_NET": "AWS Libfabric"})
+    plan = make_plan(efa, run_id=RUN_ID, local_run_dir="runs/" + RUN_ID, overrides=Overrides())
+    assert plan.env["NCCL_NET"] == "AWS Libfabric" and plan.env["NCCL_IB_DISABLE"] == "1"
+    with pytest.raises(ProfileError):
+        parse_profile("name: x\nbackend: ssh\nhosts: [a]\nenv:\n  NCCL_SOCKET_IFNAME: eth1\n", "x.yaml")
     assert plan.env["PYTHONUNBUFFERED"] == "1" and "OMP_NUM_THREADS" in plan.env
     for node in plan.nodes:
         args = node.torchrun_args
