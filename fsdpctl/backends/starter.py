@@ -19,6 +19,7 @@ from ..plan.types import LaunchPlan
 from ..rundir.attempts import attempt_folder, node_files
 from ..rundir.state import NodeState
 from ..shell import OUTPUT_MARK, marked
+from .node_agent import GO
 from .node_commands import AGENT_REFUSED, AGENT_STARTED, agent_command
 from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
 from .transport import Session, Transport
@@ -71,7 +72,7 @@ class NodeStarter:
 
         def start_one(run: NodeRun) -> None:
             session = self.sessions.get(run.rank) or self._agent(run.rank, None, COMMAND_TIMEOUT)
-            session.send(f"go {watch:g}\n".encode())
+            session.send(f"{GO} {watch:g}\n".encode())
             out = session.read_until(AGENT_STARTED, COMMAND_TIMEOUT)
             words = out.rsplit(AGENT_STARTED, 1)[-1].split() if AGENT_STARTED in out else []
             if words and words[0].isdigit() and watch > 0:

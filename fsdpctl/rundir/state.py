@@ -73,6 +73,15 @@ class RunState(str, Enum):
         return state
 
 
+def slurm_ending(slurm_state: str, exit_code: Optional[int]) -> tuple[RunState, int]:
+    """The state and exit code of a Slurm job that has ended. A job that failed on Slurm's side
+    (TIMEOUT, NODE_FAIL, CANCELLED by someone else...) exits non-zero even where Slurm's ExitCode
+    says 0:0, so that no script mistakes it for a success."""
+    code = exit_code if exit_code is not None else (0 if slurm_state.upper() == "COMPLETED" else 1)
+    state = RunState.from_slurm(slurm_state, code)
+    return state, (1 if state.is_failure and code == 0 else code)
+
+
 _SLURM = {
     "PENDING": RunState.SUBMITTED, "CONFIGURING": RunState.SUBMITTED, "REQUEUED": RunState.SUBMITTED,
     "REQUEUE_HOLD": RunState.SUBMITTED, "REQUEUE_FED": RunState.SUBMITTED, "RESV_DEL_HOLD": RunState.SUBMITTED,

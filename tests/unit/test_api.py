@@ -73,6 +73,18 @@ def test_states_know_when_a_run_is_over_and_whether_it_failed():
     assert json.dumps({"state": RunState.RUNNING}) == '{"state": "running"}'
 
 
+def test_a_slurm_job_that_failed_on_slurms_side_never_exits_0():
+    """TIMEOUT or NODE_FAIL with Slurm's ExitCode 0:0 is a failure: a script testing $? must see it."""
+    from fsdpctl.rundir.state import slurm_ending
+
+    assert slurm_ending("COMPLETED", 0) == (RunState.SUCCEEDED, 0)
+    assert slurm_ending("COMPLETED", None) == (RunState.SUCCEEDED, 0)
+    assert slurm_ending("FAILED", 3) == (RunState.FAILED, 3)
+    assert slurm_ending("TIMEOUT", 0) == (RunState.TIMEOUT, 1)
+    assert slurm_ending("NODE_FAIL", None) == (RunState.NODE_FAIL, 1)
+    assert slurm_ending("CANCELLED", 0) == (RunState.CANCELLED, 1)
+
+
 def test_a_run_that_ended_is_read_back_without_its_nodes(tmp_path, monkeypatch, isolated_home):
     """``get_run(...).wait()`` on an ended run answers from run.json (no node is asked)."""
     monkeypatch.chdir(REPO)

@@ -23,7 +23,7 @@ from ...rundir.attempts import attempt_folder
 from ...rundir.lines import LogLine
 from ...rundir.paths import files_under
 from ...rundir.record import RunDir, last_metrics, now
-from ...rundir.state import Failure, NodeState, Outcome, RunState
+from ...rundir.state import Failure, NodeState, Outcome, RunState, slurm_ending
 from ...rundir.status import NodeStatus, RunStatus, recorded_status
 from ...workload.layout import complete_steps
 from ..base import DoctorRequest, LineSink
@@ -113,8 +113,7 @@ class SlurmBackend:
             run.update(RunState.FAILED, exit_code=HANG_EXIT, slurm_state=state.state, finished_at=now(),
                        first_failure=hang[0].to_json())
             return Outcome(exit_code=HANG_EXIT, state=RunState.FAILED, first_failure=hang[0])
-        code = state.exit_code if state.exit_code is not None else (0 if state.state == "COMPLETED" else 1)
-        outcome_state = RunState.from_slurm(state.state, code)
+        outcome_state, code = slurm_ending(state.state, state.exit_code)
         if outcome_state is RunState.CANCELLED and run.record.get("stopped_at"):
             outcome_state = RunState.STOPPED  # fsdpctl stop cancelled it
         notes = () if outcome_state is RunState.SUCCEEDED else tuple(
