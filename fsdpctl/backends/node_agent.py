@@ -225,8 +225,10 @@ class Watch:
 
     The log goes out as frames of its bytes, read from the file only while less than ``OUT_LIMIT``
     waits for the launcher: a launcher that reads slower than the ranks print gets every byte, late
-    (the file on disk holds the rest meanwhile). ``!alive`` and ``!stopped`` go ahead of log data
-    that waits (never inside a frame); ``!exit`` goes after the last byte of the log."""
+    (the file on disk holds the rest meanwhile). ``!alive``, ``!stopped`` and ``!exit`` go ahead of
+    log data that waits (never inside a frame): a launcher far behind a flood still learns at once
+    that a node ended, and fails fast. After ``!exit`` the rest of the log follows, then the agent
+    closes its output: the launcher's end of the log."""
 
     def __init__(self, run_id, rank, node_timeout, inp):
         self.run_id, self.rank, self.timeout, self.inp = run_id, rank, node_timeout, inp
@@ -319,19 +321,19 @@ class Watch:
             if code is None and os.path.exists(exit_file):
                 with open(exit_file) as handle:  # written after the log's last byte
                     code = handle.read().strip() or "255"
+                self.say("%s %s" % (EXIT, code))
             held_back = self.pump_log()
-            if code is not None and not held_back:  # the whole log is on its way
-                self.data.append(("%s %s\n" % (EXIT, code)).encode())
-                while self.pending() and not self.launcher_gone and time.time() - self.last_heard < self.timeout:
-                    self.listen(0.2)
-                return 0
+            if code is not None and not held_back and not self.pending():
+                return 0  # the whole log is out
             now = time.time()
+            if code is not None and (self.launcher_gone or now - self.last_heard > self.timeout):
+                return 0  # nobody reads the rest; the node's log file holds it all
             if now >= self.next_alive:
                 self.say(ALIVE)
                 self.next_alive = now + self.interval
             if now - self.last_heard > self.timeout and not self.launcher_gone:
                 self.end("nothing heard from the launcher for %.0f s" % self.timeout, ORPHAN_GRACE_SECONDS)
-            if self.ended_at is not None and now - self.ended_at > 15.0:
+            if self.ended_at is not None and code is None and now - self.ended_at > 15.0:
                 return 1  # the run is ended; its wrapper left no exit file (it was killed too)
             self.listen(0.0 if held_back and not self.pending() else 0.2)
 

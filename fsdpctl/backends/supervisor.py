@@ -155,6 +155,9 @@ class Supervisor:
                 batch.append(self.lines.get_nowait())
             except queue.Empty:
                 break
+        # A node's answer (its exit, its loss) first: it may end the others, which must not wait behind
+        # the lines already here. Lines keep their order, and a stream's end stays after its lines.
+        batch.sort(key=lambda entry: not isinstance(entry[1], tuple))
         for run, item in batch:
             if isinstance(item, tuple):
                 self._settle(run, item)
@@ -256,22 +259,6 @@ class Supervisor:
         if flush is not None:
             flush()
 
-    def _drain_lines(self, keep_going: Callable[[], bool], seconds: float) -> None:
-        """Take the lines that arrive within ``seconds``; what else arrives is kept for the loop."""
-        deadline, kept = time.monotonic() + seconds, []
-        while keep_going() and time.monotonic() < deadline:
-            try:
-                run, item = self.lines.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if isinstance(item, tuple):
-                kept.append((run, item))
-            else:
-                self._take(run, item)
-        for entry in kept:
-            self.lines.put(entry)
-        self._flush()
-
     def _settle(self, run: NodeRun, answer: tuple[str, ...]) -> None:
         """Apply what is known of a node's end; a failure ends the others."""
         if run.state != NodeState.RUNNING:
@@ -293,9 +280,8 @@ class Supervisor:
     def _fail(self, run: NodeRun) -> None:
         if self.first_failure is not None or self.stopping:
             return
-        if run.state != NodeState.LOST:  # torchrun's last lines (its failure summary) may still be on their way
-            self._drain_lines(lambda: run.streaming, 0.5)
-        # Without torchrun's own time stamp (torchrun itself died), it failed now.
+        # What is known now; torchrun's failure summary may still be on its way, and _result decides
+        # again from every node's complete last lines. Without torchrun's own time stamp, it failed now.
         self.first_failure = first_failure_of(run, time.strftime("%Y-%m-%d_%H:%M:%S"))
         others = [r for r in self.runs if r is not run and r.state == NodeState.RUNNING]
         if others:
@@ -305,11 +291,13 @@ class Supervisor:
         if self.hang_failure is not None and signum is None:
             return RunResult(HANG_EXIT, self.hang_failure, False, hung=True)
         if self.first_failure is not None:
-            # The first node seen failing may only have lost a peer: decide once every node has ended.
-            failed = [self.first_failure] + [first_failure_of(r) for r in self.runs
-                                             if r.state in (NodeState.FAILED, NodeState.LOST)
-                                             and r.rank != self.first_failure.node_rank]
-            self.first_failure = root_cause(failed)
+            # The first node seen failing may only have lost a peer: decide once every node has ended,
+            # from each node's last lines as they are now (a node's exit can come ahead of its last lines,
+            # torchrun's failure summary among them, when the launcher is behind).
+            seen = self.first_failure
+            failed = [first_failure_of(r, seen.failed_at if r.rank == seen.node_rank else None) for r in self.runs
+                      if r.state in (NodeState.FAILED, NodeState.LOST)]
+            self.first_failure = root_cause(failed or [seen])
         if signum is not None:
             return RunResult(128 + signum, self.first_failure, True, signum)
         if self._left() and any(r.state == NodeState.RUNNING for r in self.runs):

@@ -31,6 +31,16 @@ if sys.argv[1] == "flood":  # numbered lines of 70 bytes, as fast as it can (pau
             sys.stdout.flush()
             time.sleep(0.05)
     sys.stdout.flush()
+elif sys.argv[1] == "floodfail":  # rank 0 floods, then fails; rank 1 works on, saying so, until stopped
+    if rank == 0:
+        for i in range(LINES):
+            sys.stdout.write(f"flood rank=0 seq={i:07d} {'x' * 40}\n")
+        sys.stdout.write(f"FAILING-AT {time.time():.3f}\n")
+        sys.stdout.flush()
+        os._exit(3)
+    for _ in range(1200):
+        print(f"alive {time.time():.3f}", flush=True)
+        time.sleep(0.1)
 else:
     out = sys.stdout.buffer
     out.write(b"BEGIN\\nbad utf8 \\xff\\xfe here\\nnul \\x00 inside the line\\n")
@@ -78,6 +88,32 @@ def test_a_flood_arrives_whole_and_in_order_through_a_stalled_launcher(lab, tmp_
     assert logs.returncode == 0, logs.stderr
     assert seqs(logs.stdout, 1) == list(range(LINES)) and not seqs(logs.stdout, 0)
     assert "[rank0]:flood" not in out, "one prefix per line: fsdpctl's, not torchrun's as well"
+
+
+def test_a_node_that_fails_behind_a_flood_stops_the_others_at_once(lab, tmp_path):
+    """A node's exit goes ahead of the log data still waiting for a slow terminal: the other node is
+    stopped seconds after the failure, not once the failed node's whole flood has been shown; every
+    line still arrives, and the failure is torchrun's, named."""
+    profile = write_profile(lab, tmp_path)
+    argv, env = fsdpctl(lab, tmp_path, "launch", "-p", str(profile), "--node-timeout", str(NODE_TIMEOUT),
+                        "--code", str(project(tmp_path)), "--", "printer.py", "floodfail")
+    err_path = tmp_path / "launcher.err"
+    chunks = []
+    with err_path.open("w") as err:
+        launcher = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, cwd=tmp_path)
+        while chunk := launcher.stdout.read1(1 << 16):  # a terminal taking ~0.8 MB/s: the flood waits on disk
+            chunks.append(chunk)
+            time.sleep(0.08)
+        code = launcher.wait(timeout=60)
+    out, stderr = b"".join(chunks).decode("utf-8", "replace"), err_path.read_text()
+    assert code == 3, stderr[-3000:]
+    assert seqs(out, 0) == list(range(LINES)), f"{len(seqs(out, 0))} lines of rank 0"
+    failed_at = float(re.search(r"FAILING-AT (\S+)", out).group(1))
+    last_alive = max(float(t) for t in re.findall(r"r1\] alive (\S+)", out))
+    # Showing rank 0's 14 MB here takes ~17 s; its exit comes ahead of what waits, and rank 1 is stopped.
+    assert last_alive - failed_at < 12, (last_alive - failed_at, stderr[-2000:])
+    assert f"FAILED: rank 0 (local rank 0) on {lab.hosts['n1'].address} (node 0) exited 3" in stderr, stderr[-3000:]
+    assert "was lost" not in stderr and not processes_of(run_dir_of(tmp_path).name)
 
 
 def test_bad_bytes_progress_bars_and_a_20_mb_line_are_shown_and_kept(lab, tmp_path):
