@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .errors import UsageError
 
@@ -59,6 +59,13 @@ class JobOptions:
     """Slurm: ``sbatch`` (fsdpctl's batch script) or ``submitit``."""
     requeue: Optional[bool] = None
     """Slurm: checkpoint before the time limit and requeue."""
+    model: Optional[str] = None
+    """Your program's model for the memory check before it starts (``package.module:factory``; see
+    ``fsdpctl estimate --model``); the bundled workload is checked without it."""
+    wrap: Optional[str] = None
+    """With ``model``: the class FSDP shards."""
+    input_shape: tuple[Union[int, str], ...] = ()
+    """With ``model``: its input's shape, ``B`` for the batch."""
 
     def __post_init__(self) -> None:
         check_hang_timeout(self.hang_timeout)
@@ -109,6 +116,10 @@ class Job:
     nodes: Optional[int] = None
     time: Optional[str] = None
     fetch: tuple[str, ...] = ()
+    model: Optional[str] = None
+    """The program's model for the memory check before a launch (with ``wrap`` and ``input_shape``)."""
+    wrap: Optional[str] = None
+    input_shape: tuple[Union[int, str], ...] = ()
 
 
 def parse_env_items(items: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -162,9 +173,13 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
     command = flags.command or (spec.command if spec else ())
     if flags.no_code and flags.code is not None:
         raise UsageError("--code and --no-code: give one of them", "--no-code runs the code where it already is")
+    if flags.model and not (flags.wrap and flags.input_shape):
+        raise UsageError("--model: the memory check also needs the class FSDP shards and the input's shape",
+                         "add --wrap CLASS --input-shape B,1024 (B: the batch)")
     if not command:
         misplaced = [name for given, name in ((flags.code is not None, "--code"), (flags.no_code, "--no-code"),
-                                              (flags.chdir is not None, "--chdir")) if given]
+                                              (flags.chdir is not None, "--chdir"), (bool(flags.model), "--model"))
+                     if given]
         if misplaced:
             raise UsageError(f"{misplaced[0]}: goes with a command of your own; the bundled workload ships itself",
                              "add your program after --, e.g. -- train.py --epochs 3")
@@ -197,4 +212,5 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
                code=collect_code(code_dir, limit) if code_dir is not None else None, chdir=chdir, env=env,
                secrets=secrets, requirements=requirements, nproc_per_node=spec.nproc_per_node if spec else None,
                nodes=spec.nodes if spec else None, time=spec.time if spec else None,
-               fetch=spec.fetch if spec else ())
+               fetch=spec.fetch if spec else (), model=flags.model, wrap=flags.wrap,
+               input_shape=tuple(flags.input_shape))

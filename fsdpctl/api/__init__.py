@@ -16,6 +16,7 @@ from ..rundir.lines import LogLine
 from ..rundir.state import Failure, NodeState, Outcome, RunState
 from ..rundir.status import AttemptInfo, NodeStatus, RunStatus
 from .doctor import doctor
+from .estimate import EstimateReport, estimate
 from .events import (
     AttemptStarting,
     Event,

@@ -99,10 +99,14 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     to its end, starting it again after a failure while restarts are left."""
     from ..backends import backend_for
     from ..rundir.record import create_run
+    from .estimate import memory_warning
     from .following import follow_with_restarts, passes_preflight, start
 
     for warning in prepared.warnings:
         emit.notice(f"warning: {warning}", "warning")
+    memory = memory_warning(prepared)
+    if memory is not None:
+        emit.notice(f"warning: {memory}", "warning")
     loaded, plan = prepared.loaded, prepared.plan
     payload = prepared.payload()
     backend = backend_for(loaded.profile, plan.backend)

@@ -9,7 +9,7 @@ import typer
 
 from .. import __version__
 from ..errors import FsdpctlError, PreflightError
-from . import doctor, fetch, init, launch, logs, profiles, render, stacks, status, submit
+from . import doctor, estimate, fetch, init, launch, logs, profiles, render, stacks, status, submit
 
 app = typer.Typer(
     name="fsdpctl",
@@ -38,6 +38,7 @@ def _root(
 
 app.command(name="init")(init.init)
 app.command(name="doctor")(doctor.doctor)
+app.command(name="estimate")(estimate.estimate)
 app.command(name="launch")(launch.launch)
 app.command(name="submit")(submit.submit)
 app.command(name="logs")(logs.logs)

@@ -60,6 +60,12 @@ CLUSTER = {
                                  "TORCH_DISTRIBUTED_DEBUG=DETAIL.")),
 }
 RUN = {
+    "model": (Optional[str], typer.Option(None, "--model", metavar="MODULE:FACTORY",
+                                          help="Your program's model, for the memory check before it starts (as "
+                                               "`fsdpctl estimate --model`; the bundled workload needs none).")),
+    "wrap": (Optional[str], typer.Option(None, "--wrap", metavar="CLASS", help="With --model: the class FSDP shards.")),
+    "input_shape": (Optional[str], typer.Option(None, "--input-shape", metavar="B,S,...",
+                                                help="With --model: its input's shape, B for the batch.")),
     "dry_run": (bool, typer.Option(False, "--dry-run", help="Print the plan and every rendered script; touch "
                                    "nothing.")),
     "as_json": (bool, typer.Option(False, "--json", help="With --dry-run: print the plan and scripts as JSON.")),
@@ -116,7 +122,8 @@ class Flags:
                  "secrets": secrets, "requirements": self.values.get("requirements"), "workload": self.workload(),
                  "nproc_per_node": self.values.get("nproc_per_node"), "master_port": self.values.get("master_port"),
                  "debug": self.values.get("debug", False), "hang_timeout": self.values.get("hang_timeout"),
-                 "on_hang": self.values.get("on_hang"), **extra}
+                 "on_hang": self.values.get("on_hang"), "model": self.values.get("model"),
+                 "wrap": self.values.get("wrap"), "input_shape": input_shape(self.values.get("input_shape")), **extra}
         return JobOptions(**given)
 
     def refuse_with_resume(self, **others: Any) -> None:
@@ -130,6 +137,16 @@ class Flags:
                         "as_json": "--json"}.get(name) or "--" + name.replace("_", "-")
                 raise UsageError(f"{flag}: --resume continues the run with its own plan (profile, settings, command)",
                                  "drop it (only --steps and --epochs may change), or start a new run without --resume")
+
+
+def input_shape(text: Optional[str]) -> tuple[Any, ...]:
+    """``B,1024,768`` as (``"B"``, 1024, 768): numbers, and B for the batch."""
+    if not text:
+        return ()
+    try:
+        return tuple("B" if part.strip() == "B" else int(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--input-shape {text!r}: not numbers and B", "write it like B,1024,768") from None
 
 
 def with_options(*groups: dict[str, tuple[Any, Any]]):

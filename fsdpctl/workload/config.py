@@ -104,6 +104,8 @@ class TrainConfig:
     """FSDP2 only: free gathered parameters after forward or keep them; null: follow --sharding."""
     compile: bool = False
     """torch.compile each block (CUDA only)."""
+    memory_report: Optional[bool] = None
+    """Measure step 2's peak allocated memory per rank, print fsdpctl's estimate beside it; null: on GPUs."""
 
     # checkpoints
     checkpoint_interval: int = 0

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -178,18 +179,66 @@ def check_same(rt: Runtime, name: str, text: str, problem: str, fix: str) -> Non
         raise PeerFailed()
 
 
-def _mesh(cfg: TrainConfig, rt: Runtime):
+def device_mesh(cfg: TrainConfig, device_type: str, world: int, local_world: int):
+    """The mesh the chosen sharding runs on (see the table above)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if cfg.sharding == "no-shard":
-        return init_device_mesh(rt.device.type, (rt.world, 1), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(device_type, (world, 1), mesh_dim_names=("replicate", "shard"))
     if cfg.sharding == "hybrid":
-        return init_device_mesh(rt.device.type, (rt.world // rt.local_world, rt.local_world),
+        return init_device_mesh(device_type, (world // local_world, local_world),
                                 mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(rt.device.type, (rt.world,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
 
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def apply_fsdp2(model: nn.Module, units: Sequence[nn.Module], cfg: TrainConfig, mesh, precision: str,
+                reshard: bool, pin_memory: bool) -> None:
+    """``fully_shard`` each unit (the GPT's blocks), then the root, in place. Parameters stay where
+    they are (on the meta device for a model built there)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict = {"mesh": mesh}
+    if precision != "fp32":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[precision], reduce_dtype=torch.float32)
+    if cfg.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
+    for unit in units:
+        fully_shard(unit, reshard_after_forward=reshard, **kwargs)
+    # The root (embeddings, final norm, head) is needed again as soon as backward starts:
+    # keep it gathered (FSDP2's own default for the root; resharding it cost ~5 % step time).
+    fully_shard(model, reshard_after_forward=False, **kwargs)
+
+
+def wrap_fsdp1(model: nn.Module, unit_classes: set[type], cfg: TrainConfig, precision: str,
+               device: torch.device, mesh=None) -> nn.Module:
+    """``FullyShardedDataParallel`` around a materialised model, each unit class wrapped (or, with
+    ``auto_wrap: size``, every submodule holding at least one unit's worth of parameters)."""
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+    if cfg.auto_wrap == "transformer":
+        policy = ModuleWrapPolicy(unit_classes)
+    else:
+        unit = next(m for m in model.modules() if type(m) in unit_classes)
+        policy = functools.partial(size_based_auto_wrap_policy,
+                                   min_num_params=sum(p.numel() for p in unit.parameters()))
+    strategy = {"full": ShardingStrategy.FULL_SHARD, "grad-op": ShardingStrategy.SHARD_GRAD_OP,
+                "no-shard": ShardingStrategy.NO_SHARD, "hybrid": ShardingStrategy.HYBRID_SHARD}
+    prefetch = {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST,
+                "none": None}
+    mixed = None
+    if precision != "fp32":
+        dtype = _DTYPES[precision]
+        mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=dtype)
+    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy[cfg.sharding],
+                backward_prefetch=prefetch[cfg.backward_prefetch], mixed_precision=mixed,
+                cpu_offload=CPUOffload(offload_params=True) if cfg.cpu_offload else None,
+                device_id=device, use_orig_params=True,  # named params for decay groups, compile
+                device_mesh=mesh if cfg.sharding == "hybrid" else None)
 
 
 def build_model(cfg: TrainConfig, gpt_config: GPTConfig, rt: Runtime, precision: str) -> nn.Module:
@@ -203,48 +252,16 @@ def build_model(cfg: TrainConfig, gpt_config: GPTConfig, rt: Runtime, precision:
         limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
         setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 2 * gpt_config.n_layer))
         model.compile_compute()
+    mesh = device_mesh(cfg, rt.device.type, rt.world, rt.local_world)
     if cfg.fsdp == 2:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-        kwargs: dict = {"mesh": _mesh(cfg, rt)}
-        if precision != "fp32":
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[precision],
-                                                       reduce_dtype=torch.float32)
-        if cfg.cpu_offload:
-            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=rt.is_cuda)
-        for block in model.blocks:
-            fully_shard(block, reshard_after_forward=resolve_reshard(cfg, rt.world, rt.local_world), **kwargs)
-        # The root (embeddings, final norm, head) is needed again as soon as backward starts:
-        # keep it gathered (FSDP2's own default for the root; resharding it cost ~5 % step time).
-        fully_shard(model, reshard_after_forward=False, **kwargs)
+        apply_fsdp2(model, list(model.blocks), cfg, mesh, precision,
+                    reshard=resolve_reshard(cfg, rt.world, rt.local_world), pin_memory=rt.is_cuda)
         model.to_empty(device="cpu" if cfg.cpu_offload else rt.device)
         model.init_weights(cfg.seed)
         return model
-
-    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
-
     model.to_empty(device=rt.device)  # FSDP1 shards a materialised model
     model.init_weights(cfg.seed)
-    if cfg.auto_wrap == "transformer":
-        policy = ModuleWrapPolicy({Block})
-    else:  # wrap every submodule holding at least one block's worth of parameters
-        block_params = sum(p.numel() for p in model.blocks[0].parameters())
-        policy = functools.partial(size_based_auto_wrap_policy, min_num_params=block_params)
-    strategy = {"full": ShardingStrategy.FULL_SHARD, "grad-op": ShardingStrategy.SHARD_GRAD_OP,
-                "no-shard": ShardingStrategy.NO_SHARD, "hybrid": ShardingStrategy.HYBRID_SHARD}
-    prefetch = {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST,
-                "none": None}
-    mixed = None
-    if precision != "fp32":
-        dtype = _DTYPES[precision]
-        mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=dtype)
-    return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy[cfg.sharding],
-                backward_prefetch=prefetch[cfg.backward_prefetch], mixed_precision=mixed,
-                cpu_offload=CPUOffload(offload_params=True) if cfg.cpu_offload else None,
-                device_id=rt.device, use_orig_params=True,  # named params for decay groups, compile
-                device_mesh=_mesh(cfg, rt) if cfg.sharding == "hybrid" else None)
+    return wrap_fsdp1(model, {Block}, cfg, precision, rt.device, mesh)
 
 
 def fused_adamw(device_type: str, precision: str) -> bool:

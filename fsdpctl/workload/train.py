@@ -26,6 +26,7 @@ from . import checkpoint as ckpt
 from . import data
 from . import parallelize as par
 from .config import ConfigError, TrainConfig, parse_args
+from .memory import StepMemory, estimate_step, report_line
 from .metrics import Meter, RunLog, peak_memory_mb
 from .model import GPTConfig, count_params, default_batch_size, flops_per_token, preset_config
 from .parallelize import PeerFailed, Runtime
@@ -178,8 +179,7 @@ def evaluate(model, cfg: TrainConfig, rt: Runtime, sampler: Sampler) -> tuple[fl
     total = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
         for x, y in sampler.val_batches(cfg.eval_steps):
-            _, loss = model(to_device(x, rt.device), to_device(y, rt.device))
-            total += loss.double().cpu()
+            total += model(to_device(x, rt.device), to_device(y, rt.device))[1].double().cpu()
     model.train()
     if cfg.fsdp == 2:
         par.reshard_all(model)  # an eval forward without backward can leave parameters gathered
@@ -197,6 +197,8 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     total_steps = cfg.steps or (cfg.epochs * train_sampler.steps_per_epoch if cfg.epochs else 100)
 
     precision = par.resolve_precision(cfg, device_type)
+    # Before the model exists: on a CPU the measurement counts every byte the allocator hands out.
+    memory = StepMemory(rt.device, rt.is_cuda if cfg.memory_report is None else cfg.memory_report)
     gpt_config = preset_config(cfg.preset, tokens.vocab_size, cfg.model_vocab_size)
 
     def check_vocab():
@@ -257,12 +259,14 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
             for group in optimizer.param_groups:
                 group["lr"] = lr
             step += 1
+            memory.step_starting(step - first_step)
             step_loss = torch.zeros((), device=rt.device)
             micro = train_sampler.next_step()
             for i, (x, y) in enumerate(micro):
                 with par.gradient_sync(model, cfg, sync=i == len(micro) - 1):
-                    _, loss = model(to_device(x, rt.device), to_device(y, rt.device))
-                    loss = loss / cfg.grad_accum
+                    # The logits (batch x seq x vocab, a step's largest tensor) are dropped at once: held
+                    # in a name, they stayed alive through the backward pass and into the next step.
+                    loss = model(to_device(x, rt.device), to_device(y, rt.device))[1] / cfg.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 step_loss += loss.detach()
             if scaler is not None:
@@ -276,6 +280,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
             if not state_bytes:  # after the first step: optimizer state exists, gradients not freed
                 state_bytes = par.local_state_bytes(model, optimizer)
             optimizer.zero_grad(set_to_none=True)
+            memory.step_done(step - first_step)
             if step % GC_EVERY == 0:
                 gc.collect(1)
             meter.step_done()
@@ -304,11 +309,25 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     if cfg.export_full:
         ckpt.export_full(cfg.export_full, model, rt.rank, rt.device, gpt_config.to_dict())
 
+    memory.close()
     keys = ("params", "grads", "optimizer", "total")
-    mine = torch.tensor([peak_memory_mb(rt.device), *(state_bytes.get(k, 0) for k in keys)],
+    mine = torch.tensor([peak_memory_mb(rt.device), *(state_bytes.get(k, 0) for k in keys),
+                         -1 if memory.peak_bytes is None else memory.peak_bytes],
                         dtype=torch.float64)  # byte counts stay exact in float64 below 2**53
     per_rank = [torch.zeros_like(mine) for _ in range(rt.world)]
     dist.all_gather(per_rank, mine)
+    measured = [int(row[-1]) for row in per_rank]
+    memory_summary = None
+    if rt.rank == 0 and memory.enabled and min(measured) >= 0:
+        estimate = estimate_step({
+            "world": rt.world, "local_world": rt.local_world, "device": rt.device.type, "preset": cfg.preset,
+            "fsdp": cfg.fsdp, "sharding": cfg.sharding, "mixed_precision": precision, "auto_wrap": cfg.auto_wrap,
+            "activation_checkpointing": cfg.activation_checkpointing, "cpu_offload": cfg.cpu_offload,
+            "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "vocab_size": tokens.vocab_size,
+            "model_vocab_size": gpt_config.vocab_size})
+        log.print(report_line(measured, estimate))
+        memory_summary = {"step": first_step + 2, "measured_by": memory.measured_by,
+                          "measured_peak_bytes_per_rank": measured, "estimate": estimate}
     step_time = meter.median_step_time()
     log.summary(run_dir, {
         "final_train_loss": train_loss, "final_val_loss": val_loss, "val_perplexity": val_ppl,
@@ -317,8 +336,9 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         "flops_per_token": meter.flops_per_token, "peak_flops_per_device": meter.peak,
         "time_to_first_step_s": meter.time_to_first_step,
         "peak_memory_mb_per_rank": [float(row[0]) for row in per_rank],
-        "state_bytes_per_rank": [dict(zip(keys, map(int, row[1:].tolist()), strict=True))
+        "state_bytes_per_rank": [dict(zip(keys, map(int, row[1:-1].tolist()), strict=True))
                                  for row in per_rank],
+        "step_memory": memory_summary,
         "world_size": rt.world, "ranks_per_node": rt.local_world, "device": rt.device.type,
         "fsdp": {"version": cfg.fsdp, "sharding": cfg.sharding, "mixed_precision": precision,
                  "reshard_after_forward": par.resolve_reshard(cfg, rt.world, rt.local_world) if cfg.fsdp == 2 else None,

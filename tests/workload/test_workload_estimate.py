@@ -1,0 +1,94 @@
+"""`fsdpctl estimate` against reality: the traced peak of a training step against the allocator's own
+peak of the real step (world 2, gloo), a model of the user's, the verdicts, the JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import fsdpctl
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.workload
+
+SHAPE = ["--seq-len", "128", "--batch-size", "8", "--steps", "3", "--eval-interval", "0", "--no-checkpoint",
+         "--memory-report", "--mixed-precision", "fp32"]
+CONFIGS = [(preset, name, flags) for preset in ("tiny", "small") for name, flags in (
+    ("full", []), ("grad-op", ["--sharding", "grad-op"]), ("no-shard", ["--sharding", "no-shard"]),
+    ("checkpointing", ["--activation-checkpointing"]), ("bf16", ["--mixed-precision", "bf16"]))]
+
+
+@pytest.mark.parametrize("preset, name, flags", CONFIGS, ids=[f"{p}-{n}" for p, n, _ in CONFIGS])
+def test_the_estimate_is_within_10_percent_of_the_allocators_own_peak(trainer, tmp_path, preset, name, flags):
+    result = trainer(tmp_path, "--preset", preset, *SHAPE, *flags, nproc=2)
+    memory = result.summary()["step_memory"]
+    measured = max(memory["measured_peak_bytes_per_rank"])
+    estimate = memory["estimate"]
+    assert memory["measured_by"] == "the CPU allocator's Total Allocated (torch.profiler)", memory
+    assert estimate["traced"], estimate
+    off = (estimate["peak_bytes"] - measured) / measured
+    print(f"\nestimate vs measured, {preset} {name} world 2: measured {measured / 2**20:.1f} MiB, "
+          f"estimated {estimate['peak_bytes'] / 2**20:.1f} MiB ({off:+.1%}); the ZeRO formula "
+          f"{estimate['model_state_bytes'] / 2**20:.1f} MiB")
+    assert abs(off) <= 0.10
+    line = [text for text in result.output.splitlines() if text.startswith("Memory: ")]
+    assert len(line) == 1 and f"mem_measured={measured}" in line[0], result.output[-2000:]
+
+
+def test_a_users_own_model_is_estimated_and_judged(tmp_path, monkeypatch):
+    """An nn.TransformerEncoder from a factory, sharded by its layers; the verdict against a GPU
+    flips where the margins say."""
+    (tmp_path / "my_models.py").write_text(
+        "import torch.nn as nn\n\n"
+        "def encoder():\n"
+        "    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True)\n"
+        "    return nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    big = fsdpctl.estimate(model="my_models:encoder", wrap="TransformerEncoderLayer", input_shape=("B", 64, 256),
+                           nproc_per_node=2, batch_size=8, gpu_mem="64GiB", choices=False)
+    asked = big.asked.result
+    assert asked["traced"] and asked["params"] == sum((256 * 768 + 768) + (256 * 256 + 256) + 2 * 256 * 1024 + 1024
+                                                      + 256 + 4 * 256 for _ in range(4)), asked
+    assert asked["breakdown"]["activations"] > 0 and big.fits
+    needed = big.verdict(big.asked).needed
+    small = fsdpctl.estimate(model="my_models:encoder", wrap="TransformerEncoderLayer", input_shape=("B", 64, 256),
+                             nproc_per_node=2, batch_size=8, gpu_mem=needed - 1, choices=False)
+    assert small.fits is False and small.asked.peak == big.asked.peak
+
+
+def test_estimate_json_names_every_figure_and_the_choice_that_fits(tmp_path):
+    result = run_cli("estimate", "--preset", "tiny", "--nproc-per-node", "2", "--batch-size", "8", "--seq-len", "128",
+                     "--gpu-mem", "2GiB", "--mixed-precision", "fp32", "--json", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert {"settings", "world", "asked", "gpu_memory_bytes", "margins", "fits", "choices", "best", "max_batch",
+            "where", "seconds"} <= set(data)
+    assert data["world"] == 2 and data["gpu_memory_bytes"] == 2 * 2**30 and data["where"] == "this machine"
+    assert len(data["choices"]) == 12 and all(c["peak_bytes"] > 0 for c in data["choices"])
+    assert [c["traced"] for c in data["choices"]].count(True) == 6  # offload is derived from the trace without it
+    assert data["best"]["sharding"] == "no-shard" and not data["best"]["activation_checkpointing"]  # all fit 2 GiB
+    assert data["max_batch"] > 8 and data["max_batch_peak_bytes"] > data["asked"]["peak_bytes"]
+    assert len(data["margins"]["assumptions"]) == 3 and data["asked"]["model_state_bytes"] > 0
+    for name in ("activations", "optimizer states", "parameters (sharded)"):
+        assert data["asked"]["breakdown"][name] > 0
+
+
+def test_a_launch_that_would_not_fit_the_profiles_gpus_is_warned_before_it_starts(tmp_path, monkeypatch):
+    from fsdpctl.api.estimate import memory_warning
+
+    monkeypatch.chdir(tmp_path)
+
+    def profile(gpu_memory: str) -> str:
+        path = tmp_path / f"gpus-{gpu_memory}.yaml"
+        path.write_text(f"name: gpus\nbackend: local\ndevice: cuda\nnproc_per_node: 2\ngpu_memory: {gpu_memory}\n"
+                        "network:\n  interface: lo\ntrain:\n  preset: tiny\n  batch_size: 8\n  seq_len: 128\n")
+        return str(path)
+
+    small = fsdpctl.prepare(profile("1GiB"), runs_dir=tmp_path / "runs")
+    warning = memory_warning(small)
+    assert warning is not None and "will likely run out of memory" in warning and "fsdpctl estimate -p gpus" in warning
+    assert memory_warning(fsdpctl.prepare(profile("80GiB"), runs_dir=tmp_path / "runs")) is None
+    # A program of the user's is checked only when its model is named.
+    assert memory_warning(fsdpctl.prepare(profile("1GiB"), ["train.py"], runs_dir=tmp_path / "runs",
+                                          code=tmp_path)) is None
