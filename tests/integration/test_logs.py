@@ -34,8 +34,8 @@ if sys.argv[1] == "flood":  # numbered lines of 70 bytes, as fast as it can (pau
 elif sys.argv[1] == "floodfail":  # rank 0 floods, then fails; rank 1 works on, saying so, until stopped
     if rank == 0:
         for i in range(LINES):
-            sys.stdout.write(f"flood rank=0 seq={i:07d} {'x' * 40}\n")
-        sys.stdout.write(f"FAILING-AT {time.time():.3f}\n")
+            sys.stdout.write(f"flood rank=0 seq={i:07d} {'x' * 40}\\n")
+        sys.stdout.write(f"FAILING-AT {time.time():.3f}\\n")
         sys.stdout.flush()
         os._exit(3)
     for _ in range(1200):
