@@ -104,6 +104,8 @@ class TrainConfig:
     """FSDP2 only: free gathered parameters after forward or keep them; null: follow --sharding."""
     compile: bool = False
     """torch.compile each block (CUDA only)."""
+    rank_timing: bool = True
+    """Time each rank's compute, collectives and data per logged window (metrics.jsonl ``ranks``); name a straggler."""
     memory_report: Optional[bool] = None
     """Measure step 2's peak allocated memory per rank, print fsdpctl's estimate beside it; null: on GPUs."""
 

@@ -144,13 +144,13 @@ class RunLog:
                 handle.write(json.dumps(row) + "\n")
 
     def train_line(self, epoch: int, step: int, loss: float, lr: float, tok_s: float | None,
-                   mfu: float | None, mem_mb: float, grad_norm: float | None) -> None:
+                   mfu: float | None, mem_mb: float, grad_norm: float | None, extra: dict | None = None) -> None:
         self.print(f"Train Epoch: {epoch}  Step: {step}  Loss: {loss:.4f} | step={step} "
                    f"loss={loss:.4f} lr={lr:.3e} tok/s={_fmt(tok_s, '.0f')} "
                    f"mfu={_fmt(mfu, '.4f')} mem={mem_mb:.0f}")
         self.record({"kind": "train", "step": step, "epoch": epoch, "loss": loss, "lr": lr,
                      "tokens_per_s": tok_s, "mfu": mfu, "mem_mb": mem_mb, "grad_norm": grad_norm,
-                     "time": time.time()})
+                     "time": time.time(), **(extra or {})})
 
     def val_line(self, step: int, loss: float, perplexity: float) -> None:
         self.print(f"Validation  Step: {step}  Loss: {loss:.4f} | step={step} val_loss={loss:.4f} "

@@ -123,6 +123,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.activation_checkpointing = False
         self._compute = self._forward
+        self.timer = None  # a RankTimer while the trainer measures per-rank timings
 
     def compile_compute(self) -> None:
         self._compute = torch.compile(self._forward)
@@ -132,9 +133,11 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.activation_checkpointing and torch.is_grad_enabled():
-            return checkpoint(self._compute, x, use_reentrant=False)
-        return self._compute(x)
+        run = self._checkpointed if self.activation_checkpointing and torch.is_grad_enabled() else self._compute
+        return run(x) if self.timer is None else self.timer.block(run, x)
+
+    def _checkpointed(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self._compute, x, use_reentrant=False)
 
 
 class GPT(nn.Module):
@@ -150,6 +153,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self._head_loss = self._logits_and_loss
+        self.timer = None
 
     @property
     def blocks(self) -> nn.ModuleList:
@@ -194,12 +198,21 @@ class GPT(nn.Module):
             x = block(x)
         if targets is None:
             return self.lm_head(self.transformer.ln_f(x))
-        return self._head_loss(x, targets)
+        if self.timer is None:
+            return self._head_loss(x, targets)
+        return self.timer.compute(self._head_loss, x, targets)
 
     def _logits_and_loss(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+
+def set_timer(model: nn.Module, timer) -> None:
+    """Have every block and the head of ``model`` (however FSDP wrapped it) report to ``timer``."""
+    for module in model.modules():
+        if isinstance(module, (Block, GPT)):
+            module.timer = timer
 
 
 def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:

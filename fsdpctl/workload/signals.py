@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from . import checkpoint as ckpt
 from .config import REQUEUE_MARKER
 
 _WATCHED = (signal.SIGUSR2, signal.SIGTERM)
@@ -57,3 +59,29 @@ def write_requeue_marker(run_dir: Path, step: int, checkpoint: str | None) -> No
 def clear_requeue_marker(run_dir: Path) -> None:
     """A (re)started run has taken up the marker's checkpoint; a stale marker must not requeue it again."""
     (run_dir / REQUEUE_MARKER).unlink(missing_ok=True)
+
+
+def stop_on_signal(received: list[signal.Signals], step: int, steps_this_run: int, last_saved: int, save,
+                   run_dir: Path, rt, log) -> None:
+    """Every rank agreed a stop signal came: save this step (unless just saved) and leave.
+
+    After SIGUSR2 (the time limit is near) exit 0 with the requeue marker; after SIGTERM alone
+    exit 143, as a terminated process would: whoever sent it is ending the job anyway. A SIGUSR2
+    before this run trained a single step asks for no requeue (exit 1): another attempt would
+    stop at the same point again, forever."""
+    if step != last_saved:
+        save(step)
+    checkpoint = ckpt.latest_checkpoint(run_dir)
+    names = "+".join(sig.name for sig in received)
+    requeue = signal.SIGUSR2 in received and steps_this_run > 0
+    if requeue and rt.rank == 0:
+        write_requeue_marker(run_dir, step, checkpoint.name if checkpoint else None)
+    note = ("; requeue requested" if requeue else "; no step ran in this attempt, so no requeue: leave more "
+            "time between the warning and the time limit" if signal.SIGUSR2 in received else "")
+    log.print(f"fsdpctl.workload: {names} received: stopped after step {step}, checkpoint "
+              f"{checkpoint.name if checkpoint else 'none'}{note}")
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    code = 0 if requeue else 1 if signal.SIGUSR2 in received else 128 + signal.SIGTERM
+    os._exit(code)  # no interpreter shutdown after gloo (see train.run)

@@ -12,7 +12,6 @@ import dataclasses
 import gc
 import math
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -28,10 +27,11 @@ from . import parallelize as par
 from .config import ConfigError, TrainConfig, parse_args
 from .memory import StepMemory, estimate_step, report_line
 from .metrics import Meter, RunLog, peak_memory_mb
-from .model import GPTConfig, count_params, default_batch_size, flops_per_token, preset_config
+from .model import GPTConfig, count_params, default_batch_size, flops_per_token, preset_config, set_timer
 from .parallelize import PeerFailed, Runtime
 from .sampler import Sampler
-from .signals import StopSignals, clear_requeue_marker, write_requeue_marker
+from .signals import StopSignals, clear_requeue_marker, stop_on_signal
+from .timing import RankTimer, RankWindows
 
 PREFIX = "fsdpctl.workload"
 # Python's automatic garbage collection is off while training: a full collection walks every object
@@ -209,6 +209,10 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     n_params = count_params(gpt_config)
     model = par.build_model(cfg, gpt_config, rt, precision)
     optimizer = par.build_optimizer(cfg, model, rt, precision)
+    timer = RankTimer(rt.device, cfg.rank_timing)
+    if cfg.rank_timing:
+        set_timer(model, timer)
+    windows = RankWindows(rt, timer)
     scaler = par.make_grad_scaler(precision, rt)
 
     if stop_signals is not None:
@@ -246,6 +250,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         par.agree(rt, lambda: ckpt.save_checkpoint(run_dir, at_step, model, optimizer, state, rt.rank,
                                                    rt.device, cfg.keep_checkpoints))
         meter.restart_window()
+        timer.restart()
 
     train_loss = val_loss = val_ppl = None
     state_bytes: dict[str, int] = {}
@@ -261,22 +266,24 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
             step += 1
             memory.step_starting(step - first_step)
             step_loss = torch.zeros((), device=rt.device)
-            micro = train_sampler.next_step()
+            loading = time.perf_counter()
+            micro = [(to_device(x, rt.device), to_device(y, rt.device)) for x, y in train_sampler.next_step()]
+            timer.data(time.perf_counter() - loading)
             for i, (x, y) in enumerate(micro):
                 with par.gradient_sync(model, cfg, sync=i == len(micro) - 1):
                     # The logits (batch x seq x vocab, a step's largest tensor) are dropped at once: held
                     # in a name, they stayed alive through the backward pass and into the next step.
-                    loss = model(to_device(x, rt.device), to_device(y, rt.device))[1] / cfg.grad_accum
+                    loss = model(x, y)[1] / cfg.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 step_loss += loss.detach()
             if scaler is not None:
                 scaler.unscale_(optimizer)
             grad_norm = par.clip_gradients(model, cfg) if cfg.grad_clip > 0 else None
             if scaler is not None:
-                scaler.step(optimizer)
+                timer.compute(scaler.step, optimizer)
                 scaler.update()
             else:
-                optimizer.step()
+                timer.compute(optimizer.step)
             if not state_bytes:  # after the first step: optimizer state exists, gradients not freed
                 state_bytes = par.local_state_bytes(model, optimizer)
             optimizer.zero_grad(set_to_none=True)
@@ -284,19 +291,25 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
             if step % GC_EVERY == 0:
                 gc.collect(1)
             meter.step_done()
+            timer.step()
+            if step == first_step + 1:  # the first step (start-up, warm-up) is in no window
+                timer.restart()
 
             if step % cfg.log_interval == 0 or step == total_steps:
-                summed = step_loss.float().cpu()
-                dist.all_reduce(summed)
-                train_loss = float(summed) / rt.world
-                tok_s = meter.tokens_per_s(meter.close_window())
+                train_loss, ranks = windows.gather(step_loss, peak_memory_mb(rt.device))
+                step_time = meter.close_window()
+                tok_s = meter.tokens_per_s(step_time)
+                straggler = windows.tally.verdict() if ranks else None
                 log.train_line(train_sampler.epoch + 1, step, train_loss, lr, tok_s, meter.mfu(tok_s),
-                               peak_memory_mb(rt.device), None if grad_norm is None else float(grad_norm))
+                               peak_memory_mb(rt.device), None if grad_norm is None else float(grad_norm),
+                               extra={"step_time_s": step_time, "ranks": ranks,
+                                      "straggler": straggler["text"] if straggler else None})
             if cfg.eval_interval and step % cfg.eval_interval == 0 and step < total_steps:
                 meter.close_window()
                 val_loss, val_ppl = evaluate(model, cfg, rt, val_sampler)
                 log.val_line(step, val_loss, val_ppl)
                 meter.restart_window()
+                timer.restart()
             if (not cfg.no_checkpoint and cfg.checkpoint_interval
                     and step % cfg.checkpoint_interval == 0 and step < total_steps):
                 save(step)
@@ -329,7 +342,12 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         memory_summary = {"step": first_step + 2, "measured_by": memory.measured_by,
                           "measured_peak_bytes_per_rank": measured, "estimate": estimate}
     step_time = meter.median_step_time()
+    straggler = windows.tally.verdict()
+    if rt.rank == 0 and windows.tally.seen:
+        log.print(f"{PREFIX}: " + (straggler["text"] if straggler else
+                                   "no straggler: no rank computed 1.10x the others' median in most windows"))
     log.summary(run_dir, {
+        "straggler": straggler,
         "final_train_loss": train_loss, "final_val_loss": val_loss, "val_perplexity": val_ppl,
         "median_tokens_per_s": meter.tokens_per_s(step_time), "median_step_time_s": step_time,
         "median_mfu": meter.mfu(meter.tokens_per_s(step_time)),  # null where the device's peak is unknown
@@ -358,32 +376,6 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def stop_on_signal(received: list[signal.Signals], step: int, steps_this_run: int, last_saved: int, save,
-                   run_dir: Path, rt: Runtime, log: RunLog) -> None:
-    """Every rank agreed a stop signal came: save this step (unless just saved) and leave.
-
-    After SIGUSR2 (the time limit is near) exit 0 with the requeue marker; after SIGTERM alone
-    exit 143, as a terminated process would: whoever sent it is ending the job anyway. A SIGUSR2
-    before this run trained a single step asks for no requeue (exit 1): another attempt would
-    stop at the same point again, forever."""
-    if step != last_saved:
-        save(step)
-    checkpoint = ckpt.latest_checkpoint(run_dir)
-    names = "+".join(sig.name for sig in received)
-    requeue = signal.SIGUSR2 in received and steps_this_run > 0
-    if requeue and rt.rank == 0:
-        write_requeue_marker(run_dir, step, checkpoint.name if checkpoint else None)
-    note = ("; requeue requested" if requeue else "; no step ran in this attempt, so no requeue: leave more "
-            "time between the warning and the time limit" if signal.SIGUSR2 in received else "")
-    log.print(f"{PREFIX}: {names} received: stopped after step {step}, checkpoint "
-              f"{checkpoint.name if checkpoint else 'none'}{note}")
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    code = 0 if requeue else 1 if signal.SIGUSR2 in received else 128 + signal.SIGTERM
-    os._exit(code)  # no interpreter shutdown after gloo (see run)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ export FSDPCTL_RUN_ID=two-node-user-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
 export FSDPCTL_SECRET_NAMES=HF_TOKEN
 export FSDPCTL_NODE_RANK=1
+export FSDPCTL_HOST=node2  # how fsdpctl names this node (per-rank timings say it)
 : "${HF_TOKEN?fsdpctl: the secret HF_TOKEN is not in this environment; fsdpctl hands it over when it starts the node}"
 cd code
 echo "fsdpctl: node 1 of 2 on $(hostname) in $PWD"
