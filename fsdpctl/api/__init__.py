@@ -32,6 +32,7 @@ from .init import InitRefused, InitResult, init_profile
 from .launching import launch, prepare, submit
 from .prepare import Prepared, load_profile
 from .registry import get_run, runs
+from .report import Report, report
 from .run import LogLines, Run, RunInfo
 
 __all__ = list(PUBLIC_NAMES)

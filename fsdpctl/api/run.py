@@ -3,12 +3,13 @@ torchx's app handle). ``launch`` and ``submit`` return one; ``get_run`` finds on
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..errors import WaitTimeout
 from ..rundir.lines import LogLine
@@ -18,6 +19,7 @@ from .events import Emitter, EventHandler
 if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..diagnose.stacks import StackReport
+    from ..metrics.summary import Report
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
     from ..rundir.record import RunDir
@@ -195,6 +197,14 @@ class Run:
             raise UsageError(f"{path}: not a path inside the run directory", "give it relative to $FSDPCTL_RUN_DIR, "
                              "e.g. outputs/model.pt")
         return self.backend.fetch(self._dir, path)
+
+    def report(self, plot: Optional[Union[str, os.PathLike[str]]] = None, *, fetch: bool = True) -> Report:
+        """This run's report (``fsdpctl report``): its metrics brought back from the nodes and summed
+        up (losses, tokens/s, time per step, memory per rank, the straggler named); with ``plot``, a
+        folder, its figures as PNG files (needs matplotlib)."""
+        from .report import report
+
+        return report(self, plot=plot, fetch=fetch)
 
     def resume(self, *, steps: Optional[int] = None, epochs: Optional[int] = None, detach: bool = False,
                preflight: bool = True, fetch: tuple[str, ...] = (), node_timeout: Optional[int] = None,

@@ -41,6 +41,8 @@ def status(
         typer.echo(f"  stacks and flight-recorder dumps in {failure.hang_dir}")
     elif failure is not None:
         typer.echo(f"  first failure: {failure.headline()}")
+    if last.get("straggler"):
+        typer.echo(f"  {last['straggler']}")
 
 
 def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).")) -> None:

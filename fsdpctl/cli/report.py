@@ -1,0 +1,30 @@
+"""``fsdpctl report``: how runs went, from their metrics; figures with ``--plot``; runs side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def report(
+    run_ids: Optional[list[str]] = typer.Argument(None, metavar="[RUN_ID]...",
+                                                  help="Runs (ids or unique prefixes); default: the latest run."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="DIR", help="Write PNG figures into DIR (needs "
+                                        "matplotlib: pip install 'fsdpctl[report]')."),
+    as_json: bool = typer.Option(False, "--json", help="The figures as JSON (stdout is data)."),
+    no_fetch: bool = typer.Option(False, "--no-fetch", help="Use the metrics already brought back; ask no node."),
+) -> None:
+    """Final and best losses, tokens/s, MFU, time per step, memory per rank, the straggler named,
+    attempts; several runs side by side."""
+    import fsdpctl
+
+    result = fsdpctl.report(list(run_ids) if run_ids else None, plot=plot, fetch=not no_fetch)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    typer.echo(result.text)
+    for path in result.plots:
+        typer.echo(f"wrote {path}")

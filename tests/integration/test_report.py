@@ -1,0 +1,107 @@
+"""Per-rank timings, the straggler named and `fsdpctl report`, on a namespace testbed of its own:
+two hosts whose sshd (and so every process a run starts there) is pinned to a core of its own. One
+run is made slow for real on s2 by a busy process pinned to s2's core; the same run without it names
+nobody. Then `fsdpctl report` on both runs, and on a program of the user's that writes metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import require_netns
+from tests.integration.test_launch import run
+from tests.testbed.lab import Lab
+from tests.unit.test_report import png_chunks
+
+pytestmark = pytest.mark.integration
+
+TRAIN = ["--preset", "tiny", "--steps", "24", "--batch-size", "8", "--set", "seq_len=128", "--set", "eval_interval=0",
+         "--set", "vocab_size=2000", "--set", "no_checkpoint=true"]
+USER_PROGRAM = """\
+import json, os, time
+rank, run_dir = int(os.environ["RANK"]), os.environ["FSDPCTL_RUN_DIR"]
+with open(os.path.join(run_dir, "metrics.jsonl"), "a") as out:
+    for step in range(1, 21):
+        started = time.perf_counter()
+        time.sleep(0.01 * (3 if rank == 1 else 1))
+        out.write(json.dumps({"step": step, "rank": rank, "loss": 4.0 / step,
+                              "step_time_s": time.perf_counter() - started}) + "\\n")
+        out.flush()
+print("wrote metrics", rank)
+"""
+
+
+@pytest.fixture(scope="module")
+def pinned_lab(tmp_path_factory):
+    require_netns()
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 CPU cores: one per host")
+    lab = Lab(tmp_path_factory.mktemp("reportlab"), ["s1", "s2"]).up()
+    try:
+        for core, name in enumerate(("s1", "s2")):
+            lab.start_sshd(name, setup=f"taskset -p -c {core} $$ >/dev/null && ")
+        yield lab
+    finally:
+        lab.down()
+
+
+def profile(lab: Lab, tmp_path: Path) -> Path:
+    path = tmp_path / "pinned.yaml"
+    path.write_text(lab.profile_yaml(["s1", "s2"], python=sys.executable, name="pinned"))
+    return path
+
+
+def run_id_of(output: str) -> str:
+    return re.search(r"run (\S+) succeeded", output).group(1)
+
+
+def test_the_slow_rank_is_named_and_an_even_run_names_nobody_then_both_are_reported(pinned_lab, tmp_path):
+    lab, path = pinned_lab, profile(pinned_lab, tmp_path)
+    even = run(lab, tmp_path, "launch", "-p", str(path), *TRAIN)
+    assert even.returncode == 0, even.stderr[-3000:]
+    assert "no straggler" in even.stdout and "straggler: rank" not in even.stdout, even.stdout[-3000:]
+    busy = subprocess.Popen(["taskset", "-c", "1", "sh", "-c", "while :; do :; done"])
+    try:
+        slow = run(lab, tmp_path, "launch", "-p", str(path), *TRAIN)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert slow.returncode == 0, slow.stderr[-3000:]
+    s2 = lab.hosts["s2"].address
+    assert f"straggler: rank 1 on {s2} (node 1) computed" in slow.stdout, slow.stdout[-3000:]
+
+    slow_id, even_id = run_id_of(slow.stdout + slow.stderr), run_id_of(even.stdout + even.stderr)
+    report = run(lab, tmp_path, "report", slow_id, even_id, "--plot", str(tmp_path / "plots"))
+    assert report.returncode == 0, report.stderr[-3000:]
+    print(f"\n--- fsdpctl report {slow_id} {even_id} --plot plots ---\n{report.stdout}")
+    assert f"{slow_id}: straggler: rank 1 on {s2} (node 1)" in report.stdout
+    assert f"{even_id}: no straggler" in report.stdout
+    metrics = [json.loads(line) for line in
+               (tmp_path / "runs" / slow_id / "fetched" / "node0" / "metrics.jsonl").read_text().splitlines()]
+    train = [row for row in metrics if row.get("kind") == "train"]
+    assert f"{train[-1]['loss']:.4f}" in report.stdout and len(train[-1]["ranks"]) == 2
+    assert {"compute_s", "comm_s", "data_s", "wall_s", "mem_mb", "host", "node"} <= set(train[-1]["ranks"][1])
+    series = {p.name: png_chunks(p)[1]["fsdpctl:series"] for p in (tmp_path / "plots").glob("*.png")}
+    assert series == {"loss.png": "4", "throughput.png": "2", f"step_time_ranks_{slow_id}.png": "2",
+                      f"step_time_ranks_{even_id}.png": "2", "memory.png": "2"}, series
+
+
+def test_a_users_program_that_writes_metrics_gets_a_report(pinned_lab, tmp_path):
+    lab, path = pinned_lab, profile(pinned_lab, tmp_path)
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "train.py").write_text(USER_PROGRAM)
+    launched = run(lab, tmp_path, "launch", "-p", str(path), "--code", str(code), "--", "train.py")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    run_id = run_id_of(launched.stdout + launched.stderr)
+    report = run(lab, tmp_path, "report", run_id, "--json")
+    assert report.returncode == 0, report.stderr[-3000:]
+    summary = json.loads(report.stdout)["runs"][0]
+    assert summary["steps"] == 20 and summary["final_loss"] == pytest.approx(0.2) and summary["world"] == 2
+    assert summary["straggler"]["rank"] == 1  # it sleeps three times as long per step
