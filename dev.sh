@@ -16,7 +16,7 @@ setup_venv() {
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-  "$VENV/bin/python" -m pip install -q -e ".[workload,test]"
+  "$VENV/bin/python" -m pip install -q -e ".[workload,test,report]"
   touch "$VENV/.stamp"
 }
 
@@ -31,7 +31,8 @@ case "${1:-}" in
     setup_venv
     # pytest exits 5 when it collected no test: that must fail, not pass silently.
     set +e
-    "$VENV/bin/python" -m pytest "$@"
+    # Two workers, one module each at a time (a module's testbed is set up once); -n0 to go serially.
+    "$VENV/bin/python" -m pytest -n "${FSDPCTL_TEST_WORKERS:-2}" --dist loadscope "$@"
     rc=$?
     set -e
     if [ "$rc" -eq 5 ]; then
