@@ -106,8 +106,11 @@ _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ERROR_FILE = re.compile(r"error_file\s*:\s*(\S+)")
 _FAILED_AT = re.compile(r"time\s*:\s*(\S+)")
 # What a rank says when another one died under it: such a failure is a consequence, not the cause.
+# A rank's or torchrun's own words for "another node went away": its collectives' peers, or the
+# rendezvous store that lives in the first node's torchrun (its agent dies with that node).
 _PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote worker|remote process exited|"
-                        r"communicator was aborted|Broken pipe", re.IGNORECASE)
+                        r"communicator was aborted|Broken pipe|connection to the C10d store has failed",
+                        re.IGNORECASE)
 
 
 def first_failure_of(run: NodeRun, failed_at: str | None = None) -> Failure:
