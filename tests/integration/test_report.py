@@ -1,15 +1,18 @@
 """Per-rank timings, the straggler named and `fsdpctl report`, on a namespace testbed of its own:
 two hosts whose sshd (and so every process a run starts there) is pinned to a core of its own. One
-run is made slow for real on s2 by a busy process pinned to s2's core; the same run without it names
-nobody. Then `fsdpctl report` on both runs, and on a program of the user's that writes metrics."""
+run is made slow for real on s2: a busy process shares s2's core, and rank 1 is held off the CPU half
+of the time (SIGSTOP/SIGCONT by its PID); the same run without them names nobody. Then `fsdpctl
+report` on both runs, and on a program of the user's that writes metrics."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,54 @@ with open(os.path.join(run_dir, "metrics.jsonl"), "a") as out:
         out.flush()
 print("wrote metrics", rank)
 """
+
+
+class Throttle:
+    """Holds one rank of this lab's runs off the CPU half of the time, by its PID (SIGSTOP for 30 ms,
+    SIGCONT for 30 ms) until it exits; always leaves it running."""
+
+    def __init__(self, lab_root: Path, rank: int):
+        self.marks = (f"RANK={rank}".encode(), f"FSDPCTL_RUN_DIR={lab_root}".encode())
+        self.pid: int | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _find(self) -> int | None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"fsdpctl.workload.train" in cmdline and self.marks[0] in environ and any(
+                    e.startswith(self.marks[1]) for e in environ):
+                return int(entry.name)
+        return None
+
+    def _run(self) -> None:
+        while not self.done.is_set() and self.pid is None:
+            self.pid = self._find()
+            self.done.wait(0.1)
+        while self.pid is not None and not self.done.is_set():
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.done.wait(0.03)
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            self.done.wait(0.03)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=5)
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +117,17 @@ def test_the_slow_rank_is_named_and_an_even_run_names_nobody_then_both_are_repor
     even = run(lab, tmp_path, "launch", "-p", str(path), *TRAIN)
     assert even.returncode == 0, even.stderr[-3000:]
     assert "no straggler" in even.stdout and "straggler: rank" not in even.stdout, even.stdout[-3000:]
+    # A busy process on s2's core, and rank 1 itself held off the CPU half of the time (SIGSTOP/SIGCONT,
+    # as a throttled device or a noisy neighbour would): slow whatever else loads this machine.
     busy = subprocess.Popen(["taskset", "-c", "1", "sh", "-c", "while :; do :; done"])
+    throttle = Throttle(lab.root, rank=1)
     try:
         slow = run(lab, tmp_path, "launch", "-p", str(path), *TRAIN)
     finally:
+        throttle.stop()
         busy.kill()
         busy.wait()
+    assert throttle.pid is not None, "rank 1 was never found to slow down"
     assert slow.returncode == 0, slow.stderr[-3000:]
     s2 = lab.hosts["s2"].address
     assert f"straggler: rank 1 on {s2} (node 1) computed" in slow.stdout, slow.stdout[-3000:]
