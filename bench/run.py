@@ -31,6 +31,8 @@ BENCHMARKS = {
     "stacks": ["stacks.py"],
     "restart": ["restart.py"],
     "gpu": ["gpu_workload.py"],
+    "estimate": ["estimate_time.py"],
+    "timing": ["rank_timing.py"],
 }
 
 
@@ -139,6 +141,20 @@ def rows() -> list[tuple[str, str, str, str]]:
     add("log p99 latency / `ssh tail -F`", ours.get("p99_ratio_to_baseline"), 1.5)
     add("log p99 latency (s), lines lost", ours.get("p99_s"), 1.0, "{:.3f}",
         note=f", {ours.get('lost')} lost" if ours else "")
+    estimate = load("estimate_time").get("cases", {})
+    for name, row in estimate.items():
+        if "trace_s" in row:
+            add(f"estimate: {name}, seconds (whole process; host {row['peak_rss_mib']} MiB)", row["median_s"], 15,
+                "{:.1f}")
+    timing = load("rank_timing")
+    if timing:
+        step = timing["workload_step"]
+        # The goal: within 1.02x, or within the noise measured in the same run (off against off).
+        add("workload step, per-rank timings on / off", step["on_over_off"],
+            max(1.02, round(step["noise_off_over_off"], 3)),
+            note=f" (off / off: {step['noise_off_over_off']:.3f}, the noise)")
+        add("`fsdpctl report`, 10,000 steps x 16 ranks, seconds", timing["report"]["report_s"], 3, "{:.2f}",
+            note=f"; with --plot {timing['report']['report_plot_s']:.2f}")
     gpu = load("gpu")
     if gpu.get("skipped") or not gpu:
         out.append(("GPU: MFU of gpt2-124m, bf16, compiled", gpu.get("skipped", "not measured"), ">= 45%", "-"))
