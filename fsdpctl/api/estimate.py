@@ -10,11 +10,9 @@ from typing import Any, Optional, Union
 
 from ..errors import UsageError
 from ..memory.choices import Choice, Margins, Verdict, grid, largest_batch, pick, verdict, with_offload
+from ..workload.config import ESTIMATE_SETTINGS
 from .events import Emitter, EventHandler
 from .prepare import ProfileLike, load_profile
-
-SETTINGS = ("preset", "fsdp", "sharding", "mixed_precision", "activation_checkpointing", "cpu_offload", "batch_size",
-            "seq_len", "vocab_size", "model_vocab_size", "auto_wrap")
 
 
 @dataclass(frozen=True)
@@ -108,7 +106,7 @@ def estimate(profile: Optional[ProfileLike] = None, *, preset: Optional[str] = N
     given = {"preset": preset, "fsdp": fsdp, "sharding": sharding, "mixed_precision": mixed_precision,
              "activation_checkpointing": activation_checkpointing, "cpu_offload": cpu_offload,
              "batch_size": batch_size, "seq_len": seq_len}
-    request: dict[str, Any] = {k: train.get(k) for k in SETTINGS if k in train}
+    request: dict[str, Any] = {k: train.get(k) for k in ESTIMATE_SETTINGS if k in train}
     request.update({k: v for k, v in given.items() if v is not None})
     if model:
         request.pop("preset", None)

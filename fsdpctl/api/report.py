@@ -3,18 +3,14 @@ the straggler named, restarts; side by side for several runs; figures with ``plo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Union
 
 from ..errors import FsdpctlError, UsageError
 from ..metrics.rows import Series, read_run_files
 from ..metrics.summary import Report, RunSummary, summarize
-
-if TYPE_CHECKING:
-    from .run import Run
-
-PathLike = Union[str, "os.PathLike[str]"]
+from .registry import PathLike, get_run
+from .run import Run
 
 
 def run_series(run: Run, fetch: bool = True) -> tuple[Series, RunSummary]:
@@ -33,9 +29,7 @@ def run_series(run: Run, fetch: bool = True) -> tuple[Series, RunSummary]:
                          "the bundled workload writes one; a program of yours appends JSON lines with a "
                          "\"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl (see README, Reports)")
     series = read_run_files(fetched, run.run_id, summary)
-    attempts = int(run.info.attempt or 1)
-    restarts = max(0, attempts - 1)
-    summary_ = summarize(series, attempts=attempts, restarts=restarts, state=str(run.info.state))
+    summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
     summary_.notes = notes
     return series, summary_
 
@@ -45,9 +39,6 @@ def report(runs: Union[str, Run, list[Union[str, Run]], None] = None, *, plot: O
     """Report on ``runs`` (ids or ``Run``s; default: the latest run): their metrics brought back from
     the nodes, summed up and, with ``plot`` (a folder), drawn as PNG figures (loss, tokens/s, compute
     time per rank as a heat map, memory per rank), several runs overlaid."""
-    from .registry import get_run
-    from .run import Run
-
     given = runs if isinstance(runs, list) else [runs]
     handles = [r if isinstance(r, Run) else get_run(r, runs_dir=runs_dir) for r in given]
     pairs = [run_series(r, fetch) for r in handles]

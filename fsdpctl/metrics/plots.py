@@ -26,7 +26,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, ax, path: Path, figure: str, series: int) -> Path:
+def _save(fig, path: Path, figure: str, series: int) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"fsdpctl:figure": figure, "fsdpctl:series": str(series)})
     return path
@@ -49,7 +49,7 @@ def draw(runs: list[Series], summaries: list[RunSummary], folder: Path) -> list[
     ax.set(xlabel="step", ylabel="loss", title="Loss")
     if ax.lines:
         ax.legend()
-    written.append(_save(fig, ax, folder / "loss.png", "loss", len(ax.lines)))
+    written.append(_save(fig, folder / "loss.png", "loss", len(ax.lines)))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -60,7 +60,7 @@ def draw(runs: list[Series], summaries: list[RunSummary], folder: Path) -> list[
     ax.set(xlabel="step", ylabel="tokens/s", title="Throughput")
     if ax.lines:
         ax.legend()
-    written.append(_save(fig, ax, folder / "throughput.png", "throughput", len(ax.lines)))
+    written.append(_save(fig, folder / "throughput.png", "throughput", len(ax.lines)))
     plt.close(fig)
 
     for run in runs:
@@ -73,21 +73,19 @@ def draw(runs: list[Series], summaries: list[RunSummary], folder: Path) -> list[
         fig.colorbar(image, ax=ax, label="compute ms per step")
         ax.set(xlabel="logged window", ylabel="rank", title=f"Compute time per rank: {run.name}")
         name = "step_time_ranks.png" if len(runs) == 1 else f"step_time_ranks_{_file_name(run.name)}.png"
-        written.append(_save(fig, ax, folder / name, "step time per rank", len(grid)))
+        written.append(_save(fig, folder / name, "step time per rank", len(grid)))
         plt.close(fig)
 
     with_memory = [s for s in summaries if s.memory_mb_per_rank]
     if with_memory:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         width = 0.8 / len(with_memory)
-        bars = 0
         for i, s in enumerate(with_memory):
             xs = [r + i * width for r in range(len(s.memory_mb_per_rank))]
             ax.bar(xs, s.memory_mb_per_rank, width=width, label=s.name)
-            bars += 1
         ax.set(xlabel="rank", ylabel="peak memory (MB)", title="Memory per rank")
         ax.legend()
-        written.append(_save(fig, ax, folder / "memory.png", "memory per rank", bars))
+        written.append(_save(fig, folder / "memory.png", "memory per rank", len(ax.containers)))
         plt.close(fig)
     return written
 

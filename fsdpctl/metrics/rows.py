@@ -87,10 +87,8 @@ def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Rows of one step written by several ranks: per-rank figures into ``ranks``, scalars averaged."""
     merged: dict[str, Any] = {"step": rows[0]["step"]}
     keys = {k for r in rows for k in r if k not in ("rank", "step", "ranks")}
-    for key in sorted(keys):
+    for key in sorted(keys - set(PER_RANK)):
         values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
-        if key in PER_RANK:
-            continue
         if values:
             merged[key] = statistics.fmean(values) if key != "tokens_per_s" else sum(values)
         else:

@@ -32,23 +32,27 @@ class RunSummary:
     ranks_text: Optional[str] = None
     """What to say of the ranks when nobody stands out (None: no per-rank timings)."""
     attempts: int = 1
-    restarts: int = 0
     state: Optional[str] = None
     skipped_lines: int = 0
     notes: list[str] = field(default_factory=list)
     """What could not be done (metrics not fetched again from nodes that are gone)."""
 
+    @property
+    def restarts(self) -> int:
+        """Attempts after the first (automatic restarts and resumes alike)."""
+        return self.attempts - 1
+
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "restarts": self.restarts}
 
 
 def _median(values: list[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
-def summarize(series: Series, *, attempts: int = 1, restarts: int = 0, state: Optional[str] = None) -> RunSummary:
+def summarize(series: Series, *, attempts: int = 1, state: Optional[str] = None) -> RunSummary:
     """The summary of one run's series."""
-    out = RunSummary(series.name, attempts=attempts, restarts=restarts, state=state, skipped_lines=series.skipped)
+    out = RunSummary(series.name, attempts=attempts, state=state, skipped_lines=series.skipped)
     steps, losses = series.column("loss")
     if losses:
         out.steps, out.final_loss = steps[-1], losses[-1]

@@ -15,6 +15,9 @@ from typing import Any, Literal, Optional, get_args, get_origin
 
 REQUEUE_MARKER = "requeue-requested"
 """Left in run_dir by a run that saved on SIGUSR2: the job's script (or submitit task) requeues it."""
+ESTIMATE_SETTINGS = ("preset", "fsdp", "sharding", "mixed_precision", "activation_checkpointing", "cpu_offload",
+                     "batch_size", "seq_len", "vocab_size", "model_vocab_size", "auto_wrap")
+"""The workload settings that shape a training step's memory: what an estimate is asked with."""
 
 Preset = Literal["tiny", "small", "gpt2-124m"]
 FsdpVersion = Literal[1, 2]

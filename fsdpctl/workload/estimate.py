@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import parallelize as par
-from .config import ConfigError, make_config
+from .config import ESTIMATE_SETTINGS, ConfigError, make_config
 from .model import GPT, Block, count_params, default_batch_size, preset_config
 
 PREFIX = "fsdpctl.estimate"
@@ -40,8 +40,6 @@ CATEGORIES = {
     "Reduce Scatter": "communication (reduce-scatter)", "OptState": "optimizer states", "Inputs": "inputs",
     "Parameter": "parameters", "Gradient": "gradients", "Optstate": "optimizer states",
 }
-SETTINGS = ("preset", "fsdp", "sharding", "mixed_precision", "activation_checkpointing", "cpu_offload", "batch_size",
-            "seq_len", "vocab_size", "model_vocab_size", "auto_wrap")
 
 
 def model_state_bytes(params: int, world: int, local_world: int, sharding: str, precision: str,
@@ -247,7 +245,7 @@ def trace(request: dict[str, Any]) -> dict[str, Any]:
 
     started = time.monotonic()
     world, local_world = int(request["world"]), int(request.get("local_world") or request["world"])
-    settings = {k: request[k] for k in SETTINGS if request.get(k) is not None}
+    settings = {k: request[k] for k in ESTIMATE_SETTINGS if request.get(k) is not None}
     cfg = make_config({**settings, "device": "cpu"})
     device = request.get("device", "cuda")
     batch = cfg.batch_size or default_batch_size(cfg.preset, device)

@@ -12,10 +12,16 @@ the others wait at the next collective: its compute stands out and its waiting d
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from .metrics import synchronize
+from .straggler import Tally
 
 
 class _Clock:
@@ -62,11 +68,14 @@ class RankTimer:
     def __init__(self, device: torch.device, enabled: bool = True):
         self.enabled = enabled
         self.clock = _Clock(device)
+        self._reset(time.perf_counter())
+
+    def _reset(self, now: float) -> None:
         self.pairs: list[tuple[Any, Any]] = []  # compute brackets not yet read
         self.open_backward: list[Any] = []
         self.data_s = 0.0
         self.steps = 0
-        self.started = time.perf_counter()
+        self.started = now
 
     def step(self) -> None:
         """A training step ended (counted into the window)."""
@@ -105,10 +114,10 @@ class RankTimer:
         every mark (the caller synchronises first)."""
         now = time.perf_counter()
         wall = now - self.started
-        compute = sum(self.clock.seconds(a, b) for a, b in self.pairs) if self.enabled else 0.0
+        compute = sum(self.clock.seconds(a, b) for a, b in self.pairs)
         out = {"wall_s": wall, "compute_s": compute, "data_s": self.data_s,
                "comm_s": max(0.0, wall - compute - self.data_s)}
-        self.pairs, self.open_backward, self.data_s, self.steps, self.started = [], [], 0.0, 0, now
+        self._reset(now)
         return out
 
     def restart(self) -> None:
@@ -116,8 +125,7 @@ class RankTimer:
         the next one; the device has reached every mark (the caller synchronised)."""
         if self.clock.cuda:
             self.clock.spare += [event for pair in self.pairs for event in pair]
-        self.pairs, self.open_backward, self.data_s, self.steps = [], [], 0.0, 0
-        self.started = time.perf_counter()
+        self._reset(time.perf_counter())
 
 
 class RankWindows:
@@ -126,13 +134,6 @@ class RankWindows:
     straggler rule applied as the run goes."""
 
     def __init__(self, rt, timer: RankTimer):
-        import os
-        import socket
-
-        import torch.distributed as dist
-
-        from .straggler import Tally
-
         self.rt, self.timer, self.tally = rt, timer, Tally()
         me = {"host": os.environ.get("FSDPCTL_HOST") or socket.gethostname(),
               "node": int(os.environ.get("GROUP_RANK", rt.rank // max(1, rt.local_world)))}
@@ -142,10 +143,6 @@ class RankWindows:
     def gather(self, step_loss: torch.Tensor, mem_mb: float) -> tuple[float, list[dict] | None]:
         """(the mean loss over ranks, per-rank timings per step of this window or None when it
         measured no step). Synchronises the device (the window's end)."""
-        import torch.distributed as dist
-
-        from .metrics import synchronize
-
         synchronize(self.rt.device)
         steps = self.timer.steps
         times = self.timer.window()

@@ -49,7 +49,7 @@ def png_chunks(path: Path) -> tuple[tuple[int, int], dict[str, str]]:
 
 def test_the_summary_matches_the_rows():
     series = read_rows(workload_rows(30, 4, slow_rank=2) + ["{\"step\": 31, \"loss\""], "run-a")
-    summary = summarize(series, attempts=2, restarts=1)
+    summary = summarize(series, attempts=2)
     assert summary.steps == 30 and summary.final_loss == pytest.approx(8.0 - 1.5)
     assert summary.best_loss == pytest.approx(6.5) and summary.best_loss_step == 30
     assert summary.final_val_loss == pytest.approx(8.1 - 1.5) and summary.best_val_loss == pytest.approx(6.6)
