@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..bundle import Payload
     from ..plan.types import LaunchPlan
-    from ..rundir.record import RunDir
+    from ..rundir.rundir import RunDir
     from ..rundir.state import Outcome
 
 
@@ -70,7 +70,7 @@ def plan_restart(backend: Backend, run: RunDir, outcome: Outcome, last_attempt: 
     from ..rundir.attempts import plan_next_attempt
 
     plan = run.plan
-    if outcome.state in (RunState.INTERRUPTED, RunState.STOPPED) or run.record.get("stopped_at"):
+    if outcome.state in (RunState.INTERRUPTED, RunState.STOPPED) or run.record.stopped_at:
         return None, None  # Ctrl-C, a stop signal or `fsdpctl stop`: the user ended it
     if plan.attempt >= last_attempt:
         return None, (f"no restart left (--max-restarts {plan.max_restarts})" if plan.max_restarts else None)

@@ -64,7 +64,7 @@ def run_collectives(loaded: LoadedProfile, backend: Backend, emit: Emitter,
     from ..hostcheck.collectives import COLLECTIVES_ENV, COLLECTIVES_MODULE, collectives_result
     from ..plan.render import render_all
     from ..plan.types import Overrides
-    from ..rundir.record import create_run
+    from ..rundir.rundir import create_run
     from .prepare import build_plan
 
     device = "cpu" if backend.profile.device == "cpu" else backend.profile.device

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..bundle import Payload
     from ..plan.types import LaunchPlan
-    from ..rundir.record import RunDir
+    from ..rundir.rundir import RunDir
 
 
 def passes_preflight(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
@@ -57,7 +57,7 @@ def follow(backend: Backend, run: RunDir, emit: Emitter, *, owner: bool, signals
 
     # A follower of someone else's foreground run only reports a hang; its launcher acts on it. A
     # detached or queued run has no such owner: whoever follows it acts.
-    act = owner or bool(run.record.get("detached")) or backend.queued
+    act = owner or run.record.detached or backend.queued
     watch = watch_for(backend, run, act=act, echo=emit.notice)
     outcome = backend.follow(run, emit, owner=owner, watch=watch, signals=signals, leave=leave)
     emit(RunEnded(run.run_id, outcome, str(run.root)))

@@ -98,7 +98,7 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     """Preflight, create the run directory, start (or submit) the run, and unless detached follow it
     to its end, starting it again after a failure while restarts are left."""
     from ..backends import backend_for
-    from ..rundir.record import create_run
+    from ..rundir.rundir import create_run
     from .estimate import memory_warning
     from .following import follow_with_restarts, passes_preflight, start
 

@@ -15,7 +15,7 @@ def get_run(run_id: Optional[str] = None, *, runs_dir: Optional[PathLike] = None
     """The run ``run_id`` (a unique prefix will do; None: the latest run) in ``runs_dir`` (default
     ``$FSDPCTL_RUNS_DIR``, else ``./runs``). Raises UsageError when there is no such run."""
     from ..rundir.paths import find_run
-    from ..rundir.record import load_run
+    from ..rundir.rundir import load_run
 
     return Run(load_run(find_run(run_id, Path(runs_dir) if runs_dir is not None else None)))
 
@@ -24,6 +24,6 @@ def runs(*, runs_dir: Optional[PathLike] = None) -> list[Run]:
     """Every run in ``runs_dir`` (default ``$FSDPCTL_RUNS_DIR``, else ``./runs``), oldest first.
     ``run.info`` reads each one's record without asking its nodes."""
     from ..rundir.paths import list_runs
-    from ..rundir.record import load_run
+    from ..rundir.rundir import load_run
 
     return [Run(load_run(path)) for path in list_runs(Path(runs_dir) if runs_dir is not None else None)]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..metrics.summary import Report
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
-    from ..rundir.record import RunDir
+    from ..rundir.rundir import RunDir
     from ..rundir.status import RunStatus
 
 
@@ -77,9 +77,8 @@ class Run:
     def info(self) -> RunInfo:
         """What run.json says now (another process may have written it since); asks no node."""
         record = self._dir.record
-        return RunInfo(self.run_id, RunState.parse(record.get("state")), record.get("backend") or self.plan.backend,
-                       record.get("num_nodes"), record.get("exit_code"), record.get("attempt", 1),
-                       record.get("created_at"), self.path)
+        return RunInfo(self.run_id, record.state, record.backend, record.num_nodes or None, record.exit_code,
+                       record.attempt, record.created_at, self.path)
 
     def __repr__(self) -> str:
         return f"<fsdpctl.Run {self.run_id} {self.info.state}>"
@@ -120,8 +119,8 @@ class Run:
         from .following import follow
 
         record = self._dir.record
-        if RunState.parse(record.get("state")).is_over:
-            return Outcome.from_record(record)
+        if record.state.is_over:
+            return record.outcome()
         leave = threading.Event()
         timer = threading.Timer(timeout, leave.set) if timeout is not None else None
         if timer is not None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from ..profiles.schema import ClusterProfile
-    from ..rundir.record import RunDir
+    from ..rundir.rundir import RunDir
     from .base import Backend
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
     from ..rundir.lines import LogLine
-    from ..rundir.record import RunDir
+    from ..rundir.rundir import RunDir
     from ..rundir.status import RunStatus
     from .hang_watch import HangWatch
 

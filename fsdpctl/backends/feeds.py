@@ -15,16 +15,30 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..errors import FsdpctlError, HostError
 from ..rundir.state import NodeState
 from ..shell import OUTPUT_MARK, after_mark, marked
 from .node_agent import ALIVE, EXIT, HEARTBEAT, KILL, LINE, STOP, STOPPED, heartbeat_seconds
-from .node_commands import follow_command, poll_command
+from .node_commands import (
+    Answer,
+    Data,
+    Exited,
+    Gone,
+    Lost,
+    Message,
+    Note,
+    Running,
+    StreamEnded,
+    follow_command,
+    parse_poll,
+    poll_command,
+)
 from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
 
-__all__ = ["AgentFeed", "Feed", "Listener", "TailFeed", "heartbeat_seconds"]
+__all__ = ["AgentFeed", "Answer", "Data", "Exited", "Feed", "Gone", "Listener", "Lost", "Message", "Note",
+           "Running", "StreamEnded", "TailFeed", "heartbeat_seconds"]
 POLL_SECONDS = 2.0
 # While a node's log stream is open it says when the node ends; polls (an SSH command each, with the
 # login shell's rc files, on nodes busy starting torch) are then only a safety net.
@@ -41,21 +55,24 @@ class Listener(Protocol):
     grace: float
     finished: threading.Event
 
-    def put(self, run: NodeRun, item: Any) -> None:
-        """A note about the node (str), None (its stream ended), or an answer tuple."""
+    def put(self, run: NodeRun, message: Message) -> None:
+        """Something about the node: a note, the end of its stream, or how its script stands."""
 
     def put_data(self, run: NodeRun, chunk: bytes) -> None:
         """Bytes of the node's log, in order (waits for room)."""
 
 
 class Feed(Protocol):
+    quiet_seconds: float
+    """How long a node whose script ended may stay silent before its stream counts as done."""
+
     def start(self, sup: Listener) -> None:
         """Begin delivering lines and answers to ``sup.put``."""
 
     def ended_stream(self, sup: Listener, run: NodeRun) -> None:
         """A running node's stream ended: find out how it stands."""
 
-    def check(self, sup: Listener) -> list[tuple[NodeRun, tuple[str, ...]]]:
+    def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
         """Answers found by looking now (a node silent for too long)."""
 
     def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:
@@ -70,8 +87,8 @@ def _guarded(sup: Listener, run: NodeRun, body) -> None:
     try:
         body()
     except Exception as exc:  # noqa: BLE001 - a monitoring thread must never die silently
-        sup.put(run, ("lost", f"{type(exc).__name__}: {exc}"))
-        sup.put(run, None)
+        sup.put(run, Lost(f"{type(exc).__name__}: {exc}"))
+        sup.put(run, StreamEnded())
 
 
 class AgentFeed:
@@ -79,6 +96,8 @@ class AgentFeed:
 
     def __init__(self, node_timeout: float):
         self.node_timeout = node_timeout
+        # An agent whose node ended says "alive" until the rest of its log is out: heard from while it sends.
+        self.quiet_seconds = 2 * heartbeat_seconds(node_timeout)
         self.runs: list[NodeRun] = []
 
     def start(self, sup: Listener) -> None:
@@ -101,8 +120,8 @@ class AgentFeed:
                 continue
             if not header:
                 if not ended:
-                    sup.put(run, ("lost", "its agent's connection closed before the node ended"))
-                sup.put(run, None)
+                    sup.put(run, Lost("its agent's connection closed before the node ended"))
+                sup.put(run, StreamEnded())
                 return
             run.last_heard = time.monotonic()
             if header.startswith(frame) and header[1:-1].isdigit():
@@ -112,13 +131,14 @@ class AgentFeed:
                 sup.put_data(run, data)
                 continue
             line = header.decode("utf-8", "replace").rstrip("\n")
-            if line.startswith(EXIT + " "):
+            answer = parse_poll(line[1:]) if line.startswith(EXIT + " ") else None
+            if isinstance(answer, Exited):
                 ended = True
-                sup.put(run, ("exit", line.split()[1]))
+                sup.put(run, answer)
             elif line.startswith(STOPPED + " "):
-                sup.put(run, f"fsdpctl: the node ended its processes: {line[len(STOPPED) + 1:]}")
+                sup.put(run, Note(f"fsdpctl: the node ended its processes: {line[len(STOPPED) + 1:]}"))
             elif line != ALIVE:
-                sup.put(run, line)  # not the protocol's: show it rather than lose it
+                sup.put(run, Note(line))  # not the protocol's: show it rather than lose it
 
     @staticmethod
     def _frame(sup: Listener, session, size: int) -> bytes | None:
@@ -143,14 +163,14 @@ class AgentFeed:
     def ended_stream(self, sup: Listener, run: NodeRun) -> None:
         return None  # the agent's stream carries the node's end; a stream without one was reported lost
 
-    def check(self, sup: Listener) -> list[tuple[NodeRun, tuple[str, ...]]]:
-        lost = []
+    def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
+        lost: list[tuple[NodeRun, Answer]] = []
         for run in self.runs:
             silent = time.monotonic() - run.last_heard
             if run.state == NodeState.RUNNING and silent > self.node_timeout:
                 since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
-                lost.append((run, ("lost", f"nothing heard from it since {since} ({silent:.0f} s; the node "
-                                           f"timeout is {self.node_timeout:g} s)")))
+                lost.append((run, Lost(f"nothing heard from it since {since} ({silent:.0f} s; the node "
+                                       f"timeout is {self.node_timeout:g} s)")))
         return lost
 
     def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:
@@ -169,6 +189,8 @@ class AgentFeed:
 
 class TailFeed:
     """A run followed from outside: its nodes' logs with ``tail -F``, their exit files polled."""
+
+    quiet_seconds = 0.0  # tail -F ends with the node's wrapper: whatever comes after that comes at once
 
     def __init__(self) -> None:
         self.runs: list[NodeRun] = []
@@ -199,7 +221,7 @@ class TailFeed:
             stream.close()
         except (HostError, OSError, EOFError):
             pass  # the poll decides whether the host is gone
-        sup.put(run, None)
+        sup.put(run, StreamEnded())
 
     def _poller(self, sup: Listener) -> None:
         last = {run.rank: time.monotonic() for run in self.runs}
@@ -210,22 +232,19 @@ class TailFeed:
                     last[run.rank] = time.monotonic()
                     sup.put(run, self.ask(sup, run))
 
-    def ask(self, sup: Listener, run: NodeRun) -> tuple[str, ...]:
-        """The node's own word on its script: ("exit", code), ("running",), ("gone",) or ("lost", why)."""
+    def ask(self, sup: Listener, run: NodeRun) -> Answer:
+        """The node's own word on its script (Lost when it does not answer)."""
         try:
             _, out, _ = run.transport.run(marked(poll_command(sup.run_dir, run.rank, run.pid)),
                                           COMMAND_TIMEOUT)
         except (HostError, FsdpctlError, OSError) as exc:
-            return ("lost", str(exc))
-        words = after_mark(out).strip().split()
-        if words[:1] == ["exit"] and len(words) == 2 and words[1].lstrip("-").isdigit():
-            return ("exit", words[1])
-        return ("gone",) if words[:1] == ["gone"] else ("running",)
+            return Lost(str(exc))
+        return parse_poll(after_mark(out))
 
     def ended_stream(self, sup: Listener, run: NodeRun) -> None:
         sup.put(run, self.ask(sup, run))  # its log ended: it has probably just exited
 
-    def check(self, sup: Listener) -> list[tuple[NodeRun, tuple[str, ...]]]:
+    def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
         return []
 
     def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:

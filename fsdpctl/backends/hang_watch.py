@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..rundir.outcome import HANG_EXIT
 from ..rundir.state import Failure
 
-HANG_EXIT = 124
-"""The exit code of a run the watchdog ended (as timeout(1)'s)."""
+__all__ = ["HANG_EXIT", "HangVerdict", "HangWatch"]
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,13 @@ import socket
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from ..errors import HostError
 from ..plan.types import NodeSpec
 from ..rundir.lines import LineSplitter
 from ..rundir.paths import private_dir
-from ..rundir.record import RunDir
-from ..rundir.state import RunState
+from ..rundir.record import Launcher, RunRecord
+from ..rundir.rundir import RunDir
 from ..shell import OUTPUT_MARK, marked, quote_path
 from .transport import Transport
 
@@ -31,21 +30,21 @@ IDLE_SECONDS = 30.0
 """A node that sends nothing of its log for this long is given up (a cut link)."""
 
 
-def launcher_record() -> dict[str, Any]:
+def launcher_record() -> Launcher:
     """Who streams a foreground run's logs into its directory (kept in run.json)."""
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+    return Launcher(host=socket.gethostname(), pid=os.getpid())
 
 
-def streamed_now(record: dict[str, Any]) -> bool:
+def streamed_now(record: RunRecord) -> bool:
     """A live launcher on this machine is still writing the run's logs here."""
-    launcher = record.get("launcher") or {}
-    if RunState.parse(record.get("state")).is_over or launcher.get("host") != socket.gethostname():
+    launcher = record.launcher
+    if record.state.is_over or launcher is None or launcher.host != socket.gethostname() or not launcher.pid:
         return False
     try:
-        os.kill(int(launcher.get("pid", 0)), 0)
-    except (OSError, ValueError):
+        os.kill(launcher.pid, 0)
+    except OSError:
         return False
-    return bool(launcher.get("pid"))
+    return True
 
 
 @contextlib.contextmanager
@@ -130,7 +129,7 @@ def complete_logs(run: RunDir, transports: Sequence[Transport]) -> list[str]:
     (unless a live launcher is streaming them now, or followed the run to its end); notes for the
     nodes that could not be read."""
     record = run.record
-    if record.get("logs_complete") or streamed_now(record):
+    if record.logs_complete or streamed_now(record):
         return []
     logs = private_dir(run.paths.logs)
     with _locked(logs):
@@ -138,6 +137,6 @@ def complete_logs(run: RunDir, transports: Sequence[Transport]) -> list[str]:
             notes = [note for note in pool.map(lambda pair: _complete_node(run, pair[0], pair[1], logs),
                                                zip(run.plan.nodes, transports, strict=True)) if note]
         rewrite_merged(run, logs)
-        if not notes and RunState.parse(record.get("state")).is_over:
-            run.update(record["state"], logs_complete=True)
+        if not notes and record.state.is_over:
+            run.change(logs_complete=True)
     return notes

@@ -23,14 +23,64 @@ from __future__ import annotations
 import functools
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from ..hostcheck.probe import probe_source
 from ..shell import command_line, marked, quote_path
 from .node_agent import AGENT_REFUSED, AGENT_STARTED
 
 __all__ = ["AGENT_REFUSED", "AGENT_STARTED", "agent_command"]
+
+
+@dataclass(frozen=True)
+class Data:
+    """Bytes of the node's log, in order."""
+
+    chunk: bytes
+
+
+@dataclass(frozen=True)
+class Note:
+    """fsdpctl's own word about the node (shown and kept; not the node's log)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class StreamEnded:
+    """The node's log stream ended."""
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The node's script ended with this exit status."""
+
+    code: int
+
+
+@dataclass(frozen=True)
+class Running:
+    """The node's script is still running."""
+
+
+@dataclass(frozen=True)
+class Gone:
+    """The node's script's wrapper vanished without an exit status."""
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The node stopped answering."""
+
+    why: str
+
+
+Answer = Union[Exited, Running, Gone, Lost]
+"""What is known of how a node's script stands."""
+Message = Union[Data, Note, StreamEnded, Answer]
+"""What a feed hands the supervisor about one node."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -57,6 +107,17 @@ def poll_command(run_dir: str, rank: int, pid: int) -> str:
     return (f"cd {quote_path(run_dir)} 2>/dev/null && "
             f"if [ -s node{rank}.exit ]; then echo exit $(cat node{rank}.exit); "
             f"elif kill -0 {pid} 2>/dev/null; then echo running; else echo gone; fi")
+
+
+def parse_poll(text: str) -> Exited | Running | Gone:
+    """The node's word on its script, as ``poll_command`` (or the agent's ``!exit N``) says it:
+    ``exit N``, ``running``, or anything else: its wrapper is gone. The one reader of the reply."""
+    words = text.strip().split()
+    if words[:1] == ["exit"]:
+        code = words[1] if len(words) == 2 else ""
+        # An exit file cut short or garbled still says the script ended: as a lost node's, 255.
+        return Exited(int(code) if code.lstrip("-").isdigit() else 255)
+    return Running() if words[:1] == ["running"] else Gone()
 
 
 def kill_command(run_id: str, grace: float) -> str:

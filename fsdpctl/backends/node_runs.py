@@ -22,8 +22,10 @@ from typing import Any
 from ..errors import HostError
 from ..plan.types import LaunchPlan, NodeSpec
 from ..rundir.lines import LineSplitter
+from ..rundir.outcome import Settled
 from ..rundir.paths import private_dir
 from ..rundir.state import Failure, NodeState, shell_exit_code
+from ..rundir.status import NodeStatus
 from ..shell import after_mark, marked
 from .node_commands import FETCH_MISSING, fetch_command, kill_command
 from .transport import Session, Transport
@@ -55,32 +57,48 @@ class NodeRun:
     last_heard: float = field(default_factory=time.monotonic)
     lost_reason: str | None = None
     """Why the node counts as lost (it stopped answering), when it does."""
+    stopped: bool = False
+    """fsdpctl ended it (another node had failed, or the launcher was told to stop)."""
+    seen_failing_at: str | None = None
+    """When fsdpctl saw it fail first of all the nodes."""
 
     @property
     def rank(self) -> int:
         return self.node.node_rank
 
 
-def node_records(runs: Sequence[NodeRun]) -> list[dict[str, Any]]:
+def node_records(runs: Sequence[NodeRun]) -> tuple[NodeStatus, ...]:
     """Each node as run.json records it."""
-    return [{"node_rank": r.rank, "host": r.node.host, "pid": r.pid, "state": str(r.state), "exit_code": r.exit_code,
-             **({"log_bytes": r.received} if r.received else {})} for r in runs]
+    return tuple(NodeStatus(node_rank=r.rank, host=r.node.host, address=r.node.address, pid=r.pid, state=r.state,
+                            exit_code=r.exit_code, log_bytes=r.received) for r in runs)
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """How the run ended: the job's exit code, and the first failure if there was one."""
+    """How following the run ended: the run settled from its nodes, the signal that interrupted the
+    launcher (SIGINT for a KeyboardInterrupt) if one did, and whether the follower left before the end."""
 
-    exit_code: int
-    first_failure: Failure | None
-    interrupted: bool
+    settled: Settled
     signal: int | None = None
-    """The signal that interrupted the launcher (SIGINT, SIGTERM, SIGHUP; SIGINT for a
-    KeyboardInterrupt), when one did."""
-    hung: bool = False
-    """The hang watchdog ended the run."""
     left: bool = False
-    """The follower was told to leave before the run ended (it goes on)."""
+
+    @property
+    def exit_code(self) -> int:
+        return self.settled.exit_code or 0
+
+    @property
+    def first_failure(self) -> Failure | None:
+        return self.settled.first_failure
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def hung(self) -> bool:
+        """The hang watchdog ended the run."""
+        failure = self.settled.first_failure
+        return self.signal is None and failure is not None and failure.kind == "hang"
 
 
 def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any]:
@@ -144,16 +162,6 @@ def first_failure_of(run: NodeRun, failed_at: str | None = None) -> Failure:
                    error_file=error_file, failed_at=failed_at, last_lines=tuple(last),
                    peer_gone=any(_PEER_GONE.search(line) for line in last),
                    detail=(run.lost_reason or "it stopped answering") if lost else None)
-
-
-def root_cause(failures: Sequence[Failure]) -> Failure:
-    """The failure that caused the others: a lost node (its peers only failed because it vanished
-    under them), then one that is not a rank reporting that a peer went away, then the earliest by
-    torchrun's failure time, then the lowest node rank. Time alone misleads: torchrun stamps a
-    worker killed by a signal when its monitor notices, which can be after its peers' "connection
-    reset" exceptions were stamped (seen under load: a second later)."""
-    return min(failures, key=lambda f: (f.kind != "lost", f.peer_gone, f.failed_at or "9999",
-                                        f.node_rank if f.node_rank is not None else 1 << 30))
 
 
 def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,

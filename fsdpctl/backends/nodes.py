@@ -27,17 +27,19 @@ from ..plan.types import LaunchPlan
 from ..profiles.schema import ClusterProfile
 from ..rundir.attempts import attempt_folder
 from ..rundir.lines import LogLine
+from ..rundir.outcome import NodeEnd, settle
 from ..rundir.paths import files_under
-from ..rundir.record import RunDir, last_metrics, now
+from ..rundir.record import now
+from ..rundir.rundir import RunDir, last_metrics
 from ..rundir.state import NodeState, Outcome, RunState
-from ..rundir.status import NodeStatus, RunStatus, recorded_status
+from ..rundir.status import NodeStatus, RunStatus
 from ..shell import after_mark, marked, quote_path
 from ..workload.layout import complete_steps_command, parse_steps
 from .base import DoctorRequest, LineSink
 from .feeds import AgentFeed, TailFeed
 from .hang_watch import HangWatch
 from .log_copy import complete_logs, launcher_record
-from .node_commands import STAGED, poll_command, stacks_command
+from .node_commands import STAGED, Exited, Running, parse_poll, poll_command, stacks_command
 from .node_runs import COMMAND_TIMEOUT, NodeRun, fetch_from_node, fetch_logs, node_records, stop_run
 from .starter import NodeStarter
 from .supervisor import Supervisor
@@ -126,13 +128,13 @@ class NodesBackend:
         # run is meant to outlive it, and its agents leave.
         started = starter.start(watch=0.0 if detached else float(run.plan.node_timeout))
         self._started[run.run_id] = started
-        run.update(RunState.RUNNING, node_records(started), started_at=now(), detached=detached,
+        run.change(state=RunState.RUNNING, nodes=node_records(started), started_at=now(), detached=detached,
                    launcher=None if detached else launcher_record())
         world = run.plan.world_size or "from GPU count"
         return f"started on {run.plan.num_nodes} node(s), world size {world}"
 
     def _node_runs(self, run: RunDir) -> list[NodeRun]:
-        pids = {n["node_rank"]: n.get("pid", 0) for n in run.record.get("nodes", [])}
+        pids = {n.node_rank: n.pid or 0 for n in run.record.nodes}
         return [NodeRun(node, transport, pid=pids.get(node.node_rank, 0), state=NodeState.RUNNING)
                 for node, transport in zip(run.plan.nodes, self.transports, strict=True)]
 
@@ -161,26 +163,25 @@ class NodesBackend:
         if failure and failure.error_file and failure.kind == "exit":
             error = read_error_file(node_runs[failure.node_rank].transport, failure.error_file)
             failure = dataclasses.replace(failure, error=masker.text(error) if error else error)
-        state = RunState.INTERRUPTED if result.interrupted else (RunState.FAILED if result.exit_code
-                                                                 else RunState.SUCCEEDED)
-        if result.hung and not owner and not run.record.get("detached"):
+        state = result.settled.state
+        record = run.record
+        if result.hung and not owner and not record.detached:
             # The launcher that owns it does the same; this follower only reports.
             return Outcome(exit_code=result.exit_code, state=RunState.FAILED, first_failure=failure)
         lost = any(r.state == NodeState.LOST or r.streaming for r in node_runs)  # a stream cut short
-        recorded = {"finished_at": now(), "exit_code": result.exit_code,
-                    "first_failure": failure.to_json() if failure else None}
+        recorded = {"finished_at": now(), "exit_code": result.exit_code, "first_failure": failure}
         notes: list[str] = []
         if owner:
             if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
                 fetch_logs(plan, node_runs, run.root, masker.bytes if masker else None)
             # Every stream ran to its node's end: the copies here are whole (a lost node's is not).
-            run.update(state, node_records(node_runs), logs_complete=not lost, **recorded)
+            run.change(state=state, nodes=node_records(node_runs), logs_complete=not lost, **recorded)
             if lost:  # what the node logged since its stream was cut, if it answers now
                 notes = complete_logs(run, self.transports)
-        elif run.record.get("detached") and run.record.get("state") == RunState.RUNNING:
+        elif record.detached and run.record.state is RunState.RUNNING:
             # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
             # records how it ended.
-            run.update(state, node_records(node_runs), **recorded)
+            run.change(state=state, nodes=node_records(node_runs), **recorded)
         message = None
         if result.interrupted:
             by = signal.Signals(result.signal).name if result.signal else "a signal"
@@ -192,24 +193,22 @@ class NodesBackend:
         """run.json, with each node asked for its script's state while the run is marked running,
         and the last metrics line rank 0 wrote."""
         plan, record = run.plan, run.record
-        nodes = record.get("nodes") or [{"node_rank": n.node_rank, "host": n.host, "state": "unknown",
-                                         "exit_code": None, "pid": 0} for n in plan.nodes]
-        state = RunState.parse(record.get("state"))
+        nodes = list(record.nodes) or [NodeStatus(node_rank=n.node_rank, host=n.host, state=NodeState.UNKNOWN)
+                                       for n in plan.nodes]
+        state = record.state
         live = not state.is_over
         if live:
-            for node, transport in zip(nodes, self.transports, strict=True):
-                node.update(_poll_node(transport, plan.run_dir, node))
-            states = {NodeState.parse(n["state"]) for n in nodes}
-            state = (RunState.RUNNING if NodeState.RUNNING in states else
-                     RunState.FAILED if states - {NodeState.SUCCEEDED} else RunState.SUCCEEDED)
+            nodes = [node.replace(**_poll_node(transport, plan.run_dir, node))
+                     for node, transport in zip(nodes, self.transports, strict=True)]
+            state = settle([NodeEnd(node_rank=n.node_rank, host=n.host, state=n.state, exit_code=n.exit_code)
+                            for n in nodes]).state
         texts = [_read_local(Path(plan.run_dir).expanduser() / "metrics.jsonl")]
         tail = f"tail -n 1 {quote_path(plan.run_dir)}/metrics.jsonl 2>/dev/null"
         if live:
             texts += [_run_quietly(t, tail) for t in self.transports]
         elif not texts[0]:  # an ended run whose directory is not on this machine: node 0's rank 0 wrote it
             texts.append(_run_quietly(self.transports[0], tail, timeout=10))
-        return recorded_status(record, plan.run_id, state=state, last_metrics=last_metrics(texts),
-                               nodes=tuple(NodeStatus.from_json(n) for n in nodes))
+        return record.status(state=state, last_metrics=last_metrics(texts), nodes=tuple(nodes))
 
     def checkpoint_steps(self, run: RunDir) -> list[int]:
         """Asked of the nodes in turn (node 0 first: its rank 0 completes every checkpoint) until one answers."""
@@ -282,24 +281,22 @@ class NodesBackend:
     def stop(self, run: RunDir) -> dict[str, str]:
         """End every process of the run on every node and record it as stopped."""
         remaining = stop_run(run.run_id, self.transports)
-        nodes = [{**n, "state": str(NodeState.STOPPED)} if n.get("state") in ("running", "starting") else n
-                 for n in run.record.get("nodes", [])]
-        run.update(RunState.STOPPED, nodes, stopped_at=now(), remaining=remaining)
+        nodes = tuple(n.replace(state=NodeState.STOPPED) if n.state in (NodeState.RUNNING, NodeState.STARTING) else n
+                      for n in run.record.nodes)
+        run.change(state=RunState.STOPPED, nodes=nodes, stopped_at=now(), remaining=remaining)
         return remaining
 
 
-def _poll_node(transport: Transport, run_dir: str, node: dict[str, Any]) -> dict[str, Any]:
+def _poll_node(transport: Transport, run_dir: str, node: NodeStatus) -> dict[str, Any]:
     """A node's state as its own files say (``exit N``, its wrapper alive, or gone)."""
     try:
-        _, out, _ = transport.run(marked(poll_command(run_dir, node["node_rank"], node.get("pid", 0))),
-                                  COMMAND_TIMEOUT)
+        _, out, _ = transport.run(marked(poll_command(run_dir, node.node_rank, node.pid or 0)), COMMAND_TIMEOUT)
     except HostError as exc:
-        return {"state": str(NodeState.UNREACHABLE), "detail": exc.detail}
-    words = after_mark(out).split()
-    if words[:1] == ["exit"] and len(words) == 2:
-        code = int(words[1])
-        return {"exit_code": code, "state": str(NodeState.SUCCEEDED if code == 0 else NodeState.FAILED)}
-    return {"state": str(NodeState.RUNNING if words[:1] == ["running"] else NodeState.GONE)}
+        return {"state": NodeState.UNREACHABLE, "detail": exc.detail}
+    answer = parse_poll(after_mark(out))
+    if isinstance(answer, Exited):
+        return {"exit_code": answer.code, "state": NodeState.SUCCEEDED if answer.code == 0 else NodeState.FAILED}
+    return {"state": NodeState.RUNNING if isinstance(answer, Running) else NodeState.GONE}
 
 
 def _read_local(path: Path) -> str:

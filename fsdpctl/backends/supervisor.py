@@ -23,11 +23,13 @@ from typing import Any
 
 from ..plan.types import LaunchPlan
 from ..rundir.lines import LineSplitter, LogLine
+from ..rundir.outcome import HANG_EXIT, NODE_LOST_EXIT, NodeEnd, settle
 from ..rundir.paths import private_dir
-from ..rundir.state import Failure, NodeState
+from ..rundir.state import Failure, NodeState, RunState
 from .feeds import Feed
-from .hang_watch import HANG_EXIT, HangWatch
-from .node_runs import GRACE_SECONDS, KEEP_LINES, NodeRun, RunResult, first_failure_of, root_cause
+from .hang_watch import HangWatch
+from .node_commands import Answer, Data, Exited, Gone, Lost, Message, Note, Running, StreamEnded
+from .node_runs import GRACE_SECONDS, KEEP_LINES, NodeRun, RunResult, first_failure_of
 
 LineSink = Callable[[LogLine], None]
 WAIT_SECONDS = 0.5
@@ -36,8 +38,7 @@ DRAIN_SECONDS = 5.0
 ROOM_CHUNKS = 64
 """Chunks of log bytes (up to 64 KiB each) waiting to be shown: a feed that finds no room waits, and
 so does the node behind it (its log waits on disk). The launcher's memory stays bounded."""
-NODE_LOST_EXIT = 255
-"""The exit code of a run whose node stopped answering (as ssh's own, for a lost connection)."""
+ANSWERS = (Exited, Running, Gone, Lost)
 
 
 class Interrupted(Exception):
@@ -82,7 +83,7 @@ class Supervisor:
         self.lines: queue.Queue = queue.Queue()
         self.room = threading.Semaphore(ROOM_CHUNKS)
         self.last_data = time.monotonic()
-        self.first_failure: Failure | None = None
+        self.failed: NodeRun | None = None  # the first node seen failing
         self.files: dict[int, Any] = {}
         self.merged: Any = None
         self.finished = threading.Event()
@@ -157,27 +158,30 @@ class Supervisor:
                 break
         # A node's answer (its exit, its loss) first: it may end the others, which must not wait behind
         # the lines already here. Lines keep their order, and a stream's end stays after its lines.
-        batch.sort(key=lambda entry: not isinstance(entry[1], tuple))
-        for run, item in batch:
-            if isinstance(item, tuple):
-                self._settle(run, item)
+        batch.sort(key=lambda entry: not isinstance(entry[1], ANSWERS))
+        for run, message in batch:
+            if isinstance(message, ANSWERS):
+                self._settle(run, message)
             else:
-                self._take(run, item)
-                if item is None and run.state == NodeState.RUNNING:
+                self._take(run, message)
+                if isinstance(message, StreamEnded) and run.state == NodeState.RUNNING:
                     self.feed.ended_stream(self, run)
         for run, answer in self.feed.check(self):
             self._settle(run, answer)
         self._flush()
-        if self.watch is not None and not self.stopping and self.first_failure is None:
+        if self.watch is not None and not self.stopping and self.failed is None:
             silent = self.watch.due()
             if silent is not None:
                 self._hang(silent)
 
     def _drain_ended(self) -> None:
-        """Every node has ended: take what is still on its way from nodes that answer, as long as it
-        keeps coming."""
+        """Every node has ended: take what is still on its way, from each node as long as it is heard
+        from. A node is heard from while its feed waits for room too, so a launcher slow to show a
+        flood (a slow terminal, a loaded machine) still gets the whole end of every log, torchrun's
+        failure summary included, before the run is settled."""
+        quiet = max(DRAIN_SECONDS, self.feed.quiet_seconds)
         open_streams = [r for r in self.runs if r.streaming and r.state != NodeState.LOST]
-        while any(r.streaming for r in open_streams) and time.monotonic() - self.last_data < DRAIN_SECONDS \
+        while any(r.streaming and time.monotonic() - r.last_heard < quiet for r in open_streams) \
                 and not self._left():
             self._step()
 
@@ -205,13 +209,14 @@ class Supervisor:
                 hurried = True
                 self.feed.stop(self, [r for r in running if r.state == NodeState.RUNNING], hurry=True)
         for run in running:
+            run.stopped = True
             if run.state == NodeState.RUNNING:
                 run.state, run.exit_code = NodeState.FAILED, HANG_EXIT if signum is None else 128 + signum
 
     # ---- what the feed says ----------------------------------------------------------------------
-    def put(self, run: NodeRun, item: Any) -> None:
-        """For the feed's threads: a note line (str), None (the node's stream ended) or an answer tuple."""
-        self.lines.put((run, item))
+    def put(self, run: NodeRun, message: Message) -> None:
+        """For the feed's threads: a note, the end of the node's stream, or how its script stands."""
+        self.lines.put((run, message))
 
     def put_data(self, run: NodeRun, chunk: bytes) -> None:
         """For the feed's threads: bytes of the node's log, once there is room for them (the node is
@@ -220,24 +225,24 @@ class Supervisor:
             run.last_heard = time.monotonic()
             if self.finished.is_set():
                 return
-        self.lines.put((run, chunk))
+        self.lines.put((run, Data(chunk)))
 
-    def _take(self, run: NodeRun, item: bytes | str | None) -> None:
+    def _take(self, run: NodeRun, message: Data | Note | StreamEnded) -> None:
         splitter = run.splitter
         assert splitter is not None
-        if item is None:
+        if isinstance(message, StreamEnded):
             run.streaming = False
             if run.state != NodeState.LOST:  # a cut stream's last piece comes whole with the rest (log_copy)
                 self._show(run, splitter.end())
             return
-        run.last_heard = self.last_data = time.monotonic()
-        if isinstance(item, str):  # fsdpctl's own word about the node: shown and kept, not the node's log
-            self._show(run, [LogLine(run.rank, run.node.host, item)])
+        run.last_heard = time.monotonic()
+        if isinstance(message, Note):  # fsdpctl's own word about the node: shown and kept, not the node's log
+            self._show(run, [LogLine(run.rank, run.node.host, message.text)])
             return
         self.room.release()
-        self.files[run.rank].write(item)
-        run.received += len(item)
-        self._show(run, splitter.feed(item))
+        self.files[run.rank].write(message.chunk)
+        run.received += len(message.chunk)
+        self._show(run, splitter.feed(message.chunk))
 
     def _show(self, run: NodeRun, lines: list[LogLine]) -> None:
         """A node's lines, shown and kept: per batch, not per line (a flood is 100,000s of them)."""
@@ -259,18 +264,18 @@ class Supervisor:
         if flush is not None:
             flush()
 
-    def _settle(self, run: NodeRun, answer: tuple[str, ...]) -> None:
+    def _settle(self, run: NodeRun, answer: Answer) -> None:
         """Apply what is known of a node's end; a failure ends the others."""
         if run.state != NodeState.RUNNING:
             return
-        if answer[0] == "exit":
-            run.exit_code = int(answer[1])
+        if isinstance(answer, Exited):
+            run.exit_code = answer.code
             run.state = NodeState.SUCCEEDED if run.exit_code == 0 else NodeState.FAILED
-        elif answer[0] == "lost":
-            run.state, run.exit_code, run.lost_reason = NodeState.LOST, NODE_LOST_EXIT, answer[1]
+        elif isinstance(answer, Lost):
+            run.state, run.exit_code, run.lost_reason = NodeState.LOST, NODE_LOST_EXIT, answer.why
             run.tail.append(LogLine(run.rank, run.node.host,
-                                    f"fsdpctl: {run.node.host} stopped answering: {answer[1]}"))
-        elif answer[0] == "gone":
+                                    f"fsdpctl: {run.node.host} stopped answering: {answer.why}"))
+        elif isinstance(answer, Gone):
             run.state, run.exit_code = NodeState.FAILED, NODE_LOST_EXIT
             run.tail.append(LogLine(run.rank, run.node.host,
                                     "fsdpctl: the node script's wrapper vanished without an exit status"))
@@ -278,30 +283,21 @@ class Supervisor:
             self._fail(run)
 
     def _fail(self, run: NodeRun) -> None:
-        if self.first_failure is not None or self.stopping:
+        """The first node seen failing ends the others (which one caused it is decided at the end,
+        from every node's complete last lines: news of nodes arrives in any order)."""
+        if self.failed is not None or self.stopping:
             return
-        # What is known now; torchrun's failure summary may still be on its way, and _result decides
-        # again from every node's complete last lines. Without torchrun's own time stamp, it failed now.
-        self.first_failure = first_failure_of(run, time.strftime("%Y-%m-%d_%H:%M:%S"))
+        self.failed = run
+        run.seen_failing_at = time.strftime("%Y-%m-%d_%H:%M:%S")  # torchrun's own time stamp wins, when it has one
         others = [r for r in self.runs if r is not run and r.state == NodeState.RUNNING]
+        for other in others:
+            other.stopped = True
         if others:
             self.feed.stop(self, others, hurry=False)
 
     def _result(self, signum: int | None) -> RunResult:
-        if self.hang_failure is not None and signum is None:
-            return RunResult(HANG_EXIT, self.hang_failure, False, hung=True)
-        if self.first_failure is not None:
-            # The first node seen failing may only have lost a peer: decide once every node has ended,
-            # from each node's last lines as they are now (a node's exit can come ahead of its last lines,
-            # torchrun's failure summary among them, when the launcher is behind).
-            seen = self.first_failure
-            failed = [first_failure_of(r, seen.failed_at if r.rank == seen.node_rank else None) for r in self.runs
-                      if r.state in (NodeState.FAILED, NodeState.LOST)]
-            self.first_failure = root_cause(failed or [seen])
-        if signum is not None:
-            return RunResult(128 + signum, self.first_failure, True, signum)
-        if self._left() and any(r.state == NodeState.RUNNING for r in self.runs):
-            return RunResult(0, self.first_failure, False, left=True)
-        if self.first_failure is not None:
-            return RunResult(self.first_failure.exit_code, self.first_failure, False)
-        return RunResult(0, None, False)
+        ends = [NodeEnd(node_rank=r.rank, host=r.node.host, state=r.state, exit_code=r.exit_code, stopped=r.stopped,
+                        failure=first_failure_of(r, r.seen_failing_at)
+                        if r.state in (NodeState.FAILED, NodeState.LOST) else None) for r in self.runs]
+        settled = settle(ends, interrupted_by=signum, hang=self.hang_failure)
+        return RunResult(settled, signal=signum, left=self._left() and settled.state is RunState.RUNNING)

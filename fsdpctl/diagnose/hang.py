@@ -22,7 +22,7 @@ from .stacks import group_stacks, rank_stacks, render, summary_line, suspect
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
-    from ..rundir.record import RunDir
+    from ..rundir.rundir import RunDir
 
 WORKLOAD_PROGRESS = re.compile(r"\bstep=\d+")
 """The bundled workload's progress: a logged step (training or validation)."""

@@ -18,16 +18,13 @@ from typing import Any, Optional
 
 from ..errors import UsageError
 from ..plan.types import LaunchPlan, overrides_from_json
-from .paths import private_dir, read_json, write_json_atomic
-from .record import RunDir, now, prepare
-from .state import Failure, RunState
+from ..profiles.schema import ClusterProfile
+from .paths import private_dir, read_json
+from .record import now
+from .rundir import INPUTS, RunDir, write_attempt_files
+from .state import RunState
 
 ATTEMPTS = "attempts"
-INPUTS = "inputs.json"  # written by record.create_run
-"""What the run's plan was made from (the overrides and make_plan's other inputs)."""
-# run.json fields that describe one attempt: kept in its history entry, cleared for the next one.
-_ATTEMPT_FIELDS = ("state", "exit_code", "first_failure", "started_at", "submitted_at", "finished_at", "stopped_at",
-                   "remaining", "detached", "nodes", "job_id", "via", "slurm_output", "slurm_state", "from_step")
 
 
 def attempt_folder(attempt: int) -> str:
@@ -55,9 +52,12 @@ def move_into(root: Path, names: tuple[str, ...], folder: str) -> None:
                 pass  # another node sharing the directory moved it first
 
 
-def plan_next_attempt(run: RunDir, *, train: dict[str, Any], **changes: Any) -> tuple[LaunchPlan, dict[str, str]]:
+def plan_next_attempt(run: RunDir, *, train: dict[str, Any], profile: Optional[ClusterProfile] = None,
+                      **changes: Any) -> tuple[LaunchPlan, dict[str, str]]:
     """The plan and scripts of the run's next attempt: the inputs it was made from, with ``train``
-    settings (``--steps``/``--epochs``) and ``changes`` (other Overrides fields) over them."""
+    settings (``--steps``/``--epochs``) and ``changes`` (other Overrides fields) over them.
+    ``profile``: the profile to place it with (default: the run's own, as it was); another one may
+    name other hosts, and the attempt then runs on those (its nodes are recorded with it)."""
     from ..plan.make import make_plan
     from ..plan.render import render_all
 
@@ -68,41 +68,30 @@ def plan_next_attempt(run: RunDir, *, train: dict[str, Any], **changes: Any) -> 
     overrides = overrides_from_json(inputs["overrides"])
     overrides = dataclasses.replace(overrides, train={**overrides.train, **train}, attempt=run.plan.attempt + 1,
                                     **{k: v for k, v in changes.items() if v is not None})
-    plan = make_plan(run.profile, run_id=run.run_id, local_run_dir=str(run.root),
+    plan = make_plan(profile or run.profile, run_id=run.run_id, local_run_dir=str(run.root),
                      profile_source=inputs["profile_source"], overrides=overrides,
                      local_python=inputs["local_python"], home=inputs["home"], local_cwd=inputs["local_cwd"],
                      for_slurm=inputs["for_slurm"])
-    if plan.run_dir != run.plan.run_dir:  # the same inputs give the same plan; anything else is a bug
-        raise AssertionError(f"attempt {plan.attempt} would run in {plan.run_dir}, not {run.plan.run_dir}")
+    if plan.run_dir != run.plan.run_dir:  # every attempt continues in the run's own directory
+        raise UsageError(f"run {run.run_id}: attempt {plan.attempt} would run in {plan.run_dir}, not in the "
+                         f"run's directory {run.plan.run_dir}", "keep the profile's workdir as it was")
     return plan, render_all(plan)
 
 
 def begin_attempt(run: RunDir, plan: LaunchPlan, scripts: dict[str, str], from_step: Optional[int]) -> RunDir:
-    """Keep the last attempt's files in ``attempts/<N>/`` and its summary in run.json's ``attempts``,
-    then write the new attempt's plan and scripts; returns the run as it now is."""
+    """Keep the last attempt's files in ``attempts/<N>/`` and its summary (its nodes included) in
+    run.json's ``attempts``, then write the new attempt's plan and scripts; returns the run as it now is."""
     previous = run.plan.attempt
     root = run.root
     move_into(root, ("logs", "hang", "fetched", "flight"), attempt_folder(previous))
     private_dir(root / attempt_folder(previous))
     shutil.copy2(run.paths.plan, root / attempt_folder(previous) / "plan.json")
     move_into(root, ("scripts",), attempt_folder(previous))
-    data = read_json(run.paths.run_record)
-    history = [*data.get("attempts", []), attempt_summary(data, previous)]
-    for name in _ATTEMPT_FIELDS:
-        data.pop(name, None)
-    data.update(attempts=history, attempt=plan.attempt, from_step=from_step, resumed_at=now())
-    write_json_atomic(run.paths.run_record, data)
-    prepare(run.paths, plan, scripts, None)
-    return RunDir(run.paths, plan, run.profile)
-
-
-def attempt_summary(record: dict[str, Any], attempt: int) -> dict[str, Any]:
-    """One attempt as run.json's ``attempts`` keeps it."""
-    summary = {"attempt": attempt, **{k: record.get(k) for k in ("state", "exit_code", "from_step", "started_at",
-                                                                 "submitted_at", "finished_at", "job_id")}}
-    failure = Failure.from_json(record.get("first_failure"))
-    summary["ended_by"] = failure.describe() if failure else None
-    return {k: v for k, v in summary.items() if v is not None}
+    record = run.record.next_attempt(plan.attempt, from_step, now())
+    write_attempt_files(run.paths, plan, scripts)
+    following = RunDir(run.paths, plan, run.profile)
+    following.begin(record.replace(num_nodes=plan.num_nodes, world_size=plan.world_size))
+    return following
 
 
 def check_resumable(run: RunDir, state: RunState, steps: list[int], new_total: Optional[int]) -> Optional[int]:

@@ -1,21 +1,21 @@
-"""A run directory's record: writing it when a run is created, ``run.json`` as the run goes, reading it back.
+"""``run.json`` as a type: what a run is, how it stands, each node's part, its earlier attempts.
 
-``run.json`` names the backend once (``backend``); with ``plan.json`` and the profile as it was
-(``profile.yaml``) it is all a later command needs to act on the run.
+``RunRecord`` is the one shape of the file. It is written by ``RunDir.change`` alone (one writer,
+serialised between processes) and read back by ``from_json``, which also reads what older fsdpctl
+versions wrote. What only a backend knows of a run (a scheduler's job id, its own words for the
+job's state) is kept in ``job``, written at the top level of the file beside the common fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
-from ..plan.types import LaunchPlan, plan_from_json
-from ..profiles.loader import parse_profile
-from ..profiles.schema import ClusterProfile
-from .paths import RunPaths, private_dir, read_json, write_json_atomic, write_private
+from .state import Failure, Outcome, RunState
+from .status import AttemptInfo, NodeStatus, RunStatus
 
 
 def now() -> str:
@@ -23,99 +23,156 @@ def now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def record(paths: RunPaths, plan: LaunchPlan, nodes: list[dict[str, Any]] | None, state: str,
-           **extra: Any) -> dict[str, Any]:
-    """Write run.json: the run's state, each node's process id and state, and whatever ``extra`` says."""
-    data = read_json(paths.run_record)
-    data.update({
-        "run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend, "state": str(state),
-        "run_dir_on_nodes": plan.run_dir, "num_nodes": plan.num_nodes, "world_size": plan.world_size,
-        "attempt": plan.attempt,
-    })
-    if plan.secrets:
-        data["secrets"] = {name: "<secret>" for name in plan.secrets}  # names only: values are written nowhere
-    if nodes is not None:
-        data["nodes"] = nodes
-    data.update(extra)
-    write_json_atomic(paths.run_record, data)
-    return data
+@dataclass(frozen=True, kw_only=True)
+class Launcher:
+    """The process that streams a foreground run's logs into its directory."""
+
+    host: str
+    pid: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": self.pid}
 
 
-def prepare(paths: RunPaths, plan: LaunchPlan, scripts: dict[str, str], profile_text: str | None) -> None:
-    """The local run directory: plan, scripts, the profile as it was (None: keep the one there), and
-    run.json, starting."""
-    private_dir(paths.root).chmod(0o700)  # whatever the umask: code, outputs and logs are the user's alone
-    write_json_atomic(paths.plan, plan.to_json())
-    private_dir(paths.scripts)
-    for name, text in scripts.items():
-        write_private(paths.script(name), text, 0o700)
-    if profile_text is not None:
-        write_private(paths.root / "profile.yaml", profile_text)
-    private_dir(paths.logs)
-    record(paths, plan, None, "starting", **({"created_at": now()} if profile_text is not None else {}))
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """A run as run.json keeps it. Every field but the first three has a default: a record is made
+    with what is known when the run is created, and each change replaces the fields it knows."""
 
+    run_id: str
+    profile: str
+    backend: str
+    """The backend that runs it (a name in the backend registry)."""
+    state: RunState = RunState.STARTING
+    attempt: int = 1
+    run_dir_on_nodes: str = ""
+    num_nodes: int = 0
+    world_size: Optional[int] = None
+    secrets: tuple[str, ...] = ()
+    """The names of the variables the ranks get as secrets; their values are written nowhere."""
+    nodes: tuple[NodeStatus, ...] = ()
+    """The nodes of this attempt: host, address, node rank, process id, state, exit code."""
+    created_at: Optional[str] = None
+    started_at: Optional[str] = None
+    submitted_at: Optional[str] = None
+    """When a scheduler took the run (it starts when the scheduler allocates its nodes)."""
+    finished_at: Optional[str] = None
+    stopped_at: Optional[str] = None
+    """When ``fsdpctl stop`` ended it."""
+    resumed_at: Optional[str] = None
+    exit_code: Optional[int] = None
+    first_failure: Optional[Failure] = None
+    detached: bool = False
+    """No launcher follows it as its owner (``--detach``, or a scheduler's job): whoever follows it
+    records how it ended, and acts on a hang."""
+    launcher: Optional[Launcher] = None
+    logs_complete: bool = False
+    """The copies of the nodes' logs here are whole: nothing is asked of the nodes again."""
+    remaining: Mapping[str, str] = field(default_factory=dict)
+    """After a stop: per host, the processes that were left (empty: none)."""
+    from_step: Optional[int] = None
+    """The checkpoint step this attempt continued from (the bundled workload)."""
+    attempts: tuple[AttemptInfo, ...] = ()
+    """The earlier attempts, oldest first."""
+    job: Mapping[str, Any] = field(default_factory=dict)
+    """What the backend keeps of the run (Slurm: ``job_id``, ``via``, ``slurm_output``, ``slurm_state``)."""
 
-@dataclass(frozen=True)
-class RunDir:
-    """One run directory here: its plan and the profile as it was; ``record`` reads run.json afresh."""
-
-    paths: RunPaths
-    plan: LaunchPlan
-    profile: ClusterProfile
+    def replace(self, **changes: Any) -> RunRecord:
+        """The record with ``changes``; ``job`` changes are merged into the backend's fields."""
+        if "job" in changes:
+            changes["job"] = {**self.job, **changes["job"]}
+        return dataclasses.replace(self, **changes)
 
     @property
-    def root(self) -> Path:
-        return self.paths.root
+    def job_id(self) -> Optional[str]:
+        """The scheduler's id of the run's job, for a run a scheduler runs."""
+        value = self.job.get("job_id")
+        return None if value is None else str(value)
 
-    @property
-    def run_id(self) -> str:
-        return self.plan.run_id
+    def node(self, node_rank: int) -> Optional[NodeStatus]:
+        return next((n for n in self.nodes if n.node_rank == node_rank), None)
 
-    @property
-    def record(self) -> dict[str, Any]:
-        """run.json as it is now (another fsdpctl may have written it since)."""
-        return read_json(self.paths.run_record)
+    def next_attempt(self, attempt: int, from_step: Optional[int], when: str) -> RunRecord:
+        """The record of the run's next attempt: this one summed up in ``attempts``, and nothing of
+        what described it (its state, exit, nodes, the backend's job) carried over."""
+        return RunRecord(run_id=self.run_id, profile=self.profile, backend=self.backend, attempt=attempt,
+                         run_dir_on_nodes=self.run_dir_on_nodes, num_nodes=self.num_nodes,
+                         world_size=self.world_size, secrets=self.secrets, created_at=self.created_at,
+                         attempts=(*self.attempts, self.summary()), from_step=from_step, resumed_at=when)
 
-    @property
-    def attempt(self) -> int:
-        return self.plan.attempt
+    def summary(self) -> AttemptInfo:
+        """This attempt as the next one's history keeps it."""
+        failure = self.first_failure
+        return AttemptInfo(attempt=self.attempt, state=self.state, exit_code=self.exit_code,
+                           from_step=self.from_step, ended_by=failure.describe() if failure else None,
+                           started_at=self.started_at or self.submitted_at, finished_at=self.finished_at,
+                           job_id=self.job_id, nodes=self.nodes)
 
-    @property
-    def backend_name(self) -> str:
-        """The backend that runs it, as run.json names it (older runs: as the plan does)."""
-        return self.record.get("backend") or self.plan.backend
+    def outcome(self) -> Outcome:
+        """How the run ended, as recorded (for a run that has ended)."""
+        code = self.exit_code
+        if not isinstance(code, int):
+            code = 0 if self.state is RunState.SUCCEEDED else 1
+        return Outcome(exit_code=code, state=self.state, first_failure=self.first_failure)
 
-    def update(self, state: str, nodes: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
-        """Write the run's state (and each node's, and ``extra``) into run.json."""
-        return record(self.paths, self.plan, nodes, state, **extra)
+    def status(self, **changes: Any) -> RunStatus:
+        """The run's status as recorded, with ``changes`` (what was just asked of its nodes or scheduler)."""
+        values: dict[str, Any] = {
+            "run_id": self.run_id, "state": self.state, "exit_code": self.exit_code, "nodes": self.nodes,
+            "first_failure": self.first_failure, "attempt": self.attempt, "from_step": self.from_step,
+            "attempts": self.attempts, "job": {"job_id": self.job_id} if self.job_id else {},
+        }
+        values.update(changes)
+        return RunStatus(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's content: the common fields, then the backend's."""
+        data: dict[str, Any] = {
+            "run_id": self.run_id, "profile": self.profile, "backend": self.backend, "state": str(self.state),
+            "run_dir_on_nodes": self.run_dir_on_nodes, "num_nodes": self.num_nodes, "world_size": self.world_size,
+            "attempt": self.attempt,
+        }
+        if self.secrets:
+            data["secrets"] = {name: "<secret>" for name in self.secrets}
+        data["nodes"] = [n.to_json() for n in self.nodes]
+        for name in _OPTIONAL:
+            value = getattr(self, name)
+            if value is not None and value is not False and value != {}:
+                data[name] = value
+        if self.first_failure is not None:
+            data["first_failure"] = self.first_failure.to_json()
+        if self.launcher is not None:
+            data["launcher"] = self.launcher.to_json()
+        if self.attempts:
+            data["attempts"] = [a.to_json() for a in self.attempts]
+        if self.remaining:
+            data["remaining"] = dict(self.remaining)
+        data.update({k: v for k, v in self.job.items() if k not in data})
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, run_id: str, profile: str, backend: str) -> RunRecord:
+        """run.json as any fsdpctl version wrote it (``run_id``, ``profile``, ``backend``: the plan's,
+        for a file written before they were recorded, or not written yet)."""
+        launcher = data.get("launcher") if isinstance(data.get("launcher"), Mapping) else None
+        secrets = data.get("secrets") or ()
+        values = {name: data.get(name) for name in _OPTIONAL if name not in ("detached", "logs_complete")}
+        return cls(
+            run_id=str(data.get("run_id") or run_id), profile=str(data.get("profile") or profile),
+            backend=str(data.get("backend") or backend), state=RunState.parse(data.get("state") or "starting"),
+            attempt=int(data.get("attempt") or 1), run_dir_on_nodes=str(data.get("run_dir_on_nodes") or ""),
+            num_nodes=int(data.get("num_nodes") or 0), world_size=data.get("world_size"),
+            secrets=tuple(secrets), nodes=tuple(NodeStatus.from_json(n) for n in data.get("nodes") or ()),
+            first_failure=Failure.from_json(data.get("first_failure")),
+            launcher=Launcher(host=str(launcher.get("host")), pid=int(launcher.get("pid") or 0)) if launcher else None,
+            remaining=dict(data.get("remaining") or {}),
+            attempts=tuple(AttemptInfo.from_json(a) for a in data.get("attempts") or ()),
+            job={k: v for k, v in data.items() if k not in _KNOWN}, detached=bool(data.get("detached")),
+            logs_complete=bool(data.get("logs_complete")), **values,
+        )
 
 
-def create_run(plan: LaunchPlan, profile: ClusterProfile, scripts: dict[str, str], profile_text: str,
-               inputs: dict[str, Any] | None = None) -> RunDir:
-    """The run directory here (``plan.local_run_dir``), written before anything starts. ``inputs``:
-    what the plan was made from (``inputs.json``; a later attempt is planned from it)."""
-    paths = RunPaths(Path(plan.local_run_dir))
-    prepare(paths, plan, scripts, profile_text)
-    if inputs is not None:
-        write_json_atomic(paths.root / "inputs.json", inputs)
-    return RunDir(paths, plan, profile)
-
-
-def load_run(run_dir: Path) -> RunDir:
-    """A run directory back as a Run: its plan and the profile it was started with."""
-    plan = plan_from_json(read_json(run_dir / "plan.json"))
-    profile = parse_profile((run_dir / "profile.yaml").read_text(encoding="utf-8"), str(run_dir / "profile.yaml"))
-    return RunDir(RunPaths(run_dir), plan, profile)
-
-
-def last_metrics(texts: list[str]) -> dict[str, Any] | None:
-    """The newest training metrics line (one with a loss) in the first text that has one."""
-    for text in texts:
-        for line in reversed(text.strip().splitlines()):
-            try:
-                data = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(data, dict) and "loss" in data:
-                return data
-    return None
+# Plain optional fields, written when set.
+_OPTIONAL = ("created_at", "started_at", "submitted_at", "finished_at", "stopped_at", "resumed_at", "exit_code",
+             "from_step", "detached", "logs_complete")
+_KNOWN = {f.name for f in dataclasses.fields(RunRecord)} - {"job"}

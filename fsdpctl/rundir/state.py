@@ -263,12 +263,3 @@ class Outcome:
     def left(self) -> bool:
         """The follower stopped following before the end; the run goes on."""
         return not self.state.is_over
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> Outcome:
-        """The outcome run.json records for an ended run."""
-        state = RunState.parse(record.get("state"))
-        code = record.get("exit_code")
-        if not isinstance(code, int):
-            code = 0 if state is RunState.SUCCEEDED else 1
-        return cls(exit_code=code, state=state, first_failure=Failure.from_json(record.get("first_failure")))

@@ -3,8 +3,9 @@ every attempt, the first failure, the newest metrics line."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .state import Failure, NodeState, RunState
@@ -16,25 +17,33 @@ class NodeStatus:
 
     node_rank: int
     host: str
+    """How fsdpctl reaches the node."""
     state: NodeState
     exit_code: Optional[int] = None
     pid: Optional[int] = None
     detail: Optional[str] = None
     """Why it is unreachable, when it is."""
+    address: Optional[str] = None
+    """How the other nodes reach it, when fsdpctl knows."""
+    log_bytes: int = 0
+    """Bytes of its log that reached the launcher."""
 
     def to_json(self) -> dict[str, Any]:
         data = {"node_rank": self.node_rank, "host": self.host, "state": str(self.state), "exit_code": self.exit_code}
-        if self.pid:
-            data["pid"] = self.pid
-        if self.detail:
-            data["detail"] = self.detail
+        for name in ("address", "pid", "detail", "log_bytes"):
+            if getattr(self, name):
+                data[name] = getattr(self, name)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeStatus:
         return cls(node_rank=int(data.get("node_rank", 0)), host=str(data.get("host", "?")),
                    state=NodeState.parse(data.get("state")), exit_code=data.get("exit_code"),
-                   pid=data.get("pid") or None, detail=data.get("detail"))
+                   pid=data.get("pid") or None, detail=data.get("detail"), address=data.get("address"),
+                   log_bytes=int(data.get("log_bytes") or 0))
+
+    def replace(self, **changes: Any) -> NodeStatus:
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,18 +60,22 @@ class AttemptInfo:
     started_at: Optional[str] = None
     finished_at: Optional[str] = None
     job_id: Optional[str] = None
+    nodes: tuple[NodeStatus, ...] = ()
+    """Its nodes (hosts, node ranks) and how each ended: an attempt may run on other hosts than the one before."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttemptInfo:
         return cls(attempt=int(data.get("attempt", 0)), state=RunState.parse(data.get("state")),
                    exit_code=data.get("exit_code"), from_step=data.get("from_step"), ended_by=data.get("ended_by"),
                    started_at=data.get("started_at") or data.get("submitted_at"),
-                   finished_at=data.get("finished_at"), job_id=data.get("job_id"))
+                   finished_at=data.get("finished_at"), job_id=data.get("job_id"),
+                   nodes=tuple(NodeStatus.from_json(n) for n in data.get("nodes") or ()))
 
     def to_json(self) -> dict[str, Any]:
         data = {"attempt": self.attempt, "state": str(self.state), "exit_code": self.exit_code,
                 "from_step": self.from_step, "ended_by": self.ended_by, "started_at": self.started_at,
-                "finished_at": self.finished_at, "job_id": self.job_id}
+                "finished_at": self.finished_at, "job_id": self.job_id,
+                "nodes": [n.to_json() for n in self.nodes] or None}
         return {k: v for k, v in data.items() if v is not None}
 
 
@@ -82,11 +95,15 @@ class RunStatus:
     """The checkpoint step this attempt continued from."""
     attempts: tuple[AttemptInfo, ...] = ()
     """The earlier attempts, oldest first."""
-    job_id: Optional[str] = None
-    """Slurm's job id, for a Slurm run."""
-    slurm_state: Optional[str] = None
-    restarts: Optional[int] = None
-    """How often Slurm requeued the job."""
+    job: Mapping[str, Any] = field(default_factory=dict)
+    """What the backend says of its job (Slurm: ``job_id``, ``slurm_state``, ``restarts``, how often it
+    requeued the job), shown in ``--json`` beside the common fields."""
+
+    @property
+    def job_id(self) -> Optional[str]:
+        """The scheduler's id of the run's job, for a run a scheduler runs."""
+        value = self.job.get("job_id")
+        return None if value is None else str(value)
 
     def to_json(self) -> dict[str, Any]:
         """The documented ``status --json`` form."""
@@ -97,21 +114,5 @@ class RunStatus:
             "last_metrics": self.last_metrics, "attempt": self.attempt, "from_step": self.from_step,
             "attempts": [a.to_json() for a in self.attempts],
         }
-        for name in ("job_id", "slurm_state", "restarts"):
-            if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
+        data.update({k: v for k, v in self.job.items() if k not in data and v is not None})
         return data
-
-
-def recorded_status(record: Mapping[str, Any], run_id: str, **changes: Any) -> RunStatus:
-    """A run's status as run.json records it, with ``changes`` (what was just asked of its nodes)."""
-    values: dict[str, Any] = {
-        "run_id": run_id, "state": RunState.parse(record.get("state")), "exit_code": record.get("exit_code"),
-        "nodes": tuple(NodeStatus.from_json(n) for n in record.get("nodes") or ()),
-        "first_failure": Failure.from_json(record.get("first_failure")), "attempt": record.get("attempt", 1),
-        "from_step": record.get("from_step"),
-        "attempts": tuple(AttemptInfo.from_json(a) for a in record.get("attempts") or ()),
-        "job_id": record.get("job_id"),
-    }
-    values.update(changes)
-    return RunStatus(**values)

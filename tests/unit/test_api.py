@@ -89,11 +89,11 @@ def test_a_run_that_ended_is_read_back_without_its_nodes(tmp_path, monkeypatch, 
     """``get_run(...).wait()`` on an ended run answers from run.json (no node is asked)."""
     monkeypatch.chdir(REPO)
     prepared = fsdpctl.prepare("two-node", steps=5, runs_dir=tmp_path / "runs")
-    from fsdpctl.rundir.record import create_run
+    from fsdpctl.rundir.rundir import create_run
 
     run_dir = create_run(prepared.plan, prepared.loaded.profile, prepared.scripts, prepared.loaded.text)
     failure = Failure(kind="exit", host="node2", node_rank=1, rank=1, local_rank=0, exit_code=137, signal=9)
-    run_dir.update("failed", exit_code=137, first_failure=failure.to_json())
+    run_dir.change(state=RunState.FAILED, exit_code=137, first_failure=failure)
     run = fsdpctl.get_run(prepared.plan.run_id, runs_dir=tmp_path / "runs")
     assert run.info.state is RunState.FAILED and run.info.backend == "ssh"
     outcome = run.wait(timeout=0.1)

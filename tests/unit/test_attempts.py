@@ -17,8 +17,9 @@ from fsdpctl.plan.render import render_all
 from fsdpctl.plan.types import CodePlan, Overrides, overrides_from_json, overrides_to_json
 from fsdpctl.profiles.loader import parse_profile
 from fsdpctl.rundir.attempts import begin_attempt, check_resumable, plan_next_attempt
-from fsdpctl.rundir.record import create_run, load_run
-from fsdpctl.rundir.state import Failure, Outcome, RunState
+from fsdpctl.rundir.rundir import create_run, load_run
+from fsdpctl.rundir.state import Failure, NodeState, Outcome, RunState
+from fsdpctl.rundir.status import NodeStatus
 from fsdpctl.shell import quote_path
 from fsdpctl.workload.layout import complete_steps, complete_steps_command, parse_steps
 
@@ -67,9 +68,10 @@ def test_begin_attempt_keeps_the_last_one_apart_and_in_the_history(tmp_path):
     run = new_run(tmp_path)
     (run.paths.logs / "merged.log").write_text("[n1 r0] step=15 loss=1\n")
     (run.root / "hang").mkdir()
-    failure = {"host": "n2", "node_rank": 1, "rank": 1, "exit_code": -9, "state": "failed"}
-    run.update("failed", [{"node_rank": 0, "state": "failed"}], exit_code=137, first_failure=failure,
-               started_at="t0", finished_at="t1")
+    failure = Failure.from_json({"host": "n2", "node_rank": 1, "rank": 1, "exit_code": -9, "state": "failed"})
+    nodes = (NodeStatus(node_rank=0, host="n1", address="10.0.0.1", state=NodeState.FAILED, exit_code=1),)
+    run.change(state=RunState.FAILED, nodes=nodes, exit_code=137, first_failure=failure, started_at="t0",
+               finished_at="t1")
     plan, scripts = plan_next_attempt(run, train={})
     resumed = begin_attempt(run, plan, scripts, 10)
     kept = run.root / "attempts" / "1"
@@ -78,11 +80,14 @@ def test_begin_attempt_keeps_the_last_one_apart_and_in_the_history(tmp_path):
     assert "--resume" not in (kept / "scripts" / "node0.sh").read_text()
     assert "--resume" in (run.root / "scripts" / "node0.sh").read_text()
     assert not (run.paths.logs / "merged.log").exists()
-    record = resumed.record
+    record = json.loads(resumed.paths.run_record.read_text())
     assert record["attempt"] == 2 and record["from_step"] == 10 and record["state"] == "starting"
-    assert "first_failure" not in record and "exit_code" not in record and "nodes" not in record
+    assert "first_failure" not in record and "exit_code" not in record and record["nodes"] == []
     assert record["attempts"] == [{"attempt": 1, "state": "failed", "exit_code": 137, "started_at": "t0",
-                                   "finished_at": "t1", "ended_by": "rank 1 on n2 exited 137 (SIGKILL)"}]
+                                   "finished_at": "t1", "ended_by": "rank 1 on n2 exited 137 (SIGKILL)",
+                                   "nodes": [{"node_rank": 0, "host": "n1", "address": "10.0.0.1",
+                                              "state": "failed", "exit_code": 1}]}]
+    assert resumed.record.attempts[0].nodes == nodes  # each attempt keeps the hosts it ran on
     assert load_run(run.root).plan.attempt == 2
 
 
@@ -141,7 +146,7 @@ FAILED = Outcome(exit_code=137, state=RunState.FAILED, first_failure=Failure(
 def test_restart_decisions(tmp_path, outcome, record: dict[str, Any], steps, last, restarts, said):
     run = new_run(tmp_path)
     if record:
-        run.update("stopped", **record)
+        run.change(state=RunState.STOPPED, **record)
     attempt, line = plan_restart(Backend(steps), run, outcome, last)
     assert line == said
     assert (attempt is not None) == restarts

@@ -22,7 +22,7 @@ from fsdpctl.bundle import Payload, node_payload
 from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.render import render_all
 from fsdpctl.profiles.loader import parse_profile
-from fsdpctl.rundir.record import create_run
+from fsdpctl.rundir.rundir import create_run
 
 STAND_IN = """\
 #!/usr/bin/env python3
@@ -168,26 +168,11 @@ def test_a_killed_launcher_leaves_nothing_behind(tmp_path):
     assert not any(alive(pid) for pid in pids)
 
 
-def test_root_cause_is_the_earliest_failure_and_not_a_lost_peer():
-    from dataclasses import replace
+def test_the_poll_reply_is_read_in_one_place_and_never_raises():
+    from fsdpctl.backends.node_commands import Exited, Gone, Running, parse_poll
 
-    from fsdpctl.backends.node_runs import root_cause
-    from fsdpctl.rundir.state import Failure
-
-    def failure(node_rank, failed_at, peer_gone, exit_code, kind="exit"):
-        return Failure(kind=kind, host=f"n{node_rank}", node_rank=node_rank, failed_at=failed_at,
-                       peer_gone=peer_gone, exit_code=exit_code)
-
-    victim = failure(0, "2026-11-21_13:05:01", True, 1)
-    killed = failure(1, "2026-11-21_13:05:01", False, 137)
-    later = failure(2, "2026-11-21_13:05:07", False, 143)
-    assert root_cause([victim, killed, later]) is killed
-    # torchrun may stamp the killed worker after its victim's exception: a lost peer still loses.
-    earlier_victim = replace(victim, failed_at="2026-11-21_13:05:00")
-    assert root_cause([earlier_victim, killed]) is killed
-    both_lost = replace(killed, peer_gone=True)  # e.g. the network between them failed: earliest wins
-    assert root_cause([both_lost, earlier_victim]) is earlier_victim
-    assert root_cause([later, failure(3, None, False, 1)]) is later
-    # A node that stopped answering is the cause: its peers only failed because it vanished under them.
-    vanished = failure(3, "2026-11-21_13:05:09", False, 255, kind="lost")
-    assert root_cause([killed, vanished]) is vanished
+    assert parse_poll("exit 3\n") == Exited(3) and parse_poll("exit -9") == Exited(-9)
+    assert parse_poll("exit 0") == Exited(0)  # the agent's "!exit 0" without its "!"
+    assert parse_poll("exit") == Exited(255) and parse_poll("exit 1x") == Exited(255)  # a garbled exit file
+    assert parse_poll("running") == Running()
+    assert parse_poll("") == Gone() and parse_poll("gone") == Gone()

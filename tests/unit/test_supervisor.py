@@ -12,12 +12,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from fsdpctl.backends import supervisor as supervisor_module
 from fsdpctl.backends.feeds import AgentFeed
 from fsdpctl.backends.node_runs import NodeRun
-from fsdpctl.backends.supervisor import NODE_LOST_EXIT, Supervisor
+from fsdpctl.backends.supervisor import Supervisor
 from fsdpctl.errors import HostError
 from fsdpctl.plan.types import NodeSpec
-from fsdpctl.rundir.state import NodeState
+from fsdpctl.rundir.outcome import NODE_LOST_EXIT
+from fsdpctl.rundir.state import Failure, NodeState
 
 PLAN = SimpleNamespace(run_dir="/r", run_id="r")  # what the supervisor reads of a plan
 
@@ -160,7 +162,7 @@ def test_a_hang_the_handler_ends_stops_every_node_and_exits_124(tmp_path):
     for agent in agents:  # the real agent's stop: TERM, and the node ends
         agent.send = lambda data, agent=agent: (agent.received.append(data), data == b"stop\n" and agent.end(143))
     calls = []
-    failure = {"hang": "no progress", "rank": 1, "host": "n1", "node_rank": 0}
+    failure = Failure(kind="hang", detail="no progress", rank=1, host="n1", node_rank=0, exit_code=124)
     result, runs = watched(tmp_path, agents, lambda silent: (calls.append(silent), HangVerdict(True, failure))[1])
     assert len(calls) == 1 and calls[0] > 0.6
     assert result.exit_code == 124 and result.hung and result.first_failure is failure
@@ -180,9 +182,64 @@ def test_on_hang_keep_reports_once_per_stall_and_the_run_goes_on(tmp_path):
             agent.out.put(b"|17\nstep=2 loss=3.0\n")  # progress after the first report: a new stall may be reported
         else:
             agent.end(0)
-        return HangVerdict(False, {"hang": "no progress"})
+        return HangVerdict(False, Failure(kind="hang", detail="no progress", host=None, node_rank=None,
+                                          exit_code=124))
 
     result, runs = watched(tmp_path, [agent], on_hang)
     assert len(calls) == 2  # one report per stall, not one per check
     assert result.exit_code == 0 and not result.hung and runs[0].state == "succeeded"
     assert not [d for d in agent.received if d != b"hb\n"]  # never told to stop
+
+
+ROOT_CAUSE = """[rank0]:Traceback (most recent call last):
+[rank0]:RuntimeError: the rank's own error
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-24_10:15:00
+  host      : n1
+  rank      : 0 (local rank: 0)
+  exitcode  : 3 (pid: 4242)
+  error_file: <N/A>
+""".replace("local rank", "local_rank")
+
+
+class SlowTerminal:
+    """A sink that takes each batch of lines slower than the drain's patience (a loaded CI machine)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.shown = seconds, []
+
+    def __call__(self, line) -> None:
+        self.lines([line])
+
+    def lines(self, batch) -> None:
+        time.sleep(self.seconds)
+        self.shown.extend(line.text for line in batch)
+
+
+def test_a_failure_summary_behind_a_slow_terminal_still_decides_the_exit_code(tmp_path, monkeypatch):
+    """The agent says the node ended ahead of the log still waiting (fail fast); torchrun's summary
+    of the rank's exit 3 is at the end of that log. However slow the launcher is to show the flood
+    before it, the run is settled from it: exit 3, rank 0, not torchrun's own 1."""
+    monkeypatch.setattr(supervisor_module, "DRAIN_SECONDS", 0.2)
+    monkeypatch.setattr(supervisor_module, "ROOM_CHUNKS", 1)  # the feed waits for the terminal at every chunk
+    failing, other = ScriptedAgent(), ScriptedAgent()
+    other.send = lambda data, agent=other: (agent.received.append(data), data == b"stop\n" and agent.end(143))
+    failing.out.put(b"!exit 1\n")  # torchrun's own exit status when a worker failed
+    for i in range(6):
+        chunk = "".join(f"[rank0]:flood {i} {n}\n" for n in range(200)).encode()
+        failing.out.put(b"|%d\n" % len(chunk) + chunk)
+    summary = ROOT_CAUSE.encode()
+    failing.out.put(b"|%d\n" % len(summary) + summary)
+    failing.out.put(None)
+    node = NodeSpec(node_rank=0, host="n1", address="10.0.0.1", nproc="1", script_path="/r/n.sh", torchrun_args=())
+    runs = [NodeRun(node, transport=None, pid=100, state=NodeState.RUNNING, session=failing),
+            NodeRun(NodeSpec(**{**node.__dict__, "node_rank": 1, "host": "n2"}), transport=None, pid=101,
+                    state=NodeState.RUNNING, session=other)]
+    terminal = SlowTerminal(0.4)
+    result = Supervisor(plan=PLAN, runs=runs, log_dir=tmp_path / "logs", sink=terminal, feed=AgentFeed(30.0),
+                        signals=True).run()
+    assert "[rank0]:RuntimeError: the rank's own error" not in terminal.shown  # shown without torchrun's prefix
+    assert "RuntimeError: the rank's own error" in terminal.shown
+    assert result.exit_code == 3 and result.first_failure.rank == 0, result
+    assert other.received[:1] == [b"stop\n"]

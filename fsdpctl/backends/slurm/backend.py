@@ -22,9 +22,10 @@ from ...profiles.schema import ClusterProfile
 from ...rundir.attempts import attempt_folder
 from ...rundir.lines import LogLine
 from ...rundir.paths import files_under
-from ...rundir.record import RunDir, last_metrics, now
+from ...rundir.record import RunRecord, now
+from ...rundir.rundir import RunDir, last_metrics
 from ...rundir.state import Failure, NodeState, Outcome, RunState, slurm_ending
-from ...rundir.status import NodeStatus, RunStatus, recorded_status
+from ...rundir.status import NodeStatus, RunStatus
 from ...workload.layout import complete_steps
 from ..base import DoctorRequest, LineSink
 from ..hang_watch import HANG_EXIT, HangWatch
@@ -78,7 +79,7 @@ class SlurmBackend:
         """The node logs as they grow until Slurm says the job has ended; records how it ended.
         An interruption stops following only: the job is Slurm's, and goes on. A hang the watch
         ends is cancelled with scancel and recorded as failed (exit 124)."""
-        plan, job_id = run.plan, run.record["job_id"]
+        plan, job_id = run.plan, run.record.job_id
         # SIGTERM and SIGHUP as Ctrl-C: say what goes on.
         previous = on_stop_signals(raise_interrupted) if signals else {}
         hang: list[Failure] = []
@@ -110,32 +111,30 @@ class SlurmBackend:
         if state is None:
             return Outcome(exit_code=0, state=RunState.RUNNING, message=left)
         if hang:
-            run.update(RunState.FAILED, exit_code=HANG_EXIT, slurm_state=state.state, finished_at=now(),
-                       first_failure=hang[0].to_json())
+            run.change(state=RunState.FAILED, exit_code=HANG_EXIT, finished_at=now(), first_failure=hang[0],
+                       job={"slurm_state": state.state})
             return Outcome(exit_code=HANG_EXIT, state=RunState.FAILED, first_failure=hang[0])
         outcome_state, code = slurm_ending(state.state, state.exit_code)
-        if outcome_state is RunState.CANCELLED and run.record.get("stopped_at"):
+        if outcome_state is RunState.CANCELLED and run.record.stopped_at:
             outcome_state = RunState.STOPPED  # fsdpctl stop cancelled it
         notes = () if outcome_state is RunState.SUCCEEDED else tuple(
             batch_output(run.record, f"job {job_id} ended {state.state}"))
-        run.update(outcome_state, exit_code=code, slurm_state=state.state, finished_at=now())
+        run.change(state=outcome_state, exit_code=code, finished_at=now(), job={"slurm_state": state.state})
         return Outcome(exit_code=code, state=outcome_state, message=f"Slurm job {job_id} {state.state} (exit {code})",
                        notes=notes)
 
     def status(self, run: RunDir) -> RunStatus:
         """The job's state from Slurm (the controller, then accounting), each node from its log."""
         plan, record = run.plan, run.record
-        state, changes = RunState.parse(record.get("state")), {}
-        exit_code = record.get("exit_code")
+        state, job = record.state, {"job_id": record.job_id, "slurm_state": record.job.get("slurm_state")}
+        exit_code = record.exit_code
         if not state.is_over:
-            slurm = client.job_state(record["job_id"], requeueable=bool(plan.slurm and plan.slurm.requeue))
+            slurm = client.job_state(str(record.job_id), requeueable=bool(plan.slurm and plan.slurm.requeue))
             exit_code = slurm.exit_code
             state = (RunState.from_slurm(slurm.state, exit_code) if slurm.finished else
                      RunState.SUBMITTED if RunState.from_slurm(slurm.state, None) is RunState.SUBMITTED
                      else RunState.RUNNING)
-            changes = {"slurm_state": slurm.state, "restarts": slurm.restarts}  # requeued by Slurm (--requeue)
-        elif record.get("slurm_state"):
-            changes = {"slurm_state": record["slurm_state"]}
+            job.update(slurm_state=slurm.state, restarts=slurm.restarts)  # requeued by Slurm (--requeue)
         logs = NodeLogs(Path(plan.run_dir).expanduser(), plan.num_nodes)
         logs.read_new(lambda line: None)
         node_state = NodeState.PENDING if state is RunState.SUBMITTED else NodeState.RUNNING if not state.is_over \
@@ -145,8 +144,7 @@ class SlurmBackend:
                       for rank in range(plan.num_nodes))
         metrics = Path(plan.run_dir).expanduser() / "metrics.jsonl"
         last = last_metrics([metrics.read_text(encoding="utf-8")] if metrics.exists() else [])
-        return recorded_status(record, plan.run_id, state=state, exit_code=exit_code, nodes=nodes,
-                               last_metrics=last, **changes)
+        return record.status(state=state, exit_code=exit_code, nodes=nodes, last_metrics=last, job=job)
 
     def checkpoint_steps(self, run: RunDir) -> list[int]:
         """Read where the nodes wrote them: the shared run directory."""
@@ -165,7 +163,7 @@ class SlurmBackend:
     def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:
         """Every rank's stack: one ``srun --overlap`` step into the job, one task per node."""
-        plan, job_id = run.plan, run.record.get("job_id")
+        plan, job_id = run.plan, run.record.job_id
         command = stacks_command(plan.run_dir, plan.run_id, plan.python, '"$SLURM_NODEID"', flight=flight,
                                  py_spy=py_spy, native=native)
         argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={plan.num_nodes}", "--ntasks-per-node=1",
@@ -190,15 +188,15 @@ class SlurmBackend:
 
     def stop(self, run: RunDir) -> dict[str, str]:
         """``scancel``: Slurm ends every step on every node."""
-        job_id = run.record["job_id"]
+        job_id = str(run.record.job_id)
         client.cancel(job_id)
-        run.update(RunState.STOPPED, stopped_at=now())
+        run.change(state=RunState.STOPPED, stopped_at=now())
         return {f"Slurm job {job_id}": ""}
 
 
-def batch_output(record: dict, why: str, lines: int = BATCH_TAIL_LINES) -> list[str]:
+def batch_output(record: RunRecord, why: str, lines: int = BATCH_TAIL_LINES) -> list[str]:
     """The end of the batch script's own output (where Slurm and the setup lines report errors)."""
-    path = Path(record.get("slurm_output") or "")
+    path = Path(record.job.get("slurm_output") or "")
     if not path.is_file():
         return []
     tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]

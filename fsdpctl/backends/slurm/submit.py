@@ -12,8 +12,10 @@ from ...plan.make import SHIPPED_PACKAGE_DIR
 from ...plan.types import LaunchPlan
 from ...rundir.attempts import attempt_folder, move_into, node_files
 from ...rundir.paths import private_dir
-from ...rundir.record import RunDir, now
-from ...rundir.state import RunState
+from ...rundir.record import now
+from ...rundir.rundir import RunDir
+from ...rundir.state import NodeState, RunState
+from ...rundir.status import NodeStatus
 from ...shell import quote_path
 from . import client, via_submitit
 
@@ -38,9 +40,11 @@ def submit_slurm(run: RunDir, payload: Payload) -> str:
     else:
         job_id = client.submit_batch(str(run_dir / script_name), str(run_dir), payload.secrets)
         output = run_dir / f"slurm-{job_id}.out"
-    run.update(RunState.SUBMITTED, [{"node_rank": r, "host": f"slurm node {r}", "state": "pending", "exit_code": None}
-                             for r in range(plan.num_nodes)],
-               submitted_at=now(), job_id=job_id, via=plan.slurm.via, slurm_output=str(output))
+    pending = tuple(NodeStatus(node_rank=r, host=f"slurm node {r}", state=NodeState.PENDING)
+                    for r in range(plan.num_nodes))
+    # A job is the scheduler's: it goes on without this process, whoever follows it records its end.
+    run.change(state=RunState.SUBMITTED, nodes=pending, submitted_at=now(), detached=True,
+               job={"job_id": job_id, "via": plan.slurm.via, "slurm_output": str(output)})
     return job_id
 
 
