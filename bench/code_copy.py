@@ -30,10 +30,10 @@ from tests.integration.user_project import write_project  # noqa: E402
 
 def inner(profile_path: str, project: str) -> None:
     """In the client namespace: stage the project on every node the way launch does; print seconds."""
+    from fsdpctl.backends import plan_run
+    from fsdpctl.backends.nodes.starter import NodeStarter
     from fsdpctl.backends.ssh import SSHBackend
-    from fsdpctl.backends.starter import NodeStarter
     from fsdpctl.bundle import Payload, collect_code, node_payload
-    from fsdpctl.plan.make import make_plan
     from fsdpctl.plan.types import Overrides
     from fsdpctl.profiles.loader import load_profile_file
     from fsdpctl.rundir.paths import new_run_id
@@ -41,12 +41,12 @@ def inner(profile_path: str, project: str) -> None:
     started = time.perf_counter()
     profile = load_profile_file(Path(profile_path)).profile
     manifest = collect_code(Path(project), 10**9)
-    plan = make_plan(profile, run_id=new_run_id("copy"), local_run_dir="unused",
-                     overrides=Overrides(command=("train.py",), code=manifest.plan()))
+    plan = plan_run(profile, run_id=new_run_id("copy"), local_run_dir="unused",
+                    overrides=Overrides(command=("train.py",), code=manifest.plan()))
     scripts = {f"node{n.node_rank}.sh": "exit 0\n" for n in plan.nodes}  # staging only: start nothing
     backend = SSHBackend(profile)
     try:
-        NodeStarter(plan, Payload(node_payload(scripts, manifest)), backend.transports, plan.python).start(watch=0.0)
+        NodeStarter(plan, Payload(node_payload(scripts, manifest)), backend.connection, plan.python).start(watch=0.0)
     finally:
         backend.close()
     print(json.dumps({"seconds": time.perf_counter() - started, "run_dir": plan.run_dir}))

@@ -6,6 +6,8 @@ Without a command the bundled workload runs, and none of this applies.
 
 from __future__ import annotations
 
+import difflib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +165,27 @@ def credential_like(env: dict[str, str]) -> list[str]:
     return [name for name in env if looks_like_credential(name)]
 
 
+def check_script(command: tuple[str, ...], code: CodeManifest) -> None:
+    """A script named first must be among the files copied to the nodes (a typo, or a file git
+    ignores, would otherwise start every node only to fail in every rank)."""
+    script = command[0] if command else ""
+    if not script or script.startswith("-") or os.path.isabs(script):
+        return  # -m MODULE: found by Python on the nodes; an absolute path: on the nodes' own storage
+    relative = os.path.normpath(script)
+    copied = {name for name, _ in code.files}
+    if relative in copied:
+        return
+    on_disk = (code.root / relative).is_file()
+    why = ("it is there but not copied (git ignores it, or an ignore pattern)" if on_disk
+           else "no such file there")
+    scripts = sorted(name for name in copied if name.endswith(".py"))
+    near = [n for n in scripts if Path(n).name == Path(relative).name] or \
+        difflib.get_close_matches(relative, scripts, 1)
+    hint = (f"did you mean {near[0]}? Scripts are named relative to the code folder" if near else
+            f"name a script inside {code.root} (relative to it), or run a module with -- -m PACKAGE.MODULE")
+    raise UsageError(f"{script}: not in the code folder {code.root} ({why}); nothing was started", hint)
+
+
 def resolve_job(flags: JobOptions, cwd: Path) -> Job:
     """Combine the job file (when ``--job`` is given) with the flags; collect the code to copy."""
     from .hostcheck.requirements import read_requirements
@@ -208,8 +231,8 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
         requirements += read_requirements(loaded.resolve(spec.requirements_file))
     if flags.requirements:
         requirements += read_requirements(flags.requirements)
-    return Job(command=tuple(command), profile=spec.profile if spec else None,
-               code=collect_code(code_dir, limit) if code_dir is not None else None, chdir=chdir, env=env,
+    code = collect_code(code_dir, limit) if code_dir is not None else None
+    return Job(command=tuple(command), profile=spec.profile if spec else None, code=code, chdir=chdir, env=env,
                secrets=secrets, requirements=requirements, nproc_per_node=spec.nproc_per_node if spec else None,
                nodes=spec.nodes if spec else None, time=spec.time if spec else None,
                fetch=spec.fetch if spec else (), model=flags.model, wrap=flags.wrap,

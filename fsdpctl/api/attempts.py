@@ -4,6 +4,7 @@ continue."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..bundle import Payload
     from ..plan.types import LaunchPlan
+    from ..profiles.schema import ClusterProfile
     from ..rundir.rundir import RunDir
     from ..rundir.state import Outcome
 
@@ -36,18 +38,49 @@ class NextAttempt:
         return Payload(node_payload(self.scripts, None), secret_values(self.plan.secrets))
 
 
-def plan_resume(backend: Backend, run: RunDir, *, for_slurm: bool, steps: Optional[int] = None,
-                epochs: Optional[int] = None, **changes: Any) -> NextAttempt:
-    """The run's next attempt, or a one-line refusal: another backend's run, a live run, a bundled run
-    without a complete checkpoint or with nothing left to train. ``changes``: other Overrides fields
-    (the watchdog's and restarts' settings) for this attempt."""
-    from ..rundir.attempts import check_resumable, plan_next_attempt
+def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
+                      profile: Optional[ClusterProfile] = None, **changes: Any) -> tuple[LaunchPlan, dict[str, str]]:
+    """The plan and scripts of the run's next attempt through its backend: the inputs it was made
+    from, with ``train`` settings (``--steps``/``--epochs``) and ``changes`` (other Overrides fields)
+    over them. ``profile``: the profile to place it with (default: the run's own, as it was);
+    another may name other hosts, and the attempt then runs on those (run.json records its nodes)."""
+    from ..plan.make import make_plan
+    from ..plan.types import overrides_from_json
+    from ..rundir.paths import read_json
+    from ..rundir.rundir import INPUTS
+
+    inputs = read_json(run.root / INPUTS)
+    if not inputs:
+        raise UsageError(f"run {run.run_id}: has no {INPUTS} (started by an older fsdpctl)",
+                         "start it afresh with `fsdpctl launch`")
+    overrides = overrides_from_json(inputs["overrides"])
+    overrides = dataclasses.replace(overrides, train={**overrides.train, **train}, attempt=run.plan.attempt + 1,
+                                    **{k: v for k, v in changes.items() if v is not None})
+    plan = make_plan(profile or run.profile, placer=type(backend), run_id=run.run_id, local_run_dir=str(run.root),
+                     profile_source=inputs["profile_source"], overrides=overrides,
+                     local_python=inputs["local_python"], home=inputs["home"], local_cwd=inputs["local_cwd"])
+    if plan.run_dir != run.plan.run_dir:  # every attempt continues in the run's own directory
+        raise UsageError(f"run {run.run_id}: attempt {plan.attempt} would run in {plan.run_dir}, not in the "
+                         f"run's directory {run.plan.run_dir}", "keep the profile's workdir as it was")
+    return plan, backend.scripts(plan)
+
+
+def checkpoint_steps(backend: Backend, run: RunDir) -> list[int]:
+    """The steps of the bundled workload's complete checkpoints in the run directory on the nodes,
+    oldest first (HostError when no node answers)."""
+    from ..workload.layout import complete_steps_command, parse_steps
+
+    return parse_steps(backend.ask(run, complete_steps_command(".")))
+
+
+def plan_resume(backend: Backend, run: RunDir, *, steps: Optional[int] = None, epochs: Optional[int] = None,
+                **changes: Any) -> NextAttempt:
+    """The run's next attempt, or a one-line refusal: a live run, a bundled run without a complete
+    checkpoint or with nothing left to train. ``changes``: other Overrides fields (the watchdog's
+    and restarts' settings) for this attempt."""
+    from ..rundir.attempts import check_resumable
     from .options import workload_settings
 
-    rid = run.run_id
-    if (run.backend_name == "slurm") != for_slurm:
-        how = f"fsdpctl {'submit --slurm' if run.backend_name == 'slurm' else 'launch'} --resume {rid}"
-        raise UsageError(f"run {rid}: ran through {run.backend_name}", f"continue it with `{how}`")
     train: dict[str, Any] = {}
     if steps is not None or epochs is not None:
         if run.plan.command:
@@ -55,10 +88,12 @@ def plan_resume(backend: Backend, run: RunDir, *, for_slurm: bool, steps: Option
                              "pass your program's settings through its own arguments (a new run)")
         given = {name: value for name, value in (("steps", steps), ("epochs", epochs)) if value is not None}
         train = workload_settings(given)
+    if changes.get("max_restarts") and backend.queued:
+        raise UsageError(f"--max-restarts: {backend.name} requeues a job itself", "submit it with --requeue instead")
     state = backend.status(run).state
-    steps_saved = [] if run.plan.command else backend.checkpoint_steps(run)
+    steps_saved = [] if run.plan.command else checkpoint_steps(backend, run)
     from_step = check_resumable(run, state, steps_saved, train.get("steps"))
-    plan, scripts = plan_next_attempt(run, train=train, **changes)
+    plan, scripts = plan_next_attempt(backend, run, train=train, **changes)
     return NextAttempt(plan, scripts, from_step)
 
 
@@ -67,8 +102,6 @@ def plan_restart(backend: Backend, run: RunDir, outcome: Outcome, last_attempt: 
     """After a failed attempt: the next attempt and what ended this one, or (None, why not; None
     when there is nothing to say) when the run ends here. ``last_attempt``: the highest attempt this
     launch may start (its first one plus its restarts)."""
-    from ..rundir.attempts import plan_next_attempt
-
     plan = run.plan
     if outcome.state in (RunState.INTERRUPTED, RunState.STOPPED) or run.record.stopped_at:
         return None, None  # Ctrl-C, a stop signal or `fsdpctl stop`: the user ended it
@@ -77,12 +110,12 @@ def plan_restart(backend: Backend, run: RunDir, outcome: Outcome, last_attempt: 
     from_step = None
     if not plan.command:
         try:
-            saved = backend.checkpoint_steps(run)
+            saved = checkpoint_steps(backend, run)
         except Exception as exc:  # noqa: BLE001 - any failure to look means: do not restart blind
             return None, f"not restarting: could not look for a checkpoint ({exc})"
         if not saved:
             return None, "not restarting: the run has no complete checkpoint yet (it would start from step 0)"
         from_step = saved[-1]
-    next_plan, scripts = plan_next_attempt(run, train={})
+    next_plan, scripts = plan_next_attempt(backend, run, train={})
     after = outcome.first_failure.describe() if outcome.first_failure else f"exit {outcome.exit_code}"
     return NextAttempt(next_plan, scripts, from_step), after

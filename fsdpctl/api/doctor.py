@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .events import Emitter, EventHandler, HostChecked
+from .options import PathLike
 from .prepare import ProfileLike, load_profile
 
 if TYPE_CHECKING:
@@ -18,9 +19,9 @@ if TYPE_CHECKING:
 
 
 def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, concurrency: int = 32,
-           port_check: bool = True, requirements: Union[str, os.PathLike[str], Sequence[str], None] = None,
+           port_check: bool = True, requirements: Union[PathLike, Sequence[str], None] = None,
            collectives: bool = False, on_event: Optional[EventHandler] = None,
-           runs_dir: Union[str, os.PathLike[str], None] = None) -> DoctorReport:
+           runs_dir: Optional[PathLike] = None) -> DoctorReport:
     """Probe every host of ``profile`` (over SSH; for a Slurm profile, the controller and partition,
     then nodes allocated with srun) and diff them: Python, torch, CUDA, NCCL, driver, GPUs, the
     interface, InfiniBand, the rendezvous port, disk. The report has ``.ok``, ``.hosts`` (each
@@ -58,11 +59,10 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
 
 
 def run_collectives(loaded: LoadedProfile, backend: Backend, emit: Emitter,
-                    runs_dir: Union[str, os.PathLike[str], None] = None) -> dict[str, Any]:
+                    runs_dir: Optional[PathLike] = None) -> dict[str, Any]:
     """The collective smoke test through the launch path, as a run of its own; its figures (or why not)."""
     from ..bundle import Payload, node_payload
     from ..hostcheck.collectives import COLLECTIVES_ENV, COLLECTIVES_MODULE, collectives_result
-    from ..plan.render import render_all
     from ..plan.types import Overrides
     from ..rundir.rundir import create_run
     from .prepare import build_plan
@@ -70,14 +70,14 @@ def run_collectives(loaded: LoadedProfile, backend: Backend, emit: Emitter,
     device = "cpu" if backend.profile.device == "cpu" else backend.profile.device
     overrides = Overrides(entry_module=COLLECTIVES_MODULE, entry_args=("--device", device),
                           extra_env=COLLECTIVES_ENV)
-    plan = build_plan(loaded, overrides, for_slurm=backend.queued,
+    plan = build_plan(loaded, overrides, backend=backend.name,
                       runs_dir=Path(runs_dir) if runs_dir is not None else None)
-    scripts = render_all(plan)
+    scripts = backend.scripts(plan)
     lines: list[str] = []
     emit.notice(f"doctor: collective smoke test as run {plan.run_id}")
     run = create_run(plan, loaded.profile, scripts, loaded.text)
-    backend.start(run, Payload(node_payload(scripts)), detached=False)
-    outcome = backend.follow(run, lambda line: lines.append(line.text), owner=True)
+    follower = backend.start(run, Payload(node_payload(scripts)), detached=False)
+    outcome = follower.follow(lambda line: lines.append(line.text))
     found = collectives_result(lines)
     if outcome.exit_code or found is None:
         return {"run_id": plan.run_id, "error": f"the smoke test exited {outcome.exit_code}",

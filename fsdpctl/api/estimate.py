@@ -5,14 +5,18 @@ the largest batch it takes. The figures a sweep script can ask for before it lau
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..errors import UsageError
 from ..memory.choices import Choice, Margins, Verdict, grid, largest_batch, pick, verdict, with_offload
 from ..workload.config import ESTIMATE_SETTINGS
 from .events import Emitter, EventHandler
 from .prepare import ProfileLike, load_profile
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend, TraceNode
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ def estimate(profile: Optional[ProfileLike] = None, *, preset: Optional[str] = N
              activation_checkpointing: Optional[bool] = None, cpu_offload: Optional[bool] = None,
              batch_size: Optional[int] = None, seq_len: Optional[int] = None,
              gpu_mem: Union[str, int, None] = None, choices: bool = True, margins: Optional[Margins] = None,
-             timeout: float = 900.0, on_event: Optional[EventHandler] = None) -> EstimateReport:
+             timeout: float = 900.0, on_event: Optional[EventHandler] = None,
+             train: Optional[Mapping[str, Any]] = None) -> EstimateReport:
     """Trace one training step of the bundled GPT (``preset``) or of a model of yours (``model``:
     ``package.module:factory`` returning an ``nn.Module``, ``wrap`` the class FSDP shards,
     ``input_shape`` its input, ``B`` standing for the batch) as it runs on ``nodes`` x
@@ -89,32 +94,20 @@ def estimate(profile: Optional[ProfileLike] = None, *, preset: Optional[str] = N
     With the GPUs' memory known (``gpu_mem`` such as ``"80GiB"``, or the profile's), every choice of
     sharding, activation checkpointing and CPU offload is traced too (unless ``choices=False``), and
     the fastest one that fits is picked with the largest batch it takes. The trace runs where torch
-    is: here, or else on the profile's first node."""
-    from ..profiles.schema import size_bytes
-
+    is: here, or else on the profile's first node. ``train``: the workload's settings to start from
+    (default: the profile's train section; a run's resolved settings before a launch)."""
     started = time.monotonic()
     emit = Emitter(on_event)
     loaded = load_profile(profile) if profile is not None else None
     prof = loaded.profile if loaded is not None else None
-    train = dict(prof.train) if prof is not None else {}
-    if model and preset:
-        raise UsageError("estimate: --preset and --model together", "give one: the bundled GPT's size, or your model")
-    if model and not wrap:
-        raise UsageError("estimate --model: which module does FSDP shard?", "give --wrap CLASS (e.g. its block class)")
-    if model and not input_shape:
-        raise UsageError("estimate --model: what goes into it?", "give --input-shape, e.g. B,1024,768 (B: the batch)")
     given = {"preset": preset, "fsdp": fsdp, "sharding": sharding, "mixed_precision": mixed_precision,
              "activation_checkpointing": activation_checkpointing, "cpu_offload": cpu_offload,
              "batch_size": batch_size, "seq_len": seq_len}
-    request: dict[str, Any] = {k: train.get(k) for k in ESTIMATE_SETTINGS if k in train}
-    request.update({k: v for k, v in given.items() if v is not None})
-    if model:
-        request.pop("preset", None)
-        request.update(model=model, wrap=wrap, input_shape=list(input_shape or ()), input_dtype=input_dtype)
+    request = _request(train if train is not None else prof.train if prof is not None else {}, given,
+                       model=model, wrap=wrap, input_shape=input_shape, input_dtype=input_dtype)
     nodes, nproc = _layout(prof, nodes, nproc_per_node)
-    device = "cpu" if prof is not None and prof.device == "cpu" else "cuda"
-    request.update(world=nodes * nproc, local_world=nproc, device=device)
-    capacity = _capacity(gpu_mem, prof, size_bytes)
+    request.update(world=nodes * nproc, local_world=nproc, device="cpu" if prof and prof.device == "cpu" else "cuda")
+    capacity = _capacity(gpu_mem, prof)
     margins = margins or Margins()
     traces = _Tracer(prof, timeout, emit)
 
@@ -146,6 +139,24 @@ def estimate(profile: Optional[ProfileLike] = None, *, preset: Optional[str] = N
                           max_result, traces.where, time.monotonic() - started)
 
 
+def _request(train: Mapping[str, Any], given: dict[str, Any], *, model: Optional[str], wrap: Optional[str],
+             input_shape: Optional[tuple[Union[int, str], ...]], input_dtype: str) -> dict[str, Any]:
+    """What is traced: the settings that shape a step's memory, given ones over ``train``'s; a model
+    of the user's instead of the bundled GPT's preset."""
+    if model and given.get("preset"):
+        raise UsageError("estimate: --preset and --model together", "give one: the bundled GPT's size, or your model")
+    if model and not wrap:
+        raise UsageError("estimate --model: which module does FSDP shard?", "give --wrap CLASS (e.g. its block class)")
+    if model and not input_shape:
+        raise UsageError("estimate --model: what goes into it?", "give --input-shape, e.g. B,1024,768 (B: the batch)")
+    request: dict[str, Any] = {k: train.get(k) for k in ESTIMATE_SETTINGS if k in train}
+    request.update({k: v for k, v in given.items() if v is not None})
+    if model:
+        request.pop("preset", None)
+        request.update(model=model, wrap=wrap, input_shape=list(input_shape or ()), input_dtype=input_dtype)
+    return request
+
+
 def _choice(request: dict[str, Any]) -> Choice:
     return Choice(request.get("sharding") or "full", bool(request.get("activation_checkpointing")),
                   bool(request.get("cpu_offload")))
@@ -153,15 +164,12 @@ def _choice(request: dict[str, Any]) -> Choice:
 
 def _layout(prof, nodes: Optional[int], nproc: Optional[int]) -> tuple[int, int]:
     if prof is not None:
-        if nodes is None:
-            nodes = prof.slurm.nodes if prof.backend == "slurm" else max(1, len(prof.hosts))
+        from ..backends import backend_class
+
+        placed, gpus = backend_class(prof.backend).layout(prof)
+        nodes = placed if nodes is None else nodes
         if nproc is None:
-            if isinstance(prof.nproc_per_node, int):
-                nproc = prof.nproc_per_node
-            else:
-                counts = {h.gpus for h in prof.hosts if h.gpus} or (
-                    {prof.slurm.gpus_per_node} if prof.backend == "slurm" and prof.slurm.gpus_per_node else set())
-                nproc = min(counts) if counts else None
+            nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else gpus
     if nproc is None:
         raise UsageError("estimate: how many processes per node?",
                          "give --nproc-per-node (the profile says auto and names no GPU count)")
@@ -170,7 +178,9 @@ def _layout(prof, nodes: Optional[int], nproc: Optional[int]) -> tuple[int, int]
     return nodes or 1, nproc
 
 
-def _capacity(gpu_mem, prof, size_bytes) -> Optional[int]:
+def _capacity(gpu_mem, prof) -> Optional[int]:
+    from ..profiles.schema import size_bytes
+
     if isinstance(gpu_mem, int):
         return gpu_mem
     text = gpu_mem if gpu_mem is not None else (prof.gpu_memory if prof is not None else None)
@@ -221,11 +231,28 @@ class _Tracer:
         return self.where
 
     def _node_name(self) -> str:
-        if self.prof is None or self.prof.backend not in ("ssh", "local") or not self.prof.hosts and \
-                self.prof.backend == "ssh":
-            raise UsageError("estimate: torch is not installed here, and no node of a profile can trace it",
-                             "run it where torch is, or give -p with an SSH profile whose nodes have torch")
-        return self.prof.hosts[0].host if self.prof.backend == "ssh" else "this machine"
+        backend = self._backend()
+        try:
+            return self._node(backend).name
+        finally:
+            backend.close()
+
+    def _backend(self) -> Backend:
+        from ..backends import backend_for
+
+        if self.prof is None:
+            raise UsageError("estimate: torch is not installed here, and no profile names a node that has it",
+                             "run it where torch is, or give -p with a profile whose nodes have torch")
+        return backend_for(self.prof)
+
+    @staticmethod
+    def _node(backend: Backend) -> TraceNode:
+        node = backend.trace_node()
+        if node is None:
+            raise UsageError(f"estimate: torch is not installed here, and the {backend.name} backend has no node "
+                             "to trace it on", "run it where torch is, or give -p with an SSH profile whose nodes "
+                             "have torch")
+        return node
 
     def run(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from ..memory import runner
@@ -233,12 +260,10 @@ class _Tracer:
         if self.local:
             return runner.run_here(requests, self.timeout)
         self.where_now()
-        from ..backends import backend_for
-
-        backend = backend_for(self.prof)
+        backend = self._backend()
         try:
-            python = self.prof.python or backend.default_python()
-            return runner.run_on_node(backend.transports[0], python, requests, self.timeout)
+            node = self._node(backend)
+            return runner.run_on_node(node.transport, node.python, requests, self.timeout)
         finally:
             backend.close()
 
@@ -253,13 +278,10 @@ def memory_warning(prepared) -> Optional[str]:
     if prof.gpu_memory is None or prof.device == "cpu" or (plan.command and not job.model):
         return None
     nproc = int(plan.nproc_per_node) if str(plan.nproc_per_node).isdigit() else None
-    settings = {k: plan.train.get(k) for k in ("preset", "fsdp", "sharding", "mixed_precision",
-                                               "activation_checkpointing", "cpu_offload", "batch_size", "seq_len")}
-    if job.model:
-        settings = {"batch_size": plan.train.get("batch_size")}
+    train = {"batch_size": plan.train.get("batch_size")} if job.model else plan.train
     try:
         report = estimate(prepared.loaded, choices=False, nodes=plan.num_nodes, nproc_per_node=nproc,
-                          model=job.model, wrap=job.wrap, input_shape=job.input_shape or None, **settings)
+                          model=job.model, wrap=job.wrap, input_shape=job.input_shape or None, train=train)
     except UsageError as exc:
         return f"memory not checked: {exc.message}"
     except Exception as exc:  # noqa: BLE001 - the check informs; it never stops a launch

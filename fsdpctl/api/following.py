@@ -1,10 +1,13 @@
 """Starting and following a run, whatever runs it: the preflight, the start, following it to its end
-with the hang watchdog, and starting it again after a failure while its restarts last. Everything
-the user should hear goes out as events; nothing here prints."""
+with the hang watchdog, and starting it again after a failure while its restarts last. A new run,
+a resumed one and a restart all go through ``start_attempt``. Everything the user should hear goes
+out as events; nothing here prints."""
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import PreflightError
@@ -21,45 +24,72 @@ from .events import (
 )
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend
+    from ..backends.base import Backend, Follower, Preflight
     from ..bundle import Payload
     from ..plan.types import LaunchPlan
     from ..rundir.rundir import RunDir
 
 
-def passes_preflight(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
-                     recheck: bool = False) -> bool:
+def check(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
+          recheck: bool = False) -> Optional[Preflight]:
     """doctor's fast checks on the plan's nodes (the agents stage the payload on the way). A first
-    preflight that fails raises PreflightError; a re-check says so with an event and returns False."""
+    preflight that fails raises PreflightError; a re-check says so with an event and returns None."""
     emit(PreflightStarted(plan.num_nodes, recheck))
-    report = backend.preflight(plan, payload, on_host=lambda host: emit(HostChecked(host)))
-    if report is None or report.ok:
-        return True
+    found = backend.preflight(plan, payload, on_host=lambda host: emit(HostChecked(host)))
+    if found.ok:
+        return found
+    if found.staged is not None and hasattr(found.staged, "close"):
+        found.staged.close()  # the staged agents clean up what they unpacked
     if not recheck:
-        raise PreflightError(report)
-    emit(PreflightFailed(report))
-    return False
+        raise PreflightError(found.report)
+    emit(PreflightFailed(found.report))
+    return None
 
 
-def start(backend: Backend, run: RunDir, payload: Payload, emit: Emitter, *, detached: bool) -> None:
-    """Start (or submit) the run's current attempt."""
-    how = backend.start(run, payload, detached=detached)
-    emit(RunStarted(run.run_id, how, str(run.root), run.plan.attempt, detached))
+def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
+                  open_run: Callable[[], RunDir], detached: bool, preflight: bool = True,
+                  recheck: bool = False) -> Optional[tuple[RunDir, Follower]]:
+    """Check the nodes (unless ``preflight`` is off), make the run directory ready (``open_run``: a
+    new run's, or the next attempt's), start the attempt and say so; the run and its owner's
+    follower. None when a re-check failed: nothing was started."""
+    checked = check(backend, plan, payload, emit, recheck=recheck) if preflight else None
+    if preflight and checked is None:
+        return None
+    try:
+        run = open_run()
+    except BaseException:
+        if checked is not None and hasattr(checked.staged, "close"):
+            checked.staged.close()  # staged agents that hear no "go" remove what they unpacked
+        raise
+    follower = backend.start(run, payload, detached=detached, preflight=checked)
+    emit(RunStarted(run.run_id, follower.how, str(run.root), run.plan.attempt, detached))
+    return run, follower
 
 
-def follow(backend: Backend, run: RunDir, emit: Emitter, *, owner: bool, signals: bool,
-           leave: Optional[threading.Event] = None) -> Outcome:
+def run_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
+                open_run: Callable[[], RunDir], preflight: bool, detach: bool, signals: bool,
+                fetch: tuple[str, ...] = ()) -> RunDir:
+    """Start an attempt (``start_attempt``) and, unless detached, follow it to its end, restarting
+    while the run's restarts last; the run as it now is."""
+    started = start_attempt(backend, plan, payload, emit, open_run=open_run, detached=detach, preflight=preflight)
+    assert started is not None  # a first preflight raises rather than return nothing
+    run, follower = started
+    if not detach:
+        run, _ = follow_with_restarts(backend, run, follower, emit, signals=signals, fetch=fetch)
+    return run
+
+
+def follow(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,
+           act: bool, leave: Optional[threading.Event] = None) -> Outcome:
     """Follow the run to its end (or until ``leave`` is set, for a follower that is not its owner),
     its lines and the hang watchdog's reports as events; then the flight recorder's dumps of a
-    failed run, read. A KeyboardInterrupt (without ``signals``) is raised again once the run it
-    owns is stopped and recorded."""
+    failed run, read. ``act``: this follower may end the run on a hang (its owner, or anyone
+    following a run nobody owns). A KeyboardInterrupt (without ``signals``) is raised again once
+    the run it owns is stopped and recorded."""
     from ..diagnose.hang import flight_after_failure, watch_for
 
-    # A follower of someone else's foreground run only reports a hang; its launcher acts on it. A
-    # detached or queued run has no such owner: whoever follows it acts.
-    act = owner or run.record.detached or backend.queued
     watch = watch_for(backend, run, act=act, echo=emit.notice)
-    outcome = backend.follow(run, emit, owner=owner, watch=watch, signals=signals, leave=leave)
+    outcome = follower.follow(emit, watch=watch, signals=signals, leave=leave)
     emit(RunEnded(run.run_id, outcome, str(run.root)))
     failure = outcome.first_failure
     if act and outcome.state.is_failure and (failure is None or failure.kind == "exit"):
@@ -69,7 +99,14 @@ def follow(backend: Backend, run: RunDir, emit: Emitter, *, owner: bool, signals
     return outcome
 
 
-def follow_with_restarts(backend: Backend, run: RunDir, emit: Emitter, *, signals: bool,
+def follow_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals: bool,
+                        leave: Optional[threading.Event] = None) -> Outcome:
+    """Follow a run this process did not start: a detached or scheduled run has no owner, so whoever
+    follows it acts on a hang; someone else's foreground run is only reported on."""
+    return follow(backend, run, backend.attach(run), emit, signals=signals, act=run.record.detached, leave=leave)
+
+
+def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,
                          fetch: tuple[str, ...] = ()) -> tuple[RunDir, Outcome]:
     """Follow a foreground run this process started to its end; after a failure, re-check the nodes
     and start the next attempt while the run's restarts last; then fetch. The run as it now is (its
@@ -79,7 +116,7 @@ def follow_with_restarts(backend: Backend, run: RunDir, emit: Emitter, *, signal
 
     plan = run.plan
     last_attempt = plan.attempt + plan.max_restarts
-    outcome = follow(backend, run, emit, owner=True, signals=signals)
+    outcome = follow(backend, run, follower, emit, signals=signals, act=True)
     while outcome.exit_code != 0:
         attempt, after = plan_restart(backend, run, outcome, last_attempt)
         if attempt is None:
@@ -87,14 +124,15 @@ def follow_with_restarts(backend: Backend, run: RunDir, emit: Emitter, *, signal
                 emit.notice(after, "warning")
             break
         emit(AttemptStarting(plan.run_id, attempt.plan.attempt, last_attempt, attempt.from_step, after or ""))
-        payload = attempt.payload()
-        if not passes_preflight(backend, attempt.plan, payload, emit, recheck=True):
+        started = start_attempt(backend, attempt.plan, attempt.payload(), emit, detached=False, recheck=True,
+                                open_run=functools.partial(begin_attempt, run, attempt.plan, attempt.scripts,
+                                                           attempt.from_step))
+        if started is None:
             emit.notice(f"run {plan.run_id} ends: a node failed its re-check before attempt {attempt.plan.attempt} "
                         f"(above); nothing of it was started", "error")
             break
-        run = begin_attempt(run, attempt.plan, attempt.scripts, attempt.from_step)
-        start(backend, run, payload, emit, detached=False)
-        outcome = follow(backend, run, emit, owner=True, signals=signals)
+        run, follower = started
+        outcome = follow(backend, run, follower, emit, signals=signals, act=True)
     for path in fetch:
         emit(Fetched(backend.fetch(run, path)))
     return run, outcome

@@ -9,22 +9,21 @@ from __future__ import annotations
 import datetime as _dt
 import ipaddress
 import os
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import UsageError
 from ..hostcheck.findings import Decision, HostFinding, IbMode, Row, decide, finding_of
 from .events import Emitter, EventHandler
+from .options import PathLike
 
 if TYPE_CHECKING:
     from ..hostcheck.checks import DoctorReport
     from ..profiles.schema import ClusterProfile
 
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 @dataclass(frozen=True)
@@ -174,18 +173,14 @@ def _is_loopback(address: str) -> bool:
 
 
 def _address_of(profile: ClusterProfile, host: str) -> str:
-    """The master's address as this machine resolves it (an IP as it is; else ~/.ssh/config's HostName)."""
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        pass
-    from ..backends.ssh_transport import resolve_target
+    """The master's address as this machine resolves it, through the profile's backend."""
+    from ..backends import backend_for
 
-    target = resolve_target(host, profile.ssh)
+    backend = backend_for(profile)
     try:
-        return socket.gethostbyname(target.hostname)
-    except OSError:
-        return target.hostname  # the nodes resolve it themselves
+        return backend.address_of(host)
+    finally:
+        backend.close()
 
 
 def _probe(profile: ClusterProfile, master_addr: str, slurm: bool, timeout: float, concurrency: int,

@@ -3,19 +3,19 @@ node of a profile, started and, unless detached, followed to its end."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..errors import UsageError
 from .events import Emitter, EventHandler
-from .options import Command, JobOptions, resolve_options
-from .prepare import Prepared, ProfileLike
-from .prepare import prepare as prepare_plan
+from .options import Command, JobOptions, PathLike, resolve_options
+from .prepare import Prepared, ProfileLike, prepare_run
 from .run import Run
 
-PathLike = Union[str, "os.PathLike[str]"]
+SUBMIT_BACKEND = "slurm"
+"""The scheduler ``submit`` goes through (``fsdpctl submit --slurm``; the only one so far)."""
+
 
 
 def prepare(profile: Optional[ProfileLike] = None, command: Optional[Command] = None, *, slurm: bool = False,
@@ -23,8 +23,19 @@ def prepare(profile: Optional[ProfileLike] = None, command: Optional[Command] = 
     """The plan of a run and its rendered scripts, as ``launch`` (or with ``slurm``, ``submit``)
     would start it, touching nothing: ``.plan``, ``.scripts``, ``.previews()``. Takes the same
     keyword arguments as ``launch`` (or one ``options``)."""
-    return prepare_plan(profile, resolve_options(options, command, values), for_slurm=slurm,
-                        runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    prepared = prepare_run(profile, resolve_options(options, command, values),
+                           backend=SUBMIT_BACKEND if slurm else None,
+                           runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    if not slurm:
+        refuse_queued(prepared)
+    return prepared
+
+
+def refuse_queued(prepared: Prepared) -> None:
+    """``launch`` starts runs on nodes it reaches; a scheduler's profile is submitted instead."""
+    if prepared.queued:
+        raise UsageError(f"profile {prepared.loaded.name}: runs through {prepared.plan.backend}, a scheduler",
+                         f"use `fsdpctl submit --{prepared.plan.backend} --profile {prepared.loaded.name}`")
 
 
 def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = None, *,
@@ -55,15 +66,13 @@ def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
     opts = resolve_options(options, command, {
         "code": code, "env": env, "secrets": secrets, "requirements": requirements, "job": job,
         "nproc_per_node": nproc_per_node, "hang_timeout": hang_timeout, "max_restarts": max_restarts, **values})
-    if opts.nodes or opts.time or opts.partition or opts.via or opts.requeue is not None:
-        raise UsageError("nodes/time/partition/via/requeue: Slurm settings, and launch runs on the profile's hosts",
-                         "use fsdpctl.submit (fsdpctl submit --slurm) for a Slurm job")
     if opts.max_restarts and detach:
         raise UsageError("--max-restarts: restarts are made by the launcher that follows the run",
                          "drop --detach (or --max-restarts)")
     if fetch and detach:
         raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
-    prepared = prepare_plan(profile, opts, for_slurm=False, runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    prepared = prepare_run(profile, opts, runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    refuse_queued(prepared)
     fetch = tuple(fetch) or prepared.job.fetch
     if fetch and detach:
         raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
@@ -86,9 +95,8 @@ def submit(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
     ``launch``'s."""
     opts = resolve_options(options, command, {"nodes": nodes, "time": time, "partition": partition, "via": via,
                                               "requeue": requeue, **values})
-    if opts.max_restarts:
-        raise UsageError("--max-restarts: Slurm requeues a job itself", "use requeue=True (--requeue) instead")
-    prepared = prepare_plan(profile, opts, for_slurm=True, runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    prepared = prepare_run(profile, opts, backend=SUBMIT_BACKEND,
+                           runs_dir=Path(runs_dir) if runs_dir is not None else None)
     return start_prepared(prepared, Emitter(on_event), preflight=False, detach=not follow, fetch=(),
                           signals=handle_signals)
 
@@ -100,7 +108,7 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     from ..backends import backend_for
     from ..rundir.rundir import create_run
     from .estimate import memory_warning
-    from .following import follow_with_restarts, passes_preflight, start
+    from .following import run_attempt
 
     for warning in prepared.warnings:
         emit.notice(f"warning: {warning}", "warning")
@@ -108,15 +116,12 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     if memory is not None:
         emit.notice(f"warning: {memory}", "warning")
     loaded, plan = prepared.loaded, prepared.plan
-    payload = prepared.payload()
     backend = backend_for(loaded.profile, plan.backend)
     try:
-        if preflight:
-            passes_preflight(backend, plan, payload, emit)
-        run_dir = create_run(plan, loaded.profile, prepared.scripts, loaded.text, prepared.inputs)
-        start(backend, run_dir, payload, emit, detached=detach)
-        if not detach:
-            run_dir, _ = follow_with_restarts(backend, run_dir, emit, signals=signals, fetch=fetch)
+        run_dir = run_attempt(backend, plan, prepared.payload(), emit, preflight=preflight, detach=detach,
+                              signals=signals, fetch=fetch,
+                              open_run=lambda: create_run(plan, loaded.profile, prepared.scripts, loaded.text,
+                                                          prepared.inputs))
     finally:
         backend.close()  # the Run opens its connections again when asked
     return Run(run_dir, backend)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
@@ -12,8 +13,10 @@ from typing import Any, Optional, Union
 from ..errors import UsageError
 from ..job import JobOptions
 
-__all__ = ["Command", "JobOptions", "build_options", "resolve_options", "workload_settings"]
+__all__ = ["Command", "JobOptions", "PathLike", "build_options", "resolve_options", "workload_settings"]
 
+PathLike = Union[str, "os.PathLike[str]"]
+"""A path, as text or as a ``pathlib.Path``."""
 Command = Union[str, Sequence[str]]
 """Your program and its arguments: ``["train.py", "--lr", "3e-4"]``, ``["-m", "pkg.train"]``, or one
 string split as a shell would (``"train.py --lr 3e-4"``)."""

@@ -4,7 +4,6 @@ scripts rendered, nothing touched yet (``--dry-run`` stops here)."""
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -13,6 +12,7 @@ from ..errors import UsageError
 from .options import JobOptions, workload_settings
 
 if TYPE_CHECKING:
+    from ..backends.base import Backend
     from ..bundle import Payload
     from ..job import Job
     from ..plan.types import LaunchPlan, Overrides
@@ -53,6 +53,13 @@ class Prepared:
     warnings: tuple[str, ...] = ()
     """What the caller should hear before it starts (a credential passed as a plain variable)."""
 
+    @property
+    def queued(self) -> bool:
+        """Its backend is a scheduler's: it is submitted (``submit``), not launched."""
+        from ..backends import backend_class
+
+        return backend_class(self.plan.backend).queued
+
     def payload(self) -> Payload:
         """What every node gets: the tar (scripts, workload package, code) and the secrets' values,
         read now from this environment (a missing one is a one-line error before anything starts)."""
@@ -68,30 +75,49 @@ class Prepared:
         return {**self.scripts, **backend_for(self.loaded.profile, self.plan.backend).previews(self.plan, self.scripts)}
 
 
-def plan_inputs(loaded: LoadedProfile, for_slurm: bool) -> dict[str, Any]:
+def plan_inputs(loaded: LoadedProfile) -> dict[str, Any]:
     """make_plan's inputs from this process (besides the profile, run id and overrides): kept with
     the run, so a later attempt is planned exactly as the first one was."""
-    return {"profile_source": str(loaded.path), "local_python": sys.executable, "home": str(Path.home()),
-            "local_cwd": str(Path.cwd()), "for_slurm": for_slurm}
+    from ..plan.types import PlanContext
+
+    return {"profile_source": str(loaded.path), **PlanContext.here(loaded.name).inputs()}
 
 
-def build_plan(loaded: LoadedProfile, overrides: Overrides, *, for_slurm: bool,
+def build_plan(loaded: LoadedProfile, overrides: Overrides, *, backend: Optional[str] = None,
                runs_dir: Optional[Path] = None) -> LaunchPlan:
-    """The plan of a new run of ``loaded`` with a fresh run id."""
+    """The plan of a new run of ``loaded`` through ``backend`` (default: the profile's) with a fresh run id."""
+    from ..backends import backend_class
     from ..plan.make import make_plan
     from ..rundir.paths import new_run_id, runs_root
 
     run_id = new_run_id(loaded.profile.name)
-    return make_plan(loaded.profile, run_id=run_id, local_run_dir=str((runs_dir or runs_root()) / run_id),
-                     overrides=overrides, **plan_inputs(loaded, for_slurm))
+    return make_plan(loaded.profile, placer=backend_class(backend or loaded.profile.backend), run_id=run_id,
+                     local_run_dir=str((runs_dir or runs_root()) / run_id), overrides=overrides,
+                     **plan_inputs(loaded))
 
 
-def prepare(profile: Optional[ProfileLike], options: JobOptions, *, for_slurm: bool,
+def backend_options(placer: type[Backend], options: JobOptions, job: Job) -> dict[str, Any]:
+    """The settings of the backend that runs the job (a scheduler's nodes, time limit...): those given
+    as options, then the job file's; an option the backend does not take is refused in one line."""
+    given = {"nodes": options.nodes, "time": options.time, "partition": options.partition,
+             "requeue": options.requeue, "via": options.via}
+    refused = [name for name, value in given.items() if value is not None and name not in placer.options]
+    if refused:
+        raise UsageError(f"{'/'.join(refused)}: settings of a scheduler, and {placer.name} takes "
+                         f"{', '.join(placer.options) or 'none'}",
+                         "submit it through one (fsdpctl submit --slurm), or drop them")
+    from_job = {"nodes": job.nodes, "time": job.time}
+    return {name: value for name in placer.options
+            if (value := given.get(name) if given.get(name) is not None else from_job.get(name)) is not None}
+
+
+def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend: Optional[str] = None,
             runs_dir: Optional[Path] = None) -> Prepared:
     """Resolve the job, refuse workload settings next to a command of the user's, build and render
-    the plan. ``profile`` may be None when the job file names one."""
-    from ..job import credential_like, resolve_job
-    from ..plan.render import render_all
+    the plan (through ``backend``; default: the profile's). ``profile`` may be None when the job
+    file names one."""
+    from ..backends import backend_class
+    from ..job import check_script, credential_like, resolve_job
     from ..plan.types import Overrides, overrides_to_json
 
     job = resolve_job(options, Path.cwd())
@@ -99,23 +125,25 @@ def prepare(profile: Optional[ProfileLike], options: JobOptions, *, for_slurm: b
         name = next(iter(options.workload))
         raise UsageError(f"--{name.replace('_', '-')}: a setting of the bundled workload, and your own program "
                          f"runs instead", "pass your program's own arguments after --, e.g. -- train.py --epochs 3")
+    if job.code is not None:
+        check_script(job.command, job.code)
     train = {} if job.command else workload_settings(options.workload)
     if profile is None and job.profile is None:
         raise UsageError("--profile: missing", "name the cluster: -p PROFILE (or profile: in the job file)")
     loaded = load_profile(profile if profile is not None else job.profile)  # type: ignore[arg-type]
-    slurm: dict[str, Any] = {}
-    if for_slurm:
-        slurm = {"slurm_nodes": options.nodes or job.nodes, "slurm_time": options.time or job.time,
-                 "slurm_partition": options.partition, "slurm_requeue": options.requeue, "slurm_via": options.via}
+    placer = backend_class(backend or loaded.profile.backend)
     overrides = Overrides(
         train=train, command=job.command, code=job.code.plan() if job.code else None, chdir=job.chdir,
         requirements=job.requirements, extra_env=job.env, secrets=job.secrets,
         nproc_per_node=options.nproc_per_node if options.nproc_per_node is not None else job.nproc_per_node,
         master_port=options.master_port, debug=options.debug, node_timeout=options.node_timeout,
-        hang_timeout=options.hang_timeout, on_hang=options.on_hang, max_restarts=options.max_restarts, **slurm)
-    plan = build_plan(loaded, overrides, for_slurm=for_slurm, runs_dir=runs_dir)
+        hang_timeout=options.hang_timeout, on_hang=options.on_hang, max_restarts=options.max_restarts,
+        backend_options=backend_options(placer, options, job))
+    if placer.queued and overrides.max_restarts:
+        raise UsageError(f"--max-restarts: {placer.name} requeues a job itself", "use requeue=True (--requeue) instead")
+    plan = build_plan(loaded, overrides, backend=placer.name, runs_dir=runs_dir)
     warnings = tuple(f"{name} looks like a credential and is written into the run's scripts and records; pass it "
                      f"as a secret instead (--env {name}, or secrets: [{name}])"
                      for name in credential_like({**loaded.profile.env, **job.env}))
-    inputs = {**plan_inputs(loaded, for_slurm), "overrides": overrides_to_json(overrides)}
-    return Prepared(loaded, plan, render_all(plan), job, inputs, warnings)
+    inputs = {**plan_inputs(loaded), "overrides": overrides_to_json(overrides)}
+    return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings)

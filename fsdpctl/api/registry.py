@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
+from .options import PathLike
 from .run import Run
-
-PathLike = Union[str, "os.PathLike[str]"]
 
 
 def get_run(run_id: Optional[str] = None, *, runs_dir: Optional[PathLike] = None) -> Run:

@@ -3,18 +3,18 @@ torchx's app handle). ``launch`` and ``submit`` return one; ``get_run`` finds on
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import WaitTimeout
 from ..rundir.lines import LogLine
 from ..rundir.state import Outcome, RunState
 from .events import Emitter, EventHandler
+from .options import PathLike
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -116,7 +116,7 @@ class Run:
         ``on_event``; a detached run's end is recorded by its follower. Raises ``WaitTimeout`` after
         ``timeout`` seconds (the run goes on). ``handle_signals``: take SIGINT/SIGTERM/SIGHUP over
         while waiting (as the CLI does); otherwise a KeyboardInterrupt stops waiting, not the run."""
-        from .following import follow
+        from .following import follow_from_outside
 
         record = self._dir.record
         if record.state.is_over:
@@ -127,8 +127,8 @@ class Run:
             timer.daemon = True
             timer.start()
         try:
-            outcome = follow(self.backend, self._dir, Emitter(on_event), owner=False, signals=handle_signals,
-                             leave=leave)
+            outcome = follow_from_outside(self.backend, self._dir, Emitter(on_event), signals=handle_signals,
+                                          leave=leave)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -157,13 +157,13 @@ class Run:
         def produce(sink: Callable[[LogLine], None], leave: threading.Event) -> list[str]:
             if not follow:
                 return self.backend.read_logs(self._dir, sink, attempt)
-            from .following import follow as follow_run
+            from .following import follow_from_outside
 
             def lines_only(event: Any) -> None:
                 if isinstance(event, LogLine):
                     sink(event)
 
-            follow_run(self.backend, self._dir, Emitter(lines_only), owner=False, signals=False, leave=leave)
+            follow_from_outside(self.backend, self._dir, Emitter(lines_only), signals=False, leave=leave)
             return []
 
         return LogLines(produce, keep)
@@ -197,13 +197,13 @@ class Run:
                              "e.g. outputs/model.pt")
         return self.backend.fetch(self._dir, path)
 
-    def report(self, plot: Optional[Union[str, os.PathLike[str]]] = None, *, fetch: bool = True) -> Report:
+    def report(self, plot: Optional[PathLike] = None, *, fetch: bool = True) -> Report:
         """This run's report (``fsdpctl report``): its metrics brought back from the nodes and summed
         up (losses, tokens/s, time per step, memory per rank, the straggler named); with ``plot``, a
         folder, its figures as PNG files (needs matplotlib)."""
-        from .report import report
+        from .summaries import report_of
 
-        return report(self, plot=plot, fetch=fetch)
+        return report_of([self], plot=plot, fetch=fetch)
 
     def resume(self, *, steps: Optional[int] = None, epochs: Optional[int] = None, detach: bool = False,
                preflight: bool = True, fetch: tuple[str, ...] = (), node_timeout: Optional[int] = None,
@@ -217,24 +217,30 @@ class Run:
         run, now at its new attempt. A Slurm run is submitted again (no preflight)."""
         from ..job import JobOptions
         from ..rundir.attempts import begin_attempt
+        from ..rundir.rundir import attempt_lock
         from .attempts import plan_resume
-        from .following import follow_with_restarts, passes_preflight, start
+        from .following import follow_with_restarts, start_attempt
 
         JobOptions(node_timeout=node_timeout, hang_timeout=hang_timeout, on_hang=on_hang, max_restarts=max_restarts)
         emit = Emitter(on_event)
         backend = self.backend
-        attempt = plan_resume(backend, self._dir, for_slurm=backend.queued, steps=steps, epochs=epochs,
-                              node_timeout=node_timeout, hang_timeout=hang_timeout, on_hang=on_hang,
-                              max_restarts=max_restarts)
-        payload = attempt.payload()
-        if preflight and not backend.queued:
-            passes_preflight(backend, attempt.plan, payload, emit)
-        where = f"from step {attempt.from_step}" if attempt.from_step is not None else "(your program resumes itself)"
-        emit.notice(f"run {self.run_id}: attempt {attempt.plan.attempt} {where}")
-        self._dir = begin_attempt(self._dir, attempt.plan, attempt.scripts, attempt.from_step)
-        start(backend, self._dir, payload, emit, detached=detach)
+        with attempt_lock(self._dir):  # one next attempt at a time: a second resume waits for none
+            attempt = plan_resume(backend, self._dir, steps=steps, epochs=epochs, node_timeout=node_timeout,
+                                  hang_timeout=hang_timeout, on_hang=on_hang, max_restarts=max_restarts)
+            current = self._dir
+
+            def open_next() -> RunDir:
+                where = f"from step {attempt.from_step}" if attempt.from_step is not None else \
+                    "(your program resumes itself)"
+                emit.notice(f"run {self.run_id}: attempt {attempt.plan.attempt} {where}")
+                return begin_attempt(current, attempt.plan, attempt.scripts, attempt.from_step)
+
+            started = start_attempt(backend, attempt.plan, attempt.payload(), emit, detached=detach,
+                                    preflight=preflight, open_run=open_next)
+        assert started is not None  # a first preflight raises rather than return nothing
+        self._dir, follower = started
         if not detach:
-            self._dir, _ = follow_with_restarts(backend, self._dir, emit, signals=handle_signals, fetch=fetch)
+            self._dir, _ = follow_with_restarts(backend, self._dir, follower, emit, signals=handle_signals, fetch=fetch)
         return self
 
 

@@ -1,43 +1,47 @@
-"""The one interface to a job, whatever runs it, and what its methods return.
+"""The one interface to a job, whatever runs it: what every backend must do, and what it may.
 
-Every command acts on a job through a ``Backend``: ``doctor`` and ``preflight`` check the nodes,
-``start`` starts (or submits) a run, ``follow`` streams it to its end, ``status``, ``read_logs`` and
-``stop`` act on it later, from any terminal. The anchors are TorchX's ``Scheduler``
-(schedule / describe / log_iter / cancel) and submitit's ``Executor``/``Job``: the caller never asks
-which backend it holds. ``fsdpctl.backends.backend_for`` turns a profile or a run into one.
+Every command acts on a job through a ``Backend``; ``fsdpctl.backends.backend_for`` turns a profile
+or a run into one, and the caller never asks which one it holds. The anchors are torchx's
+``Scheduler`` (a few abstract methods, ``submit = schedule(submit_dryrun(...))``) and submitit's
+``Executor``/``Job``.
 
-What an instance holds, beyond the protocol: its connections to the nodes (opened on first use,
-released by ``close``; a later call opens them again) and, for the runs it started itself, what
-following them as their owner takes: the node agents a preflight staged (until ``start``), and the
-agents that watch over a foreground run's nodes (until ``follow`` takes them). Any instance can act
-on any run (status, logs, stacks, fetch, stop) and follow it from outside through the nodes' files;
-only the instance that started a foreground run can follow it as its owner, which is why the API's
-``Run`` handle keeps the instance that started it.
+A backend has two faces. Its class is pure: it places a run (``placement``, ``finish_plan``: the
+nodes, the master, the backend's own part of the plan), renders its scripts and judges a profile,
+touching nothing; ``make_plan`` and the profile loader call it. An instance acts: it starts a run
+and hands back the ``Follower`` that follows it to its end (the only holder of what following a
+run as its owner takes: the node agents that watch over it), and acts on any run later, from any
+terminal (status, logs, fetch, stop). What every backend must get right is written down as a
+contract suite (``tests/contract``) that every backend passes, a fake one among them.
 """
 
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
 
-from ..rundir.state import Outcome
+from ..errors import UsageError
 
 if TYPE_CHECKING:
     from ..bundle import Payload
     from ..hostcheck.checks import DoctorReport, HostReport
-    from ..plan.types import LaunchPlan
+    from ..plan.types import LaunchPlan, Overrides, Placement, PlanContext
     from ..profiles.schema import ClusterProfile
     from ..rundir.lines import LogLine
     from ..rundir.rundir import RunDir
+    from ..rundir.state import Outcome
     from ..rundir.status import RunStatus
     from .hang_watch import HangWatch
+    from .transport import Transport
 
-__all__ = ["Backend", "DoctorRequest", "LineSink", "Outcome"]
+__all__ = ["Backend", "DoctorRequest", "Follower", "LineSink", "Preflight", "ProfileProblem", "TraceNode"]
 
 LineSink = Callable[["LogLine"], None]
 """Where a run's lines go."""
+ProfileProblem = tuple[str, str, str]
+"""A profile a backend cannot run: (field, what is wrong, the fix), reported at the field's line."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,49 +64,141 @@ class DoctorRequest:
     """More the probe is asked on every node (``init``: the route to the master, Pythons with torch)."""
 
 
-class Backend(Protocol):
-    """A way of running jobs: this machine, SSH nodes, or Slurm."""
+@dataclass
+class Preflight:
+    """What a preflight found (``report``; None: this backend checks nothing before a start) and what
+    it left ready for ``start`` (``staged``: node agents waiting with the payload, for one plan)."""
+
+    report: Optional[DoctorReport] = None
+    staged: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.report is None or self.report.ok
+
+
+@dataclass(frozen=True)
+class TraceNode:
+    """Where torch-only work (the estimate's trace) can run when this machine has no torch."""
 
     name: str
-    """What run.json calls it."""
-    profile: ClusterProfile
-    queued: bool
-    """Runs wait in a scheduler's queue (plans are made for it: ``make_plan(for_slurm=...)``)."""
+    transport: Transport
+    python: str
 
-    def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
-        """Check every node and diff them."""
 
-    def preflight(self, plan: LaunchPlan, payload: Payload, on_host: Callable[[HostReport], None] | None = None
-                  ) -> DoctorReport | None:
-        """The fast checks before starting ``plan`` (None: this backend has none). ``payload`` (the
-        files every node gets and the run's secrets) may be staged on the way."""
+class Follower(Protocol):
+    """Follows one run to its end. The one ``start`` returns is the run's owner: it keeps the local
+    logs, ends the run when interrupted, and records how it ended; one from ``attach`` only follows
+    (an interruption stops the following, not the run)."""
 
-    def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
-        """Files the backend would write itself besides the rendered scripts, for ``--dry-run``."""
+    how: str
+    """How the run was started, in a few words ("started on 2 node(s)...", "submitted as Slurm job 12")."""
 
-    def start(self, run: RunDir, payload: Payload, *, detached: bool) -> str:
-        """Start (or submit) the run with ``payload`` on its nodes; says how in a few words
-        ("submitted as Slurm job 12")."""
+    def follow(self, sink: LineSink, *, watch: HangWatch | None = None, signals: bool = False,
+               leave: threading.Event | None = None) -> Outcome:
+        """Stream the run's lines to ``sink`` until it ends. ``watch``: the hang watchdog; when its
+        handler says stop, the run is ended and fails with exit 124. ``signals``: take
+        SIGINT/SIGTERM/SIGHUP over while following (else the caller's handlers stay and a
+        KeyboardInterrupt is the interruption). ``leave``: once set, a follower that is not the owner
+        stops following (the outcome's state is not over)."""
 
-    def follow(self, run: RunDir, sink: LineSink, *, owner: bool, watch: HangWatch | None = None,
-               signals: bool = False, leave: threading.Event | None = None) -> Outcome:
-        """Stream the run's lines to ``sink`` until it ends. ``owner``: this instance started it (it
-        keeps the local logs, and an interruption ends the run); otherwise an interruption only stops
-        following. ``watch``: the hang watchdog; when its handler says stop, the run is ended and
-        fails with exit 124. ``signals``: take SIGINT/SIGTERM/SIGHUP over while following (else the
-        caller's handlers stay and a KeyboardInterrupt is the interruption). ``leave``: once set, a
-        follower that is not the owner stops following (the outcome's state is not over)."""
 
+class Backend(ABC):
+    """A way of running jobs. Subclasses set ``name`` and implement the abstract methods; the
+    others have defaults a backend may keep."""
+
+    name: ClassVar[str]
+    """Its name in the registry, a profile's ``backend`` and run.json."""
+    options: ClassVar[tuple[str, ...]] = ()
+    """The settings it takes over its section of the profile (``Overrides.backend_options``): a
+    scheduler's ``nodes``, ``time``..."""
+    queued: ClassVar[bool] = False
+    """Its runs wait in a scheduler's queue: started with ``fsdpctl submit``, restarted (requeued)
+    by the scheduler, never by a launcher."""
+
+    def __init__(self, profile: ClusterProfile):
+        self.profile = profile
+
+    # ---- the class's pure part: a profile, a plan, scripts ----------------------------------------
+    @classmethod
+    def check_profile(cls, profile: ClusterProfile) -> Optional[ProfileProblem]:
+        """What in ``profile`` this backend cannot run (None: nothing)."""
+        return None
+
+    @classmethod
+    @abstractmethod
+    def placement(cls, profile: ClusterProfile, overrides: Overrides, context: PlanContext) -> Placement:
+        """Where a run of ``profile`` goes: its nodes (or how many a scheduler allocates), the master,
+        the Python and workdir there, what the backend adds to the job. Pure; UsageError when the
+        profile cannot run through this backend."""
+
+    @classmethod
+    def finish_plan(cls, profile: ClusterProfile, overrides: Overrides, plan: LaunchPlan) -> LaunchPlan:
+        """The plan with the backend's own part added (``backend_plan``); pure."""
+        return plan
+
+    @classmethod
+    def scripts(cls, plan: LaunchPlan) -> dict[str, str]:
+        """Every script of the plan by file name (default: ``node<R>.sh`` for each node)."""
+        from ..plan.render import render_node_scripts
+
+        return render_node_scripts(plan)
+
+    @classmethod
+    def layout(cls, profile: ClusterProfile) -> tuple[Optional[int], Optional[int]]:
+        """How many nodes a run of ``profile`` gets and how many GPUs each has (None: not known)."""
+        counts = {h.gpus for h in profile.hosts if h.gpus}
+        return max(1, len(profile.hosts)), (min(counts) if counts else None)
+
+    # ---- what every backend must do ---------------------------------------------------------------
+    @abstractmethod
+    def start(self, run: RunDir, payload: Payload, *, detached: bool, preflight: Optional[Preflight] = None
+              ) -> Follower:
+        """Start (or submit) the run's current attempt with ``payload`` (the files every node gets
+        and the secrets) on its nodes, record it in run.json, and return its owner's follower.
+        ``preflight``: what this backend's ``preflight`` staged for this plan. ``detached``: the run
+        outlives this process."""
+
+    @abstractmethod
+    def attach(self, run: RunDir) -> Follower:
+        """A follower for a run started elsewhere (or earlier): it reads what the nodes write."""
+
+    @abstractmethod
     def status(self, run: RunDir) -> RunStatus:
         """run.json, refreshed from the nodes or the scheduler while the run is live."""
 
-    def checkpoint_steps(self, run: RunDir) -> list[int]:
-        """The steps of the bundled workload's complete checkpoints in the run directory on the nodes,
-        oldest first (raises HostError when no node answers)."""
-
+    @abstractmethod
     def read_logs(self, run: RunDir, sink: LineSink, attempt: int | None = None) -> list[str]:
-        """Every line the run has written so far (``attempt``: an earlier attempt's; None: the newest);
-        returns notes for the user (a node that did not answer)."""
+        """Every line the run has written so far (``attempt``: an earlier attempt's; None: the newest),
+        each with its host, node rank and global rank; returns notes for the user (a node that did
+        not answer)."""
+
+    @abstractmethod
+    def fetch(self, run: RunDir, path: str) -> dict[str, list[str]]:
+        """Bring ``path`` (under the run directory on the nodes) here; per node, the local files."""
+
+    @abstractmethod
+    def stop(self, run: RunDir) -> dict[str, str]:
+        """End every process of the run and record it as stopped; per host, what is left (empty: nothing)."""
+
+    @abstractmethod
+    def ask(self, run: RunDir, command: str) -> str:
+        """The output of a read-only shell ``command`` run in the run's directory on its nodes (the
+        first node that answers; HostError when none does)."""
+
+    # ---- what a backend may do ---------------------------------------------------------------------
+    def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
+        """Check every node and diff them."""
+        raise UsageError(f"backend {self.name}: has no doctor", "check its nodes by hand")
+
+    def preflight(self, plan: LaunchPlan, payload: Payload,
+                  on_host: Callable[[HostReport], None] | None = None) -> Preflight:
+        """The fast checks before starting ``plan``; ``payload`` may be staged on the way (default: none)."""
+        return Preflight()
+
+    def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
+        """Files the backend would write itself besides the rendered scripts, for ``--dry-run``."""
+        return {}
 
     def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:
@@ -110,12 +206,27 @@ class Backend(Protocol):
         node did not answer). ``py_spy``: use it where a node has it (``native``: C/C++ frames too);
         ``flight``: each rank also dumps its flight recorder into ``flight/`` under the node's run
         directory (``fetch(run, "flight")`` brings them here)."""
+        raise UsageError(f"backend {self.name}: cannot read the ranks' stacks", "look at the nodes by hand")
 
-    def fetch(self, run: RunDir, path: str) -> dict[str, list[str]]:
-        """Bring ``path`` (under the run directory on the nodes) here; per node, the local files."""
+    def address_of(self, host: str) -> str:
+        """``host``'s address as this machine resolves it (an IP as it is; a name this machine cannot
+        resolve as it is, for the nodes to resolve themselves)."""
+        import ipaddress
+        import socket
 
-    def stop(self, run: RunDir) -> dict[str, str]:
-        """End every process of the run; returns what each host reports left (empty: nothing)."""
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            pass
+        try:
+            return socket.gethostbyname(host)
+        except OSError:
+            return host
+
+    def trace_node(self) -> Optional[TraceNode]:
+        """Where torch-only work can run when this machine has no torch (None: nowhere)."""
+        return None
 
     def close(self) -> None:
-        """Release connections."""
+        """Release connections (a later call opens them again)."""
+        return None

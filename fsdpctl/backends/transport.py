@@ -138,7 +138,22 @@ class MarkerReader:
         return text.decode("utf-8", "replace")
 
 
-class _LocalSession:
+class ReadingSession:
+    """A session's reading side, through its ``reader`` (a MarkerReader over its stdout)."""
+
+    reader: MarkerReader
+
+    def read_until(self, marker: str, timeout: float) -> str:
+        return self.reader.until(marker, timeout)
+
+    def read_line_bytes(self, timeout: float) -> bytes:
+        return self.reader.line_bytes(timeout)
+
+    def read_exactly(self, count: int, timeout: float) -> bytes:
+        return self.reader.exactly(count, timeout)
+
+
+class _LocalSession(ReadingSession):
     def __init__(self, host: str, process: subprocess.Popen):
         self.process = process
         self.stderr: list[bytes] = []
@@ -162,15 +177,6 @@ class _LocalSession:
             self.process.stdin.flush()  # type: ignore[union-attr]
         except BrokenPipeError:
             pass  # the command has ended; read_until and finish say how
-
-    def read_until(self, marker: str, timeout: float) -> str:
-        return self.reader.until(marker, timeout)
-
-    def read_line_bytes(self, timeout: float) -> bytes:
-        return self.reader.line_bytes(timeout)
-
-    def read_exactly(self, count: int, timeout: float) -> bytes:
-        return self.reader.exactly(count, timeout)
 
     def finish(self, timeout: float) -> tuple[int, str, str]:
         self._close_stdin()

@@ -41,8 +41,7 @@ def launch(
 
     if flags.resume is not None:
         flags.refuse_with_resume()
-        run = fsdpctl.get_run(flags.resume)
-        check_resume_backend(run, slurm=False)
+        run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
         printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"))
         run.resume(steps=flags.steps, epochs=flags.epochs, detach=detach, preflight=not no_preflight,
                    fetch=tuple(fetch or ()), node_timeout=node_timeout, hang_timeout=flags.hang_timeout,
@@ -60,9 +59,3 @@ def launch(
                    fetch=tuple(fetch or ()), on_event=printer, handle_signals=True)
     raise typer.Exit(exit_code_of(printer))
 
-
-def check_resume_backend(run, *, slurm: bool) -> None:
-    """``launch --resume`` continues runs started by launch, ``submit --resume`` Slurm runs."""
-    if (run.info.backend == "slurm") != slurm:
-        how = f"fsdpctl {'submit --slurm' if run.info.backend == 'slurm' else 'launch'} --resume {run.run_id}"
-        raise UsageError(f"run {run.run_id}: ran through {run.info.backend}", f"continue it with `{how}`")

@@ -16,6 +16,7 @@ def profiles(
 
         typer.echo(reference_markdown(), nl=False)
         return
+    from ..backends import backend_class
     from ..profiles.loader import list_profiles, load_profile_file, profile_search_path
 
     entries = list_profiles()
@@ -24,7 +25,8 @@ def profiles(
     for entry in entries:
         try:
             profile = load_profile_file(entry.path).profile
-            what = f"{profile.backend}, {len(profile.hosts) or (profile.slurm.nodes if profile.slurm else 1)} node(s)"
+            nodes, _ = backend_class(profile.backend).layout(profile)
+            what = f"{profile.backend}, {nodes or '?'} node(s)"
         except FsdpctlError as exc:
             what = f"INVALID: {exc.message}"
         note = " (shadowed)" if entry.shadowed else ""

@@ -28,7 +28,6 @@ def submit(
     import fsdpctl
 
     from .events import EventPrinter, exit_code_of
-    from .launch import check_resume_backend
     from .show import print_dry_run
 
     if not slurm:
@@ -36,8 +35,7 @@ def submit(
     slurm_options = {"nodes": nodes, "time": time, "partition": partition, "via": via, "requeue": requeue}
     if flags.resume is not None:
         flags.refuse_with_resume(**slurm_options)
-        run = fsdpctl.get_run(flags.resume)
-        check_resume_backend(run, slurm=True)
+        run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
         printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"), run_id_on_stdout=True)
         run.resume(steps=flags.steps, epochs=flags.epochs, detach=not follow, hang_timeout=flags.hang_timeout,
                    on_hang=flags.on_hang, on_event=printer, handle_signals=True)

@@ -37,23 +37,32 @@ def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str])
             "packages": [requirement_name(r) for r in requirements]}
 
 
-def make_jobs(profile: ClusterProfile, transports: Sequence[Any], master_rank: int, master_addr: str,
+@dataclass(frozen=True)
+class NodeProbe:
+    """A node to probe: its rank, its connection, and its own card's name when it differs from the profile's."""
+
+    node_rank: int
+    transport: Any
+    interface: Optional[str] = None
+
+
+def make_jobs(profile: ClusterProfile, nodes: Sequence[NodeProbe], master_rank: int, master_addr: str,
               port: int, deep: bool, port_check: bool, window: float = PORT_WINDOW_SECONDS,
               requirements: Sequence[str] = (), extra: Optional[dict[str, Any]] = None) -> list[HostJob]:
-    """One probe per host; the master listens on the rendezvous port, the others connect to it.
+    """One probe per node; the master listens on the rendezvous port, the others connect to it.
     ``extra``: more the probes are asked (``init``'s discoveries)."""
     jobs = []
-    others = len(transports) - 1
-    for rank, transport in enumerate(transports):
+    others = len(nodes) - 1
+    for node in nodes:
         args = {**probe_args(profile, deep, requirements), **(extra or {})}
-        if rank < len(profile.hosts) and profile.hosts[rank].interface:
-            args["interface"] = profile.hosts[rank].interface
+        if node.interface:
+            args["interface"] = node.interface
         if port_check:
-            if rank == master_rank:
+            if node.node_rank == master_rank:
                 args["listen"] = {"port": port, "expect": others, "window": window}
             else:
                 args["connect"] = {"addr": master_addr, "port": port, "window": window}
-        jobs.append(HostJob(rank, transport, args, tuple(requirements)))
+        jobs.append(HostJob(node.node_rank, node.transport, args, tuple(requirements)))
     return jobs
 
 

@@ -8,7 +8,6 @@ import importlib.util
 import io
 import json
 import subprocess
-import sys
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,8 +15,8 @@ from typing import Any
 
 from ..errors import FsdpctlError, UsageError
 from ..shell import after_mark, command_line, marked
+from ..workload.trace_process import answers, trace_in_process
 
-PREFIX = "fsdpctl.estimate: "
 _BOOT = ("import io,sys,tempfile,zipfile;d=tempfile.mkdtemp(prefix='fsdpctl-estimate-');"
          "zipfile.ZipFile(io.BytesIO(sys.stdin.buffer.read())).extractall(d);sys.path.insert(0,d);"
          "from fsdpctl.workload.estimate import main;main(sys.argv[1:])")
@@ -28,20 +27,11 @@ def torch_here() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def parse(output: str) -> list[dict[str, Any]]:
-    return [json.loads(line[len(PREFIX):]) for line in output.splitlines() if line.startswith(PREFIX)]
-
-
 def run_here(requests: Sequence[dict[str, Any]], timeout: float, extra_path: Sequence[str] = ()) -> list[dict]:
     """Trace ``requests`` in a Python of this machine (this one)."""
-    import os
-
-    env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([root, *extra_path, env.get("PYTHONPATH", "")])
     try:
-        done = subprocess.run([sys.executable, "-m", "fsdpctl.workload.estimate", json.dumps(list(requests))],
-                              capture_output=True, text=True, timeout=timeout, env=env)
+        done = trace_in_process(list(requests), timeout, [root, *extra_path])
     except subprocess.TimeoutExpired:
         raise FsdpctlError(f"estimate: the trace took longer than {timeout:g} s",
                            "estimate fewer choices (--no-choices) or a smaller batch") from None
@@ -67,7 +57,7 @@ def run_on_node(transport, python: str, requests: Sequence[dict[str, Any]], time
 
 
 def _results(status: int, out: str, err: str, where: str) -> list[dict]:
-    results = parse(out)
+    results = answers(out)
     if not results:
         last = (err.strip().splitlines() or [f"exit {status}"])[-1]
         raise FsdpctlError(f"estimate on {where}: the trace did not run ({last})",

@@ -2,11 +2,14 @@
 
 ``make_plan`` is pure: no network, no clock, no subprocess, no file access. The run id, the
 local run directory and the local interpreter are passed in, so the same inputs always give the
-same plan (and the same rendered scripts).
+same plan (and the same rendered scripts). Where the nodes are, and what only a backend knows (a
+scheduler's directives), the backend's class says (``Placer``); everything else is decided here,
+alike for every backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import shlex
 from typing import Any, Optional
@@ -17,8 +20,7 @@ from ..profiles.schema import ClusterProfile
 from ..shell import NodeExpr, join_path, quote_path
 from ..workload import REQUIREMENTS
 from ..workload import config as train_config
-from .slurm import make_slurm_plan
-from .types import LaunchPlan, NodeSpec, Overrides
+from .types import LaunchPlan, NodeSpec, Overrides, Placement, Placer, PlanContext
 
 WORKLOAD_MODULE = "fsdpctl.workload.train"
 SHIPPED_PACKAGE_DIR = "pkg"
@@ -35,7 +37,8 @@ _PLAN_OWNED_SETTINGS = {
 }
 
 
-def _is_ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
+    """An IP address (not a name a node would resolve)."""
     try:
         ipaddress.ip_address(text.strip("[]"))
     except ValueError:
@@ -43,24 +46,16 @@ def _is_ip(text: str) -> bool:
     return True
 
 
-
-def _resolve_train(profile: ClusterProfile, overrides: Overrides, *, for_slurm: bool,
-                   requeue: bool) -> dict[str, Any]:
+def _resolve_train(profile: ClusterProfile, overrides: Overrides, placement: Placement) -> dict[str, Any]:
     for name, fix in _PLAN_OWNED_SETTINGS.items():
         if name in profile.train or name in overrides.train:
             raise UsageError(f"train.{name}: set by fsdpctl for every run", fix)
     settings: dict[str, Any] = {"device": profile.device, "cache_dir": "../../cache"}
     settings.update(profile.train)
     settings.update(overrides.train)
-    if for_slurm:
-        # Slurm runs the same script again when it requeues a job (preemption, node failure,
-        # --requeue): the run then continues from its newest checkpoint instead of refusing.
-        settings.setdefault("resume_if_present", True)
-    if requeue:
-        if settings.get("no_checkpoint"):
-            raise UsageError("requeue: a requeued job resumes from a checkpoint, and train.no_checkpoint is set",
-                             "drop no_checkpoint, or submit without --requeue")
-        settings["checkpoint_on_signal"] = True
+    for name, value in placement.train_defaults.items():
+        settings.setdefault(name, value)
+    settings.update(placement.train)
     if overrides.attempt > 1:
         # A later attempt continues in the same run directory from its newest complete checkpoint;
         # fsdpctl has checked that one exists before planning it.
@@ -138,25 +133,28 @@ def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[in
     return "gpu"
 
 
-def _torchrun_args(*, num_nodes: int, run_id: str, rdzv_backend: str, master_addr: str, master_port: int,
-                   node_rank: str, local_addr: Optional[str], nproc: str, entry: tuple[str, ...]) -> tuple[str, ...]:
-    args = ["-m", "torch.distributed.run", "--nnodes", str(num_nodes),
-            "--nproc-per-node", nproc, "--rdzv-id", run_id]
-    if rdzv_backend == "standalone":
+def torchrun_args(plan: LaunchPlan, *, node_rank: str, nproc: str, master_addr: Optional[str] = None,
+                  local_addr: Optional[str] = None) -> tuple[str, ...]:
+    """torchrun's arguments for one node of ``plan`` (``node_rank``, ``master_addr``: a ``NodeExpr``
+    where they are only known on the node, as under a scheduler), then what every rank runs."""
+    master_addr = plan.master_addr if master_addr is None else master_addr
+    args = ["-m", "torch.distributed.run", "--nnodes", str(plan.num_nodes),
+            "--nproc-per-node", nproc, "--rdzv-id", plan.run_id]
+    if plan.rdzv_backend == "standalone":
         # One node: torchrun picks a free port itself, so concurrent local runs never collide.
         args += ["--standalone"]
-    elif rdzv_backend == "static":
+    elif plan.rdzv_backend == "static":
         args += ["--rdzv-backend", "static", "--master-addr", master_addr,
-                 "--master-port", str(master_port), "--node-rank", node_rank]
+                 "--master-port", str(plan.master_port), "--node-rank", node_rank]
     else:
-        endpoint = (NodeExpr(f"{master_addr}:{master_port}") if isinstance(master_addr, NodeExpr)
-                    else f"{master_addr}:{master_port}")
+        endpoint = (NodeExpr(f"{master_addr}:{plan.master_port}") if isinstance(master_addr, NodeExpr)
+                    else f"{master_addr}:{plan.master_port}")
         args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
     if local_addr:
         args += ["--local-addr", local_addr]
     # torchrun's log folder in the run directory, wherever the ranks start.
     log_dir = NodeExpr(f'"$FSDPCTL_RUN_DIR"/logs/node{node_rank}')
-    args += ["--max-restarts", "0", "--log-dir", log_dir, "--tee", "3", *entry]
+    args += ["--max-restarts", "0", "--log-dir", log_dir, "--tee", "3", *plan.entry]
     return tuple(args)
 
 
@@ -172,7 +170,7 @@ def _user_entry(command: tuple[str, ...]) -> tuple[str, ...]:
     return command
 
 
-def _job(profile: ClusterProfile, overrides: Overrides, *, for_slurm: bool, requeue: bool
+def _job(profile: ClusterProfile, overrides: Overrides, placement: Placement
          ) -> tuple[dict[str, Any], tuple[str, ...], str, tuple[str, ...]]:
     """What runs on every rank: the workload's settings (none for a user's program), torchrun's
     script and arguments, the folder the ranks start in, and the requirements to check."""
@@ -181,40 +179,12 @@ def _job(profile: ClusterProfile, overrides: Overrides, *, for_slurm: bool, requ
         return {}, _user_entry(tuple(overrides.command)), chdir, ("torch", *overrides.requirements)
     if overrides.entry_module:  # a module of the workload run on its own (the collective smoke test)
         return {}, ("-m", overrides.entry_module, *overrides.entry_args), ".", ("torch", *overrides.requirements)
-    train = _resolve_train(profile, overrides, for_slurm=for_slurm, requeue=requeue)
+    train = _resolve_train(profile, overrides, placement)
     entry = ("-m", WORKLOAD_MODULE, *train_config.to_argv(train))
     return train, entry, ".", (*REQUIREMENTS, *overrides.requirements)
 
 
-def make_plan(
-    profile: ClusterProfile,
-    *,
-    run_id: str,
-    local_run_dir: str,
-    profile_source: str = "",
-    overrides: Overrides | None = None,
-    local_python: str = "python3",
-    home: str = "~",
-    local_cwd: str = ".",
-    for_slurm: bool = False,
-) -> LaunchPlan:
-    """Compute the launch plan. ``local_python`` is the interpreter for ``backend: local``;
-    ``home`` expands ``~`` where Slurm reads a path itself (it does not expand ``~``);
-    ``local_cwd`` anchors a ``local`` profile's relative workdir (the directory fsdpctl runs in)."""
-    overrides = overrides or Overrides()
-    if for_slurm and profile.slurm is None:
-        raise UsageError(f"profile {profile.name}: has no slurm section",
-                         "add slurm: {nodes: N, ...} to the profile, or use `fsdpctl launch`")
-    if not for_slurm and profile.scheduled:
-        raise UsageError(f"profile {profile.name}: is a Slurm profile",
-                         f"use `fsdpctl submit --slurm --profile {profile.name}`")
-    requeue = False
-    if for_slurm:
-        assert profile.slurm is not None
-        requeue = profile.slurm.requeue if overrides.slurm_requeue is None else overrides.slurm_requeue
-    train, entry, chdir, requirements = _job(profile, overrides, for_slurm=for_slurm, requeue=requeue)
-    env = _env(profile, overrides.debug, run_id, chdir, overrides.attempt)
-    env.update(overrides.extra_env)
+def _secrets(profile: ClusterProfile, overrides: Overrides, env: dict[str, str]) -> tuple[str, ...]:
     secrets = tuple(dict.fromkeys((*profile.secrets, *overrides.secrets)))
     for name in secrets:
         if name in env:
@@ -222,83 +192,64 @@ def make_plan(
                              "keep one: a secret's value is taken from your environment and written nowhere")
     if secrets:
         env["FSDPCTL_SECRET_NAMES"] = ",".join(secrets)  # names only: the nodes mask these values in output
-    if requeue and overrides.command:
-        # Your program asks for a requeue as the workload does: after SIGUSR2, save, leave this file, exit 0.
-        env["FSDPCTL_REQUEUE_MARKER"] = NodeExpr(f'"$FSDPCTL_RUN_DIR"/{train_config.REQUEUE_MARKER}')
-    python = profile.python or (local_python if profile.on_this_machine else "python3")
-    workdir = profile.workdir
-    if profile.on_this_machine and not workdir.startswith(("/", "~")):
-        workdir = join_path(local_cwd, workdir)
-    if for_slurm and workdir.startswith("~"):
-        workdir = join_path(home, workdir[2:]) if workdir != "~" else home
-    run_dir = join_path(workdir, "runs", run_id)
-    port = overrides.master_port or profile.rendezvous.port
-    if port == "auto":
-        port = auto_port(run_id)
-    warnings: list[str] = []
+    return secrets
 
-    if for_slurm:
-        assert profile.slurm is not None
-        num_nodes = overrides.slurm_nodes or profile.slurm.nodes
-        gpus = profile.slurm.gpus_per_node
-        nproc = _node_nproc(profile, overrides, gpus)
-        hosts: list[tuple[str, str, Optional[str]]] = []
-        master_host = master_addr = "$FSDPCTL_HEAD_ADDR"  # found by the batch script at run time
-    else:
-        specs = profile.hosts or ()
-        if profile.on_this_machine:
-            hosts = [("localhost", "127.0.0.1", None)]
-        else:
-            # An IP given as the host is also where the others reach it: torchrun binds to it.
-            hosts = [(h.host, h.address or h.host, h.address or (h.host if _is_ip(h.host) else None))
-                     for h in specs]
-        num_nodes = len(hosts)
-        master_host = profile.rendezvous.host or hosts[0][0]
-        master_addr = next(addr for host, addr, _ in hosts if host == master_host)
-        if not _is_ip(master_addr):
-            warnings.append(f"rendezvous address {master_addr!r} is a host name: every node must resolve it "
-                            f"the same way; give hosts[].address an IP to be sure")
-        nproc = _node_nproc(profile, overrides, None)
 
-    rdzv_backend = "standalone" if profile.on_this_machine else profile.rendezvous.backend
-    rdzv = {"num_nodes": num_nodes, "run_id": run_id, "rdzv_backend": rdzv_backend, "master_port": port,
-            "entry": entry}
+def _nodes(plan: LaunchPlan, profile: ClusterProfile, overrides: Overrides, placement: Placement
+           ) -> tuple[NodeSpec, ...]:
     nodes = []
-    for rank, (host, address, explicit_addr) in enumerate(hosts):
-        gpus = None if profile.on_this_machine else profile.hosts[rank].gpus
-        node_nproc = _node_nproc(profile, overrides, gpus)
+    for rank, target in enumerate(placement.nodes):
+        nproc = _node_nproc(profile, overrides, target.gpus)
         nodes.append(NodeSpec(
-            node_rank=rank, host=host, address=address, nproc=node_nproc,
-            script_path=join_path(run_dir, f"node{rank}.sh"),
-            torchrun_args=_torchrun_args(**rdzv, master_addr=master_addr, node_rank=str(rank),
-                                         local_addr=explicit_addr, nproc=node_nproc),
-            env=interface_env(profile.hosts[rank].interface)
-            if not profile.on_this_machine and profile.hosts[rank].interface else {},
-        ))
-    counts = [n.nproc for n in nodes] if nodes else [nproc] * num_nodes
-    world_size = sum(int(c) for c in counts) if all(c.isdigit() for c in counts) else None
+            node_rank=rank, host=target.host, address=target.address, nproc=nproc,
+            script_path=join_path(plan.run_dir, f"node{rank}.sh"),
+            torchrun_args=torchrun_args(plan, node_rank=str(rank), nproc=nproc, local_addr=target.bind),
+            env=interface_env(target.interface) if target.interface else {}, interface=target.interface))
+    return tuple(nodes)
 
-    slurm_plan = None
-    if for_slurm:
-        step_args = _torchrun_args(**rdzv, master_addr=NodeExpr('"$FSDPCTL_HEAD_ADDR"'),
-                                   node_rank=NodeExpr('"$SLURM_NODEID"'), local_addr=None, nproc=nproc)
-        slurm_plan = make_slurm_plan(profile, overrides, run_id, run_dir, num_nodes, step_args, requeue,
-                                     profile_source, chdir, secrets)
-    return LaunchPlan(
-        run_id=run_id, profile_name=profile.name, profile_source=profile_source,
-        backend="slurm" if for_slurm else profile.backend, fsdpctl_version=__version__,
-        num_nodes=num_nodes, nproc_per_node=nproc, world_size=world_size,
-        rdzv_backend=rdzv_backend, master_host=master_host, master_addr=master_addr,
-        master_port=port, master_addr_is_ip=_is_ip(master_addr), env=env, python=python,
-        setup=profile.setup, workdir=workdir, run_dir=run_dir, local_run_dir=local_run_dir,
-        train=train, nodes=tuple(nodes), slurm=slurm_plan, debug=overrides.debug,
-        warnings=tuple(warnings), requirements=requirements, command=tuple(overrides.command),
-        code=overrides.code, chdir=chdir, secrets=secrets,
+
+def make_plan(
+    profile: ClusterProfile,
+    *,
+    placer: Placer,
+    run_id: str,
+    local_run_dir: str,
+    profile_source: str = "",
+    overrides: Overrides | None = None,
+    local_python: str = "python3",
+    home: str = "~",
+    local_cwd: str = ".",
+) -> LaunchPlan:
+    """Compute the launch plan of a run of ``profile`` through the backend ``placer`` (its class).
+    ``local_python``, ``home`` and ``local_cwd`` are this process's (``PlanContext``)."""
+    overrides = overrides or Overrides()
+    placement = placer.placement(profile, overrides, PlanContext(run_id=run_id, local_python=local_python,
+                                                                 home=home, local_cwd=local_cwd))
+    train, entry, chdir, requirements = _job(profile, overrides, placement)
+    env = _env(profile, overrides.debug, run_id, chdir, overrides.attempt)
+    env.update(overrides.extra_env)
+    secrets = _secrets(profile, overrides, env)
+    env.update(placement.env)
+    run_dir = join_path(placement.workdir, "runs", run_id)
+    port = overrides.master_port or profile.rendezvous.port
+    nproc = _node_nproc(profile, overrides, placement.gpus_per_node)
+    plan = LaunchPlan(
+        run_id=run_id, profile_name=profile.name, profile_source=profile_source, backend=placement.backend,
+        fsdpctl_version=__version__, num_nodes=placement.num_nodes, nproc_per_node=nproc, world_size=None,
+        rdzv_backend=placement.rdzv_backend or profile.rendezvous.backend, master_host=placement.master_host,
+        master_addr=placement.master_addr, master_port=auto_port(run_id) if port == "auto" else port,
+        master_addr_is_ip=is_ip(placement.master_addr), env=env, python=placement.python, setup=profile.setup,
+        workdir=placement.workdir, run_dir=run_dir, local_run_dir=local_run_dir, train=train, nodes=(),
+        debug=overrides.debug, warnings=placement.warnings, requirements=requirements,
+        command=tuple(overrides.command), code=overrides.code, chdir=chdir, secrets=secrets,
         node_timeout=overrides.node_timeout or profile.node_timeout,
         hang_timeout=(overrides.hang_timeout if overrides.hang_timeout is not None else profile.hang_timeout) or None,
         on_hang=overrides.on_hang or profile.on_hang, attempt=overrides.attempt,
-        # Slurm restarts a job itself (requeue); fsdpctl's restarts are a launcher's.
-        max_restarts=0 if for_slurm else overrides.max_restarts if overrides.max_restarts is not None
-        else profile.max_restarts,
+        max_restarts=placement.max_restarts if placement.max_restarts is not None
+        else overrides.max_restarts if overrides.max_restarts is not None else profile.max_restarts,
+        entry=entry,
     )
-
+    nodes = _nodes(plan, profile, overrides, placement)
+    counts = [n.nproc for n in nodes] or [nproc] * plan.num_nodes
+    world_size = sum(int(c) for c in counts) if all(c.isdigit() for c in counts) else None
+    return placer.finish_plan(profile, overrides, dataclasses.replace(plan, nodes=nodes, world_size=world_size))

@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+if TYPE_CHECKING:
+    from ..profiles.schema import ClusterProfile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,13 +44,9 @@ class Overrides:
     entry_args: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """Variables added for this run only (after the profile's)."""
-    slurm_nodes: Optional[int] = None
-    slurm_time: Optional[str] = None
-    slurm_partition: Optional[str] = None
-    slurm_requeue: Optional[bool] = None
-    """``--requeue`` / ``--no-requeue`` (over ``slurm.requeue``)."""
-    slurm_via: Optional[str] = None
-    """``--via sbatch|submitit`` (over ``slurm.via``)."""
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    """Settings of the backend that runs it, over its section of the profile (Slurm's ``nodes``,
+    ``time``, ``partition``, ``requeue``, ``via``); the backend reads and checks them."""
     command: tuple[str, ...] = ()
     """The user's program instead of the bundled workload: ``SCRIPT.py ARGS...`` or ``-m MODULE ARGS...``."""
     code: Optional[CodePlan] = None
@@ -71,6 +70,9 @@ class Overrides:
     bundled workload from its newest complete checkpoint)."""
 
 
+_LEGACY_OPTION_PREFIX = "slurm_"
+
+
 def overrides_to_json(overrides: Overrides) -> dict[str, Any]:
     """The overrides as JSON (kept with a run: a later attempt is planned from the same inputs)."""
     return dataclasses.asdict(overrides)
@@ -79,6 +81,10 @@ def overrides_to_json(overrides: Overrides) -> dict[str, Any]:
 def overrides_from_json(data: dict[str, Any]) -> Overrides:
     """``overrides_to_json`` back as Overrides (tuples where the dataclass has them)."""
     data = dict(data)
+    # Written before backend_options: each backend option had a field of its own, named after it.
+    legacy = {key: data.pop(key) for key in list(data) if key.startswith(_LEGACY_OPTION_PREFIX)}
+    data["backend_options"] = {**{k[len(_LEGACY_OPTION_PREFIX):]: v for k, v in legacy.items() if v is not None},
+                               **(data.get("backend_options") or {})}
     for name in ("entry_args", "command", "requirements", "secrets"):
         data[name] = tuple(data.get(name) or ())
     if data.get("code"):
@@ -108,23 +114,93 @@ class NodeSpec:
     """Arguments after ``python``: ``-m torch.distributed.run ... -m fsdpctl.workload.train ...``."""
     env: dict[str, str] = field(default_factory=dict)
     """Variables of this node only, after the plan's (its own interface name)."""
+    interface: Optional[str] = None
+    """Its own card's name, when it differs from the profile's."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class SlurmPlan:
-    """What ``sbatch.sh`` says: its directives and the per-node step command."""
+class NodeTarget:
+    """A node a backend places the run on, before the plan gives it its rank and its command."""
 
-    directives: tuple[tuple[str, str], ...]
-    """``#SBATCH --name=value`` pairs, in order (extra profile directives as name/"" pairs)."""
-    step_command: str
-    """Shell text run by ``srun`` on every node; ``$SLURM_NODEID`` and the head address expand there."""
-    nodes: int
-    # Defaults: plan.json files written before these fields existed still load (logs, status, stop).
-    requeue: bool = False
-    """Checkpoint on SIGUSR2 (``signal_seconds`` before the time limit) and requeue the job."""
-    signal_seconds: int = 120
-    via: str = "sbatch"
-    """``sbatch`` (fsdpctl's batch script) or ``submitit`` (submitit's executor runs the step command)."""
+    host: str
+    """How fsdpctl reaches it (an SSH target; ``localhost``)."""
+    address: str
+    """How the other nodes reach it."""
+    bind: Optional[str] = None
+    """The address torchrun binds to there (``--local-addr``), when the profile gave one."""
+    gpus: Optional[int] = None
+    """Its GPU count, when the profile says."""
+    interface: Optional[str] = None
+    """Its own card's name, when it differs from the profile's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanContext:
+    """What make_plan takes from the process that plans (kept with the run in inputs.json: a later
+    attempt is planned exactly as the first one was)."""
+
+    run_id: str
+    local_python: str = "python3"
+    """The interpreter running fsdpctl (the ``local`` backend's node runs it)."""
+    home: str = "~"
+    """This user's home, for paths a scheduler reads itself (it does not expand ``~``)."""
+    local_cwd: str = "."
+    """Where fsdpctl runs (anchors a relative workdir on this machine)."""
+
+    @classmethod
+    def here(cls, run_id: str) -> PlanContext:
+        """This process's: its interpreter, this user's home, the current folder (read by the caller
+        of ``make_plan``, which itself reads nothing)."""
+        import os
+        import sys
+
+        return cls(run_id=run_id, local_python=sys.executable, home=os.path.expanduser("~"), local_cwd=os.getcwd())
+
+    def inputs(self) -> dict[str, str]:
+        """As make_plan's keyword arguments (and inputs.json keeps them)."""
+        return {"local_python": self.local_python, "home": self.home, "local_cwd": self.local_cwd}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where a backend puts a run: its nodes and master, the Python and workdir there, and what the
+    backend adds to the job (workload settings, variables). Computed without touching anything."""
+
+    backend: str
+    num_nodes: int
+    master_host: str
+    master_addr: str
+    """How the nodes reach the rendezvous (a ``NodeExpr`` when it is only known on the nodes)."""
+    python: str
+    workdir: str
+    nodes: tuple[NodeTarget, ...] = ()
+    """In node-rank order; empty when a scheduler allocates the nodes as the run starts."""
+    gpus_per_node: Optional[int] = None
+    """GPUs on each node, when the nodes are not known yet but their GPU count is."""
+    rdzv_backend: Optional[str] = None
+    """None: the profile's; ``standalone`` for a run on one machine (torchrun picks a free port)."""
+    train_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Workload settings the backend proposes (the profile and the flags may change them)."""
+    train: Mapping[str, Any] = field(default_factory=dict)
+    """Workload settings the backend needs (over everyone's)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the backend adds for every rank."""
+    max_restarts: Optional[int] = None
+    """0: a launcher never restarts this backend's runs (its scheduler does); None: as asked."""
+    warnings: tuple[str, ...] = ()
+
+
+class Placer(Protocol):
+    """What ``make_plan`` asks of the backend a run goes through: a ``Backend`` class (pure methods,
+    no instance, no connection)."""
+
+    name: str
+
+    def placement(self, profile: ClusterProfile, overrides: Overrides, context: PlanContext) -> Placement:
+        """Where the run goes (raises UsageError when the profile cannot run through this backend)."""
+
+    def finish_plan(self, profile: ClusterProfile, overrides: Overrides, plan: LaunchPlan) -> LaunchPlan:
+        """The plan with the backend's own part (``backend_plan``) added."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +232,7 @@ class LaunchPlan:
     train: dict[str, Any]
     """Resolved workload settings (profile ``train`` overlaid with flags)."""
     nodes: tuple[NodeSpec, ...]
-    slurm: Optional[SlurmPlan]
+    """Every node with its command; empty when a scheduler allocates the nodes as the run starts."""
     debug: bool
     warnings: tuple[str, ...]
     # Defaults below: plan.json files written before these fields existed still load.
@@ -180,6 +256,10 @@ class LaunchPlan:
     ``FSDPCTL_ATTEMPT``."""
     max_restarts: int = 0
     """How often a foreground launch starts the run again after a failure."""
+    entry: tuple[str, ...] = ()
+    """What torchrun runs on every rank: ``-m fsdpctl.workload.train ARGS``, or the user's program."""
+    backend_plan: Mapping[str, Any] = field(default_factory=dict)
+    """The backend's own part of the plan, as JSON (Slurm: its batch directives and step command)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
@@ -191,12 +271,17 @@ def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
     """A ``plan.json`` (``LaunchPlan.to_json``) back as a LaunchPlan."""
     data = dict(data)
     nodes = tuple(NodeSpec(**{**n, "torchrun_args": tuple(n["torchrun_args"])}) for n in data.pop("nodes", []))
-    slurm = data.pop("slurm", None)
+    # Written before backend_plan: the one backend with a part of its own kept it under its name.
+    legacy = data.pop(_LEGACY_PLAN_KEY, None)
+    if legacy and not data.get("backend_plan"):
+        data["backend_plan"] = legacy
     return LaunchPlan(**{**data, "nodes": nodes, "setup": tuple(data.get("setup", ())),
                          "warnings": tuple(data.get("warnings", ())),
                          "requirements": tuple(data.get("requirements", ())),
                          "command": tuple(data.get("command", ())),
                          "secrets": tuple(data.get("secrets", ())),
-                         "code": _code_plan(data["code"]) if data.get("code") else None,
-                         "slurm": SlurmPlan(**{**slurm, "directives": tuple(map(tuple, slurm["directives"]))})
-                         if slurm else None})
+                         "entry": tuple(data.get("entry", ())),
+                         "code": _code_plan(data["code"]) if data.get("code") else None})
+
+
+_LEGACY_PLAN_KEY = "slurm"

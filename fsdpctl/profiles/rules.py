@@ -91,12 +91,6 @@ def _secrets_problem(secrets: tuple[str, ...], env: dict[str, str]):
 def _profile_rules(p: ClusterProfile):
     if not schema.NAME_PATTERN.match(p.name):
         return "name", f"{p.name!r} cannot be used in a run id", "use letters, digits, '.', '_' and '-'"
-    if p.backend == "ssh" and not p.hosts:
-        return "hosts", "an ssh profile needs at least one host", "list the nodes under hosts:"
-    if p.backend == "slurm" and p.slurm is None:
-        return "slurm", "a slurm profile needs a slurm section", "add slurm: {nodes: 2, ...}"
-    if p.backend == "local" and len(p.hosts) > 1:
-        return "hosts", "a local profile runs on this machine only", "use backend: ssh for several hosts"
     names = [h.host for h in p.hosts]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -152,6 +146,18 @@ def _job_rules(job: schema.JobSpec):
     return None
 
 
+def _backend_rules(p: ClusterProfile):
+    """The backend is a plugin: whether it exists, and what it needs of a profile, is its own to say."""
+    from ..backends.registry import ENTRY_POINT_GROUP, backend_class, backend_names
+
+    known = backend_names()
+    if p.backend not in known:
+        return ("backend", f"{p.backend!r} is not a backend fsdpctl knows",
+                f"give one of {', '.join(known)} (a backend's package registers it under the entry point group "
+                f"{ENTRY_POINT_GROUP})")
+    return backend_class(p.backend).check_profile(p)
+
+
 RULES: dict[type, tuple] = {
     schema.JobSpec: (_job_rules,),
     HostSpec: (_host_rules,),
@@ -159,5 +165,5 @@ RULES: dict[type, tuple] = {
     schema.RendezvousSpec: (_rendezvous_rules,),
     schema.SSHSpec: (_ssh_rules,),
     schema.SlurmSpec: (_slurm_rules,),
-    ClusterProfile: (_profile_rules,),
+    ClusterProfile: (_profile_rules, _backend_rules),
 }

@@ -10,7 +10,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
-Backend = Literal["local", "ssh", "slurm"]
 Device = Literal["auto", "cuda", "cpu"]
 RendezvousBackend = Literal["c10d", "static"]
 HostKeyPolicy = Literal["reject", "accept-new"]
@@ -223,8 +222,9 @@ class ClusterProfile:
 
     name: str
     """Profile name; appears in run ids (letters, digits, ``.``, ``_``, ``-``)."""
-    backend: Backend = "ssh"
-    """local (this machine, no SSH), ssh (hosts over SSH) or slurm (nodes allocated by Slurm)."""
+    backend: str = "ssh"
+    """Where jobs run, a name in the backend registry: local (this machine, no SSH), ssh (hosts over
+    SSH), slurm (nodes allocated by Slurm), or one an installed package registers."""
     hosts: tuple[HostSpec, ...] = ()
     """Nodes, in node-rank order (ssh: required; local: this machine; slurm: unused)."""
     nproc_per_node: Union[int, Literal["auto"]] = "auto"
@@ -275,14 +275,3 @@ class ClusterProfile:
     train: dict[str, Any] = field(default_factory=dict)
     """Defaults for the bundled workload (any of its settings, e.g. ``preset``, ``steps``,
     ``batch_size``, ``fsdp``); command-line flags override them."""
-
-    @property
-    def on_this_machine(self) -> bool:
-        """The one node is the machine running fsdpctl (``backend: local``): no SSH, fsdpctl's own
-        Python, a workdir relative to the current directory, a standalone rendezvous."""
-        return self.backend == "local"
-
-    @property
-    def scheduled(self) -> bool:
-        """Slurm allocates the nodes (``backend: slurm``): jobs are submitted, not launched."""
-        return self.backend == "slurm"

@@ -11,17 +11,15 @@ newest attempt's files keep their usual names, so every reader works on it uncha
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from ..errors import UsageError
-from ..plan.types import LaunchPlan, overrides_from_json
-from ..profiles.schema import ClusterProfile
-from .paths import private_dir, read_json
+from ..plan.types import LaunchPlan
+from .paths import private_dir
 from .record import now
-from .rundir import INPUTS, RunDir, write_attempt_files
+from .rundir import RunDir, write_attempt_files
 from .state import RunState
 
 ATTEMPTS = "attempts"
@@ -50,32 +48,6 @@ def move_into(root: Path, names: tuple[str, ...], folder: str) -> None:
                 shutil.move(str(source), str(target))
             except FileNotFoundError:
                 pass  # another node sharing the directory moved it first
-
-
-def plan_next_attempt(run: RunDir, *, train: dict[str, Any], profile: Optional[ClusterProfile] = None,
-                      **changes: Any) -> tuple[LaunchPlan, dict[str, str]]:
-    """The plan and scripts of the run's next attempt: the inputs it was made from, with ``train``
-    settings (``--steps``/``--epochs``) and ``changes`` (other Overrides fields) over them.
-    ``profile``: the profile to place it with (default: the run's own, as it was); another one may
-    name other hosts, and the attempt then runs on those (its nodes are recorded with it)."""
-    from ..plan.make import make_plan
-    from ..plan.render import render_all
-
-    inputs = read_json(run.root / INPUTS)
-    if not inputs:
-        raise UsageError(f"run {run.run_id}: has no {INPUTS} (started by an older fsdpctl)",
-                         "start it afresh with `fsdpctl launch`")
-    overrides = overrides_from_json(inputs["overrides"])
-    overrides = dataclasses.replace(overrides, train={**overrides.train, **train}, attempt=run.plan.attempt + 1,
-                                    **{k: v for k, v in changes.items() if v is not None})
-    plan = make_plan(profile or run.profile, run_id=run.run_id, local_run_dir=str(run.root),
-                     profile_source=inputs["profile_source"], overrides=overrides,
-                     local_python=inputs["local_python"], home=inputs["home"], local_cwd=inputs["local_cwd"],
-                     for_slurm=inputs["for_slurm"])
-    if plan.run_dir != run.plan.run_dir:  # every attempt continues in the run's own directory
-        raise UsageError(f"run {run.run_id}: attempt {plan.attempt} would run in {plan.run_dir}, not in the "
-                         f"run's directory {run.plan.run_dir}", "keep the profile's workdir as it was")
-    return plan, render_all(plan)
 
 
 def begin_attempt(run: RunDir, plan: LaunchPlan, scripts: dict[str, str], from_step: Optional[int]) -> RunDir:

@@ -13,7 +13,12 @@ whatever a rank prints.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Optional
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, Optional
+
+if TYPE_CHECKING:
+    from ..plan.types import LaunchPlan
 
 RANK_PREFIX = "[rank"
 MAX_LINE_BYTES = 16 * 1024
@@ -202,3 +207,44 @@ class LineSplitter:
             lines, self.partial = self._whole(self.partial), b""
             return lines
         return []
+
+
+def shown(lines: list[LogLine]) -> str:
+    """Lines as a run's ``merged.log`` keeps them: as they are shown (``[host rR] text`` for rank R's,
+    ``[host] text`` for the node's own), one per line. The one writer of the format."""
+    return "".join([f"{line}\n" for line in lines])
+
+
+_SHOWN = re.compile(r"^\[(?P<host>\S+?)(?: r(?P<rank>\d+))?\] (?P<text>.*)$")
+_BEFORE_0_2 = re.compile(r"^\[(?P<host>\S+) r(?P<node>\d+)\] (?P<text>.*)$")
+"""merged.log as fsdpctl 0.1 wrote it: ``[host rN]`` with N the node rank, then the line as stored."""
+_OLD_RANK_LINE = re.compile(r"^\[\S+ r\d+\] \[rank\d+\]:")
+
+
+def _written_before_0_2(path: Path) -> bool:
+    """A merged.log of fsdpctl 0.1 that was not written again since (``fsdpctl logs`` rewrites it when
+    it completes it from the nodes): its ranks' lines say ``[rankR]:`` after the prefix."""
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        return any(_OLD_RANK_LINE.match(line) for line in handle)
+
+
+def read_merged(path: Path, plan: LaunchPlan, sink: Callable[[LogLine], None]) -> int:
+    """Every line of a ``merged.log`` (``shown``'s format; older versions' too) back as LogLines, the
+    node rank from the host's place in ``plan``; returns how many."""
+    if not path.exists():
+        return 0
+    node_of = {node.host: node.node_rank for node in plan.nodes}
+    old = plan.fsdpctl_version.split(".")[:2] in (["0", "0"], ["0", "1"]) and _written_before_0_2(path)
+    count = 0
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for raw in handle:
+            text = raw.rstrip("\n")
+            if old:
+                if match := _BEFORE_0_2.match(text):
+                    sink(LogLine.of(int(match["node"]), match["host"], match["text"]))
+                    count += 1
+            elif match := _SHOWN.match(text):
+                rank = int(match["rank"]) if match["rank"] is not None else None
+                sink(LogLine(node_of.get(match["host"], 0), match["host"], match["text"], rank))
+                count += 1
+    return count

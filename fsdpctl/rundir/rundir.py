@@ -94,6 +94,25 @@ class RunDir:
         return record
 
 
+@contextlib.contextmanager
+def attempt_lock(run: RunDir) -> Iterator[None]:
+    """Held while a next attempt of ``run`` is planned and started: a second ``--resume`` of the same
+    run at the same time is refused in one line (once the first has started, the run is live and
+    a resume is refused for that)."""
+    from ..errors import UsageError
+
+    fd = os.open(run.root / ".attempt.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"run {run.run_id}: another fsdpctl is starting its next attempt now",
+                             f"follow that one (`fsdpctl logs -f {run.run_id}`)") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def create_run(plan: LaunchPlan, profile: ClusterProfile, scripts: dict[str, str], profile_text: str,
                inputs: dict[str, Any] | None = None) -> RunDir:
     """The run directory here (``plan.local_run_dir``), written before anything starts. ``inputs``:

@@ -1,7 +1,7 @@
 """What a run is and how it ended, as types: its state, the first failure, the outcome of following it.
 
-These are the words ``run.json`` keeps and the public API returns. States are one enum (older
-run.json files, and Slurm's own words, are read into it); a failure is one dataclass, built where
+These are the words ``run.json`` keeps and the public API returns. States are one enum (a backend
+maps its own words, a scheduler's job states, into it); a failure is one dataclass, built where
 the backends learn of it and shown by ``describe``/``headline`` wherever it is shown, so a rank
 killed by SIGKILL reads "exited 137 (SIGKILL)" live, in ``status`` and in the attempt history alike.
 """
@@ -57,41 +57,10 @@ class RunState(str, Enum):
         """A state as run.json (of any fsdpctl version) or Slurm spells it; UNKNOWN when unreadable."""
         if isinstance(value, RunState):
             return value
-        text = str(value or "").strip().lower()
         try:
-            return cls(text)
+            return cls(str(value or "").strip().lower())
         except ValueError:
-            return _SLURM.get(text.upper(), RunState.UNKNOWN)
-
-    @classmethod
-    def from_slurm(cls, slurm_state: str, exit_code: Optional[int]) -> RunState:
-        """Slurm's job state (``COMPLETED``, ``TIMEOUT``...) as a run state; a completed job that
-        exited non-zero failed."""
-        state = _SLURM.get(slurm_state.upper(), RunState.UNKNOWN)
-        if state is RunState.SUCCEEDED and exit_code:
-            return RunState.FAILED
-        return state
-
-
-def slurm_ending(slurm_state: str, exit_code: Optional[int]) -> tuple[RunState, int]:
-    """The state and exit code of a Slurm job that has ended. A job that failed on Slurm's side
-    (TIMEOUT, NODE_FAIL, CANCELLED by someone else...) exits non-zero even where Slurm's ExitCode
-    says 0:0, so that no script mistakes it for a success."""
-    code = exit_code if exit_code is not None else (0 if slurm_state.upper() == "COMPLETED" else 1)
-    state = RunState.from_slurm(slurm_state, code)
-    return state, (1 if state.is_failure and code == 0 else code)
-
-
-_SLURM = {
-    "PENDING": RunState.SUBMITTED, "CONFIGURING": RunState.SUBMITTED, "REQUEUED": RunState.SUBMITTED,
-    "REQUEUE_HOLD": RunState.SUBMITTED, "REQUEUE_FED": RunState.SUBMITTED, "RESV_DEL_HOLD": RunState.SUBMITTED,
-    "RUNNING": RunState.RUNNING, "COMPLETING": RunState.RUNNING, "SUSPENDED": RunState.RUNNING,
-    "STAGE_OUT": RunState.RUNNING, "SIGNALING": RunState.RUNNING, "RESIZING": RunState.RUNNING,
-    "COMPLETED": RunState.SUCCEEDED, "FAILED": RunState.FAILED, "CANCELLED": RunState.CANCELLED,
-    "TIMEOUT": RunState.TIMEOUT, "DEADLINE": RunState.TIMEOUT, "NODE_FAIL": RunState.NODE_FAIL,
-    "BOOT_FAIL": RunState.NODE_FAIL, "PREEMPTED": RunState.PREEMPTED, "OUT_OF_MEMORY": RunState.OUT_OF_MEMORY,
-    "UNKNOWN": RunState.UNKNOWN,
-}
+            return RunState.UNKNOWN
 
 
 class NodeState(str, Enum):

@@ -30,8 +30,8 @@ import torch.nn as nn
 from . import parallelize as par
 from .config import ESTIMATE_SETTINGS, ConfigError, make_config
 from .model import GPT, Block, count_params, default_batch_size, preset_config
+from .trace_process import PREFIX
 
-PREFIX = "fsdpctl.estimate"
 # The tracker's categories, as this estimate names them.
 CATEGORIES = {
     "Sharded Param": "parameters (sharded)", "Unsharded Param": "parameters (gathered)",

@@ -21,6 +21,8 @@ from typing import Any, Optional
 
 import torch
 
+from .trace_process import answers, trace_in_process
+
 STEP = 2
 """The step measured (1-based), as the estimator measures its second step."""
 MARK = "fsdpctl.memory.step"
@@ -103,18 +105,15 @@ def allocator_peak(events: list[dict[str, Any]], mark: str) -> Optional[int]:
 
 
 def estimate_step(request: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
-    """fsdpctl's estimate of the same step (``python -m fsdpctl.workload.estimate``, in a process of
-    its own: it needs a fake process group, and this one has a real one)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    """fsdpctl's estimate of the same step, traced in a process of its own."""
     try:
-        done = subprocess.run([sys.executable, "-m", "fsdpctl.workload.estimate", json.dumps(request)],
-                              capture_output=True, text=True, timeout=timeout, env=env)
+        done = trace_in_process(request, timeout, [p for p in sys.path if p])
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"error": f"the estimate did not run: {exc}"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("fsdpctl.estimate: ")]
-    if not lines:
+    found = answers(done.stdout)
+    if not found:
         return {"error": f"the estimate failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"}
-    return json.loads(lines[-1].split(": ", 1)[1])
+    return found[-1]
 
 
 def report_line(measured: list[int], estimate: dict[str, Any]) -> str:

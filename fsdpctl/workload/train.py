@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from . import checkpoint as ckpt
 from . import data
 from . import parallelize as par
-from .config import ConfigError, TrainConfig, parse_args
+from .config import ESTIMATE_SETTINGS, ConfigError, TrainConfig, parse_args
 from .memory import StepMemory, estimate_step, report_line
 from .metrics import Meter, RunLog, peak_memory_mb
 from .model import GPTConfig, count_params, default_batch_size, flops_per_token, preset_config, set_timer
@@ -332,12 +332,11 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     measured = [int(row[-1]) for row in per_rank]
     memory_summary = None
     if rt.rank == 0 and memory.enabled and min(measured) >= 0:
+        # The settings that shape a step's memory, as this run resolved them.
         estimate = estimate_step({
-            "world": rt.world, "local_world": rt.local_world, "device": rt.device.type, "preset": cfg.preset,
-            "fsdp": cfg.fsdp, "sharding": cfg.sharding, "mixed_precision": precision, "auto_wrap": cfg.auto_wrap,
-            "activation_checkpointing": cfg.activation_checkpointing, "cpu_offload": cfg.cpu_offload,
-            "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "vocab_size": tokens.vocab_size,
-            "model_vocab_size": gpt_config.vocab_size})
+            **{name: getattr(cfg, name, None) for name in ESTIMATE_SETTINGS}, "mixed_precision": precision,
+            "vocab_size": tokens.vocab_size, "model_vocab_size": gpt_config.vocab_size,
+            "world": rt.world, "local_world": rt.local_world, "device": rt.device.type})
         log.print(report_line(measured, estimate))
         memory_summary = {"step": first_step + 2, "measured_by": memory.measured_by,
                           "measured_peak_bytes_per_rank": measured, "estimate": estimate}

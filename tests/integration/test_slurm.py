@@ -16,21 +16,8 @@ import yaml
 
 from tests.conftest import REPO
 from tests.integration.test_launch import processes_of, wait_for_line
-from tests.testbed.slurm import SlurmCluster, slurm_available
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def slurm(lab):
-    reason = slurm_available()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the Slurm testbed must run in CI, but it {reason}")
-        pytest.skip(f"Slurm testbed: {reason}")
-    cluster = SlurmCluster(lab, ["n1", "n2"]).up()
-    yield cluster
-    cluster.down()
 
 
 def profile(lab, tmp_path: Path, steps: int, extra_train: str = "") -> Path:

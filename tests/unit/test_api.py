@@ -28,7 +28,7 @@ def test_the_public_names_are_the_apis_and_all_resolve():
     (lambda: fsdpctl.launch("local", hang_timeout=3), fsdpctl.UsageError, "--hang-timeout 3: too short"),
     (lambda: fsdpctl.launch("local", detach=True, max_restarts=1), fsdpctl.UsageError, "--max-restarts"),
     (lambda: fsdpctl.launch("local", ["train.py"], steps=3), fsdpctl.UsageError, "a setting of the bundled workload"),
-    (lambda: fsdpctl.launch("local", nodes=2), fsdpctl.UsageError, "Slurm settings"),
+    (lambda: fsdpctl.launch("local", nodes=2), fsdpctl.UsageError, "settings of a scheduler, and local takes none"),
     (lambda: fsdpctl.launch("local", options=fsdpctl.JobOptions(), steps=3), fsdpctl.UsageError, "both given"),
     (lambda: fsdpctl.submit("local", max_restarts=2), fsdpctl.UsageError, "requeue"),
     (lambda: fsdpctl.get_run("local-20260101-000000-beef"), fsdpctl.UsageError, "not found"),
@@ -67,22 +67,7 @@ def test_states_know_when_a_run_is_over_and_whether_it_failed():
         assert state.is_over and not state.is_failure, state
     for state in (RunState.STARTING, RunState.SUBMITTED, RunState.RUNNING):
         assert not state.is_over, state
-    assert RunState.from_slurm("COMPLETED", 0) is RunState.SUCCEEDED
-    assert RunState.from_slurm("COMPLETED", 1) is RunState.FAILED
-    assert RunState.from_slurm("PENDING", None) is RunState.SUBMITTED
     assert json.dumps({"state": RunState.RUNNING}) == '{"state": "running"}'
-
-
-def test_a_slurm_job_that_failed_on_slurms_side_never_exits_0():
-    """TIMEOUT or NODE_FAIL with Slurm's ExitCode 0:0 is a failure: a script testing $? must see it."""
-    from fsdpctl.rundir.state import slurm_ending
-
-    assert slurm_ending("COMPLETED", 0) == (RunState.SUCCEEDED, 0)
-    assert slurm_ending("COMPLETED", None) == (RunState.SUCCEEDED, 0)
-    assert slurm_ending("FAILED", 3) == (RunState.FAILED, 3)
-    assert slurm_ending("TIMEOUT", 0) == (RunState.TIMEOUT, 1)
-    assert slurm_ending("NODE_FAIL", None) == (RunState.NODE_FAIL, 1)
-    assert slurm_ending("CANCELLED", 0) == (RunState.CANCELLED, 1)
 
 
 def test_a_run_that_ended_is_read_back_without_its_nodes(tmp_path, monkeypatch, isolated_home):

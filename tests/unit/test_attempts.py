@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fsdpctl.api.attempts import plan_restart
+from fsdpctl.api.attempts import plan_next_attempt, plan_restart
+from fsdpctl.backends import plan_run, render_scripts
+from fsdpctl.backends.ssh import SSHBackend
 from fsdpctl.errors import UsageError
-from fsdpctl.plan.make import make_plan
-from fsdpctl.plan.render import render_all
 from fsdpctl.plan.types import CodePlan, Overrides, overrides_from_json, overrides_to_json
 from fsdpctl.profiles.loader import parse_profile
-from fsdpctl.rundir.attempts import begin_attempt, check_resumable, plan_next_attempt
+from fsdpctl.rundir.attempts import begin_attempt, check_resumable
 from fsdpctl.rundir.rundir import create_run, load_run
 from fsdpctl.rundir.state import Failure, NodeState, Outcome, RunState
 from fsdpctl.rundir.status import NodeStatus
@@ -32,10 +33,10 @@ def new_run(tmp_path: Path, overrides: Overrides | None = None):
     profile = parse_profile(PROFILE, "t.yaml")
     overrides = overrides or Overrides(train={"batch_size": 4})
     inputs = {"profile_source": "t.yaml", "local_python": "/usr/bin/python3", "home": "/home/me",
-              "local_cwd": str(tmp_path), "for_slurm": False, "overrides": overrides_to_json(overrides)}
-    plan = make_plan(profile, run_id=RUN_ID, local_run_dir=str(tmp_path / RUN_ID), overrides=overrides,
-                     **{k: v for k, v in inputs.items() if k != "overrides"})
-    return create_run(plan, profile, render_all(plan), PROFILE, inputs)
+              "local_cwd": str(tmp_path), "overrides": overrides_to_json(overrides)}
+    plan = plan_run(profile, run_id=RUN_ID, local_run_dir=str(tmp_path / RUN_ID), overrides=overrides,
+                    **{k: v for k, v in inputs.items() if k != "overrides"})
+    return create_run(plan, profile, render_scripts(plan), PROFILE, inputs)
 
 
 def test_overrides_survive_json_with_their_code_plan():
@@ -48,15 +49,16 @@ def test_overrides_survive_json_with_their_code_plan():
 
 def test_the_next_attempt_is_the_same_plan_resuming_in_the_same_directory(tmp_path):
     run = new_run(tmp_path)
-    plan, scripts = plan_next_attempt(run, train={"steps": 60})
+    plan, scripts = plan_next_attempt(SSHBackend(run.profile), run, train={"steps": 60})
     assert plan.attempt == 2 and plan.run_dir == run.plan.run_dir == f"/scratch/t/runs/{RUN_ID}"
     assert plan.train == {**run.plan.train, "steps": 60, "resume": True}
     assert plan.env["FSDPCTL_ATTEMPT"] == "2" and run.plan.env["FSDPCTL_ATTEMPT"] == "1"
     assert plan.master_port == run.plan.master_port and plan.max_restarts == 2
     assert "--resume" in scripts["node1.sh"] and "--steps 60" in scripts["node1.sh"]
     assert "export FSDPCTL_ATTEMPT=2" in scripts["node0.sh"]
-    unchanged = {k: v for k, v in plan.to_json().items() if k not in ("attempt", "train", "env", "nodes")}
-    assert unchanged == {k: v for k, v in run.plan.to_json().items() if k not in ("attempt", "train", "env", "nodes")}
+    changed = ("attempt", "train", "env", "nodes", "entry")  # the attempt, and the workload's --resume and --steps
+    unchanged = {k: v for k, v in plan.to_json().items() if k not in changed}
+    assert unchanged == {k: v for k, v in run.plan.to_json().items() if k not in changed}
 
 
 def test_a_profile_or_flag_cannot_set_resume_itself(tmp_path):
@@ -72,7 +74,7 @@ def test_begin_attempt_keeps_the_last_one_apart_and_in_the_history(tmp_path):
     nodes = (NodeStatus(node_rank=0, host="n1", address="10.0.0.1", state=NodeState.FAILED, exit_code=1),)
     run.change(state=RunState.FAILED, nodes=nodes, exit_code=137, first_failure=failure, started_at="t0",
                finished_at="t1")
-    plan, scripts = plan_next_attempt(run, train={})
+    plan, scripts = plan_next_attempt(SSHBackend(run.profile), run, train={})
     resumed = begin_attempt(run, plan, scripts, 10)
     kept = run.root / "attempts" / "1"
     assert (kept / "logs" / "merged.log").read_text().startswith("[n1 r0] step=15")
@@ -124,12 +126,16 @@ def test_resume_refusals_say_why_in_one_line(tmp_path):
     assert check_resumable(user, RunState.FAILED, [], None) is None  # its own files say where it stands
 
 
-class Backend:
-    def __init__(self, steps: list[int]):
+class Backend(SSHBackend):
+    """The SSH backend whose nodes answer that these checkpoint steps are complete."""
+
+    def __init__(self, profile, steps: list[int]):
+        super().__init__(profile)
         self.steps = steps
 
-    def checkpoint_steps(self, run) -> list[int]:
-        return self.steps
+    def ask(self, run, command: str) -> str:
+        assert "checkpoints/step_" in command
+        return "".join(f"{step}\n" for step in self.steps)
 
 
 FAILED = Outcome(exit_code=137, state=RunState.FAILED, first_failure=Failure(
@@ -147,7 +153,7 @@ def test_restart_decisions(tmp_path, outcome, record: dict[str, Any], steps, las
     run = new_run(tmp_path)
     if record:
         run.change(state=RunState.STOPPED, **record)
-    attempt, line = plan_restart(Backend(steps), run, outcome, last)
+    attempt, line = plan_restart(Backend(run.profile, steps), run, outcome, last)
     assert line == said
     assert (attempt is not None) == restarts
     if attempt is not None:
@@ -183,3 +189,21 @@ def test_metrics_of_a_resumed_run_drop_what_the_failed_attempt_wrote_after_the_c
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 11
     RunLog(tmp_path, rank=0, resumed_step=None)  # a fresh run starts the file afresh
     assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_two_resumes_of_one_run_at_once_cannot_both_start(tmp_path):
+    """The lock is taken before the next attempt is planned and held until it has started: a second
+    resume meanwhile is refused in one line (after that, the run is live and refused for that)."""
+    from fsdpctl.rundir.rundir import attempt_lock
+
+    run = new_run(tmp_path)
+    with attempt_lock(run):
+        refused = f"run {RUN_ID}: another fsdpctl is starting its next attempt now"
+        with pytest.raises(UsageError, match=refused), attempt_lock(load_run(run.root)):
+            pass
+        probe = subprocess.run([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_WRONLY); "
+                                "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)", str(run.root / ".attempt.lock")],
+                               capture_output=True, text=True)
+        assert probe.returncode != 0 and "BlockingIOError" in probe.stderr  # another process is refused too
+    with attempt_lock(run):  # released once the first is done
+        pass

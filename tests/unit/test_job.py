@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from fsdpctl.backends import plan_run
 from fsdpctl.bundle import collect_code, node_payload
 from fsdpctl.errors import ProfileError, UsageError
 from fsdpctl.hostcheck.requirements import read_requirements
 from fsdpctl.job import JobOptions, parse_env_items, resolve_job
-from fsdpctl.plan.make import make_plan
 from fsdpctl.plan.types import Overrides
 from fsdpctl.profiles.jobs import load_job
 from fsdpctl.profiles.loader import load_profile
@@ -128,16 +128,16 @@ def test_the_payload_holds_scripts_workload_and_code(tmp_path):
 
 def test_a_command_plans_its_ranks_in_the_code_folder(tmp_path):
     manifest = collect_code(project(tmp_path / "p"), 10**6)
-    plan = make_plan(load_profile("two-node").profile, run_id="two-node-20261121-120000-abcd", local_run_dir="r",
-                     overrides=Overrides(command=("-m", "pkg.a", "x y"), code=manifest.plan(),
+    plan = plan_run(load_profile("two-node").profile, run_id="two-node-20261121-120000-abcd", local_run_dir="r",
+                    overrides=Overrides(command=("-m", "pkg.a", "x y"), code=manifest.plan(),
                                          requirements=("numpy",)))
     assert plan.chdir == "code" and plan.command == ("-m", "pkg.a", "x y") and plan.train == {}
     assert plan.requirements == ("torch", "numpy")
     assert plan.nodes[0].torchrun_args[-4:] == ("--tee", "3", "-m", "pkg.a", "x y")[-4:]
     for bad in (("-m",), ("--lr", "3")):
         with pytest.raises(UsageError):
-            make_plan(load_profile("two-node").profile, run_id="two-node-20261121-120000-abcd", local_run_dir="r",
-                      overrides=Overrides(command=bad))
+            plan_run(load_profile("two-node").profile, run_id="two-node-20261121-120000-abcd", local_run_dir="r",
+                     overrides=Overrides(command=bad))
 
 
 def test_resolving_a_job_combines_the_file_and_the_flags(tmp_path):
@@ -167,3 +167,33 @@ def test_dry_run_of_a_command_shows_what_every_rank_runs_and_the_code(tmp_path):
     assert "# code: 4 files, " in result.stdout and "largest: data/big.bin (3.0 KB)" in result.stdout
     assert "# code: not copied, a link out of the folder: outside-link" in result.stdout
     assert not (tmp_path / "runs").exists() and os.listdir(root)  # nothing written, nothing moved
+
+
+def test_a_script_not_among_the_copied_files_is_refused_before_anything_starts(tmp_path):
+    import fsdpctl
+    from fsdpctl.bundle import collect_code
+    from fsdpctl.job import check_script
+
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    (project / "train.py").write_text("print(1)\n")
+    (project / "sub" / "eval.py").write_text("print(2)\n")
+    (project / ".fsdpctlignore").write_text("secret_run.py\n")
+    (project / "secret_run.py").write_text("print(3)\n")
+    code = collect_code(project, 10**6)
+    check_script(("train.py",), code)
+    check_script(("./sub/eval.py", "--x"), code)
+    check_script(("-m", "pkg.train"), code)  # a module: Python finds it on the nodes
+    check_script(("/shared/train.py",), code)  # an absolute path: the nodes' own storage
+    with pytest.raises(UsageError, match=r"trian.py: not in the code folder .* \(no such file there\)") as typo:
+        check_script(("trian.py",), code)
+    assert typo.value.hint.startswith("did you mean train.py?")
+    with pytest.raises(UsageError, match=r"eval.py: .*not in the code folder") as moved:
+        check_script(("eval.py",), code)
+    assert moved.value.hint.startswith("did you mean sub/eval.py?")
+    with pytest.raises(UsageError, match="it is there but not copied"):
+        check_script(("secret_run.py",), code)
+    runs = tmp_path / "runs"
+    with pytest.raises(UsageError, match="missing.py: not in the code folder"):
+        fsdpctl.launch("local", ["missing.py"], code=project, runs_dir=runs)
+    assert not runs.exists()  # refused before a run directory, let alone a node

@@ -78,7 +78,7 @@ def test_the_rules_see_every_package():
     for package in ("fsdpctl.cli", "fsdpctl.plan", "fsdpctl.backends", "fsdpctl.hostcheck", "fsdpctl.workload",
                     "fsdpctl.profiles", "fsdpctl.rundir", "fsdpctl.diagnose"):
         assert len(under(package)) >= 3, package
-    assert "fsdpctl.backends.nodes" in internal("fsdpctl.backends.local")  # relative imports are resolved
+    assert "fsdpctl.backends.nodes.backend" in internal("fsdpctl.backends.local")  # relative imports are resolved
 
 
 @pytest.mark.parametrize("package", ["fsdpctl.workload", "fsdpctl.node"])
@@ -114,7 +114,7 @@ def test_diagnosis_sits_above_the_backends():
 
 
 @pytest.mark.parametrize("library, homes", [
-    ("paramiko", {"fsdpctl.backends.ssh_transport"}),
+    ("paramiko", {"fsdpctl.backends.ssh.transport"}),
     ("submitit", {"fsdpctl.backends.slurm.via_submitit", "fsdpctl.workload.slurm_task"}),
     ("jinja2", {"fsdpctl.plan.render"}),
     ("yaml", {"fsdpctl.profiles.loader"}),
@@ -190,11 +190,8 @@ def module_level_imports(name: str) -> set[str]:
     return {m for m in found if m in MODULES and m != name}
 
 
-def test_no_import_cycle_between_modules():
-    """Modules form layers: none reaches itself through the others' top-level imports (type-only
-    imports count: a cycle there is still two modules that need each other). A package's own
-    ``__init__`` re-exporting its modules is not a cycle."""
-    graph = {name: {m for m in module_level_imports(name) if not name.startswith(m + ".")} for name in MODULES}
+def cycles_in(graph: dict[str, set[str]]) -> list[str]:
+    """Every import path that leads a module back to itself, as text."""
     cycles = []
     for start in graph:
         todo, seen = [(start, [start])], set()
@@ -206,11 +203,20 @@ def test_no_import_cycle_between_modules():
                 elif nxt not in seen:
                     seen.add(nxt)
                     todo.append((nxt, [*path, nxt]))
-    assert not cycles, "\n".join(sorted(set(cycles))[:10])
+    return sorted(set(cycles))
+
+
+def test_no_import_cycle_between_modules():
+    """Modules form layers: none reaches itself through the others' top-level imports (type-only
+    imports count: a cycle there is still two modules that need each other). A package's own
+    ``__init__`` re-exporting its modules is not a cycle."""
+    cycles = cycles_in({name: {m for m in module_level_imports(name) if not name.startswith(m + ".")}
+                        for name in MODULES})
+    assert not cycles, "\n".join(cycles[:10])
 
 
 # What runs on the nodes prints its own output (to the node's log); the launcher reports events.
-PRINTS_ALLOWED = ("fsdpctl.cli", "fsdpctl.workload", "fsdpctl.node", "fsdpctl.backends.node_agent",
+PRINTS_ALLOWED = ("fsdpctl.cli", "fsdpctl.workload", "fsdpctl.node", "fsdpctl.backends.nodes.agent",
                   "fsdpctl.hostcheck.probe_script")
 
 
@@ -233,3 +239,41 @@ def test_importing_the_api_loads_no_heavy_library():
             "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+BACKEND_NAMES = {"local", "ssh", "slurm"}
+OUTSIDE_BACKENDS = [m for m in MODULES if not m.startswith("fsdpctl.backends") and not m.startswith("fsdpctl.workload")
+                    and not m.startswith("fsdpctl.node")]
+
+
+def _strings(node: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+@pytest.mark.parametrize("name", OUTSIDE_BACKENDS)
+def test_no_module_outside_the_backends_branches_on_a_backends_name(name):
+    """Which backend runs a job is decided in the registry; everything else calls the interface.
+    (What runs on the nodes, the workload and node helpers, is left out: it never sees a backend.)"""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            named = _strings(ast.Tuple(elts=[node.left, *node.comparators])) & BACKEND_NAMES
+            assert not named, f"{name}:{node.lineno} compares with the backend name {sorted(named)}"
+        if isinstance(node, (ast.Name, ast.arg, ast.keyword, ast.Attribute)):
+            word = getattr(node, "id", None) or getattr(node, "arg", None) or getattr(node, "attr", None)
+            assert word not in ("for_slurm", "from_slurm", "slurm_ending"), f"{name}:{node.lineno} {word}"
+
+
+@pytest.mark.parametrize("name", OUTSIDE_BACKENDS)
+def test_outside_the_backends_only_the_registry_and_the_interface_are_used(name):
+    allowed = {"fsdpctl.backends", "fsdpctl.backends.registry", "fsdpctl.backends.base", "fsdpctl.backends.hang_watch"}
+    used = {m for m in IMPORTS[name] if m.startswith("fsdpctl.backends.") and m in MODULES} - allowed
+    assert not used, f"{name} imports {sorted(used)}: a backend's own modules are its own"
+
+
+def test_every_import_counts_for_cycles_the_lazy_ones_too():
+    """Imports inside functions (to keep `fsdpctl --help` fast) still make two modules need each
+    other; none may close a cycle either (a package's ``__init__`` re-exporting its modules aside)."""
+    cycles = cycles_in({name: {m for m in internal(name) if m != name and not name.startswith(m + ".")}
+                        for name in MODULES})
+    assert not cycles, "\n".join(cycles[:10])

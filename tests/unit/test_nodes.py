@@ -15,12 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from fsdpctl.backends.node_runs import stop_run
+from fsdpctl.backends import plan_run, render_scripts
+from fsdpctl.backends.nodes.runs import stop_run
 from fsdpctl.backends.ssh import SSHBackend
 from fsdpctl.backends.transport import LocalTransport
 from fsdpctl.bundle import Payload, node_payload
-from fsdpctl.plan.make import make_plan
-from fsdpctl.plan.render import render_all
 from fsdpctl.profiles.loader import parse_profile
 from fsdpctl.rundir.rundir import create_run
 
@@ -61,23 +60,23 @@ def launch(tmp_path: Path, env: dict[str, str]):
     """Start a two-node plan through the SSH backend, both "nodes" being this machine, and follow it."""
     text = profile_text(tmp_path, env)
     profile = parse_profile(text, "t.yaml")
-    plan = make_plan(profile, run_id="t-20261121-120000-abcd", local_run_dir=str(tmp_path / "local"))
-    scripts = render_all(plan)
-    backend = SSHBackend(profile, transports=[LocalTransport(tmp_path) for _ in plan.nodes])
+    plan = plan_run(profile, run_id="t-20261121-120000-abcd", local_run_dir=str(tmp_path / "local"))
+    scripts = render_scripts(plan)
+    backend = SSHBackend(profile, connect=lambda host: LocalTransport(tmp_path))
     run = create_run(plan, profile, scripts, text)
-    backend.start(run, Payload(node_payload(scripts)), detached=False)
+    follower = backend.start(run, Payload(node_payload(scripts)), detached=False)
     seen: list[tuple[int, str]] = []
     started = time.monotonic()
-    outcome = backend.follow(run, lambda line: seen.append((line.node_rank, line.text)), owner=True, signals=True)
+    outcome = follower.follow(lambda line: seen.append((line.node_rank, line.text)), signals=True)
     return plan, run.paths, outcome, seen, time.monotonic() - started
 
 
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (ProcessLookupError, FileNotFoundError):  # gone, maybe between the two looks
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def pids_of(plan, rank: int) -> list[int]:
@@ -89,8 +88,8 @@ def test_every_node_streams_and_succeeds(tmp_path):
     assert result.exit_code == 0 and result.first_failure is None
     assert (0, "node 0 starting") in seen and (1, "node 1 to stderr") in seen
     assert any(line.startswith("fsdpctl: node 1 of 2 on ") for rank, line in seen if rank == 1)
-    merged = (paths.logs / "merged.log").read_text()
-    assert "[10.9.0.2 r1] step=1 loss=1.0 node 1 done" in merged
+    merged = (paths.logs / "merged.log").read_text()  # as shown: the stand-in's lines are the node's own
+    assert "[10.9.0.2] step=1 loss=1.0 node 1 done" in merged
     assert "node 0 done" in (paths.logs / "node0.log").read_text()
     record = json.loads(paths.run_record.read_text())
     assert record["state"] == "succeeded" and [n["exit_code"] for n in record["nodes"]] == [0, 0]
@@ -169,7 +168,7 @@ def test_a_killed_launcher_leaves_nothing_behind(tmp_path):
 
 
 def test_the_poll_reply_is_read_in_one_place_and_never_raises():
-    from fsdpctl.backends.node_commands import Exited, Gone, Running, parse_poll
+    from fsdpctl.backends.nodes.commands import Exited, Gone, Running, parse_poll
 
     assert parse_poll("exit 3\n") == Exited(3) and parse_poll("exit -9") == Exited(-9)
     assert parse_poll("exit 0") == Exited(0)  # the agent's "!exit 0" without its "!"

@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from fsdpctl.backends import plan_run
+from fsdpctl.backends.slurm.plan import SlurmPlan
 from fsdpctl.errors import ProfileError, UsageError
-from fsdpctl.plan.make import DEBUG_ENV, auto_port, make_plan
+from fsdpctl.plan.make import DEBUG_ENV, auto_port
 from fsdpctl.plan.types import Overrides
 from fsdpctl.profiles.loader import load_profile, parse_profile
 from fsdpctl.rundir.paths import RUN_ID_PATTERN, make_run_id, new_run_id
@@ -19,8 +21,8 @@ RUN_ID = "two-node-20261121-120000-abcd"
 
 
 def two_node(**overrides):
-    return make_plan(load_profile("two-node").profile, run_id=RUN_ID, local_run_dir="runs/" + RUN_ID,
-                     overrides=Overrides(**overrides))
+    return plan_run(load_profile("two-node").profile, run_id=RUN_ID, local_run_dir="runs/" + RUN_ID,
+                    overrides=Overrides(**overrides))
 
 
 def test_two_nodes_with_ranks_master_ip_and_network_env():
@@ -40,7 +42,7 @@ def test_a_profile_may_name_a_net_plugins_transport_with_ib_off():
 
     profile = load_profile("two-node").profile
     efa = dataclasses.replace(profile, env={**profile.env, "NCCL_NET": "AWS Libfabric"})
-    plan = make_plan(efa, run_id=RUN_ID, local_run_dir="runs/" + RUN_ID, overrides=Overrides())
+    plan = plan_run(efa, run_id=RUN_ID, local_run_dir="runs/" + RUN_ID, overrides=Overrides())
     assert plan.env["NCCL_NET"] == "AWS Libfabric" and plan.env["NCCL_IB_DISABLE"] == "1"
     with pytest.raises(ProfileError):
         parse_profile("name: x\nbackend: ssh\nhosts: [a]\nenv:\n  NCCL_SOCKET_IFNAME: eth1\n", "x.yaml")
@@ -80,23 +82,23 @@ def test_precedence_flag_over_profile_over_default():
 def test_profile_env_overrides_defaults_but_not_the_network_section():
     text = ("name: p\nbackend: ssh\nhosts: [10.0.0.5]\nnproc_per_node: 2\n"
             "env:\n  OMP_NUM_THREADS: '8'\n  NCCL_DEBUG: WARN\n")
-    plan = make_plan(parse_profile(text, "p.yaml"), run_id="p-20261121-120000-abcd", local_run_dir="r",
-                     overrides=Overrides(debug=True))
+    plan = plan_run(parse_profile(text, "p.yaml"), run_id="p-20261121-120000-abcd", local_run_dir="r",
+                    overrides=Overrides(debug=True))
     assert plan.env["OMP_NUM_THREADS"] == "8"
     assert plan.env["NCCL_DEBUG"] == "WARN"  # the profile said so explicitly
     assert plan.world_size == 2 and plan.master_addr == "10.0.0.5"
 
 
 def test_hostname_master_is_kept_but_warned_about():
-    plan = make_plan(parse_profile("name: p\nbackend: ssh\nhosts: [gpu-a, gpu-b]\n", "p.yaml"),
-                     run_id="p-20261121-120000-abcd", local_run_dir="r")
+    plan = plan_run(parse_profile("name: p\nbackend: ssh\nhosts: [gpu-a, gpu-b]\n", "p.yaml"),
+                    run_id="p-20261121-120000-abcd", local_run_dir="r")
     assert plan.master_addr == "gpu-a" and not plan.master_addr_is_ip
     assert any("host name" in w for w in plan.warnings)
 
 
 def test_static_rendezvous_passes_node_rank_and_master():
     text = "name: p\nbackend: ssh\nhosts: [10.0.0.1, 10.0.0.2]\nrendezvous:\n  backend: static\n  port: 29600\n"
-    plan = make_plan(parse_profile(text, "p.yaml"), run_id="p-20261121-120000-abcd", local_run_dir="r")
+    plan = plan_run(parse_profile(text, "p.yaml"), run_id="p-20261121-120000-abcd", local_run_dir="r")
     args = plan.nodes[1].torchrun_args
     assert args[args.index("--node-rank") + 1] == "1"
     assert args[args.index("--master-addr") + 1] == "10.0.0.1"
@@ -104,28 +106,32 @@ def test_static_rendezvous_passes_node_rank_and_master():
 
 
 def test_local_profile_uses_standalone_rendezvous_and_the_running_python():
-    plan = make_plan(load_profile("local").profile, run_id="local-20261121-120000-abcd", local_run_dir="r",
-                     local_python="/venv/bin/python")
+    plan = plan_run(load_profile("local").profile, run_id="local-20261121-120000-abcd", local_run_dir="r",
+                    local_python="/venv/bin/python")
     assert plan.python == "/venv/bin/python"
     assert "--standalone" in plan.nodes[0].torchrun_args and plan.world_size == 2
 
 
 def test_slurm_plan_expands_rank_and_head_address_on_the_node():
-    plan = make_plan(load_profile("slurm").profile, run_id="slurm-20261121-120000-abcd", local_run_dir="r",
-                     home="/home/me", for_slurm=True, overrides=Overrides(slurm_nodes=3, slurm_time="10"))
-    assert plan.slurm is not None and plan.num_nodes == 3 and plan.world_size == 24
+    plan = plan_run(load_profile("slurm").profile, run_id="slurm-20261121-120000-abcd", local_run_dir="r",
+                    home="/home/me", backend="slurm", overrides=Overrides(backend_options={"nodes": 3, "time": "10"}))
+    slurm = SlurmPlan.of(plan)
+    assert plan.backend == "slurm" and plan.num_nodes == 3 and plan.world_size == 24 and not plan.nodes
     assert plan.run_dir == "/home/me/fsdpctl/runs/slurm-20261121-120000-abcd"
-    directives = dict(plan.slurm.directives)
+    directives = dict(slurm.directives)
     assert directives["nodes"] == "3" and directives["time"] == "10" and directives["ntasks-per-node"] == "1"
-    assert f'--rdzv-endpoint "$FSDPCTL_HEAD_ADDR":{plan.master_port}' in plan.slurm.step_command
-    assert 'logs/node"$SLURM_NODEID"' in plan.slurm.step_command
+    assert f'--rdzv-endpoint "$FSDPCTL_HEAD_ADDR":{plan.master_port}' in slurm.step_command
+    assert 'logs/node"$SLURM_NODEID"' in slurm.step_command
 
 
-def test_slurm_and_ssh_profiles_are_refused_by_the_wrong_command():
-    with pytest.raises(UsageError, match="Slurm profile"):
-        make_plan(load_profile("slurm").profile, run_id="s-20261121-120000-abcd", local_run_dir="r")
+def test_slurm_and_ssh_profiles_are_refused_by_the_wrong_command(tmp_path):
+    import fsdpctl
+
+    with pytest.raises(UsageError, match="runs through slurm, a scheduler") as refused:
+        fsdpctl.launch("slurm", runs_dir=tmp_path)
+    assert refused.value.hint == "use `fsdpctl submit --slurm --profile slurm`" and not list(tmp_path.iterdir())
     with pytest.raises(UsageError, match="no slurm section"):
-        make_plan(load_profile("two-node").profile, run_id=RUN_ID, local_run_dir="r", for_slurm=True)
+        plan_run(load_profile("two-node").profile, run_id=RUN_ID, local_run_dir="r", backend="slurm")
 
 
 def test_bad_override_and_plan_owned_setting_are_usage_errors():
@@ -144,8 +150,8 @@ def test_make_plan_is_pure(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", forbidden)
     monkeypatch.setattr(subprocess, "Popen", forbidden)
     monkeypatch.setattr(time, "time", forbidden)
-    first = make_plan(profile, run_id=RUN_ID, local_run_dir="r")
-    second = make_plan(profile, run_id=RUN_ID, local_run_dir="r")
+    first = plan_run(profile, run_id=RUN_ID, local_run_dir="r")
+    second = plan_run(profile, run_id=RUN_ID, local_run_dir="r")
     assert first == second
 
 

@@ -76,7 +76,7 @@ def error_of(text: str) -> ProfileError:
         ("name: x\nname: y\n", 2, "name", "given twice"),
         ("name: x\n  bad: [\n", 2, "(yaml)", "not allowed"),
         ("- a\n", 1, "(top level)", "mapping"),
-        ("name: x\nbackend: cloud\n", 2, "backend", "not one of"),
+        ("name: x\nbackend: cloud\n", 2, "backend", "not a backend fsdpctl knows"),
         ("name: x\nbackend: slurm\n", 1, "slurm", "slurm section"),
         ("name: 'has space'\nbackend: local\n", 1, "name", "run id"),
         ("name: x\nbackend: local\ndevice: cpu\n", 1, "nproc_per_node", "device is cpu"),

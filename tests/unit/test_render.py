@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl.plan.make import make_plan
-from fsdpctl.plan.render import render_all
+from fsdpctl.backends import plan_run, render_scripts
 from fsdpctl.plan.types import CodePlan, Overrides
 from fsdpctl.profiles.loader import load_profile, parse_profile
 from fsdpctl.shell import NodeExpr, quote_path
@@ -26,23 +25,23 @@ USER_CODE = CodePlan(source="/home/me/project", files=3, bytes=4096, largest=(("
 USER_JOB = Overrides(command=("train.py", "--config", "conf/a b.yaml", "$(id)"), code=USER_CODE,
                      requirements=("numpy>=1.24",), secrets=("HF_TOKEN",))
 CASES = {
-    "two-node": dict(for_slurm=False),
-    "slurm": dict(for_slurm=True),
-    "slurm-requeue": dict(for_slurm=True, overrides=Overrides(slurm_requeue=True)),
-    "local": dict(for_slurm=False),
-    "two-node-user": dict(for_slurm=False, overrides=USER_JOB),
-    "slurm-user": dict(for_slurm=True, overrides=USER_JOB),
+    "two-node": dict(),
+    "slurm": dict(backend="slurm"),
+    "slurm-requeue": dict(backend="slurm", overrides=Overrides(backend_options={"requeue": True})),
+    "local": dict(),
+    "two-node-user": dict(overrides=USER_JOB),
+    "slurm-user": dict(backend="slurm", overrides=USER_JOB),
 }
 NASTY = """$(touch PWNED); `touch PWNED2` "x' y" ; rm -rf / #"""
 
 
 def rendered(name: str) -> dict[str, str]:
     profile = load_profile(name.removesuffix("-requeue").removesuffix("-user")).profile
-    plan = make_plan(profile, run_id=f"{name}-20261121-120000-abcd",
-                     local_run_dir="runs/x",
-                     local_python="/opt/venv/bin/python", home="/home/me", local_cwd="/home/me/project",
-                     **CASES[name])
-    return render_all(plan)
+    plan = plan_run(profile, run_id=f"{name}-20261121-120000-abcd",
+                    local_run_dir="runs/x",
+                    local_python="/opt/venv/bin/python", home="/home/me", local_cwd="/home/me/project",
+                    **CASES[name])
+    return render_scripts(plan)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -104,10 +103,10 @@ def nasty_profile(tmp_path: Path, extra: str = "") -> str:
 
 def test_node_script_passes_nasty_values_verbatim_and_runs_nothing(tmp_path):
     profile = parse_profile(nasty_profile(tmp_path), "nasty.yaml")
-    plan = make_plan(profile, run_id="nasty-20261121-120000-abcd", local_run_dir="r")
+    plan = plan_run(profile, run_id="nasty-20261121-120000-abcd", local_run_dir="r")
     out = tmp_path / "out"
     out.mkdir()
-    for file_name, text in render_all(plan).items():
+    for file_name, text in render_scripts(plan).items():
         script = tmp_path / file_name
         script.write_text(text)
         result = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**os.environ, "FAKE_OUT": str(out)},
@@ -146,9 +145,9 @@ for id in 0 1; do SLURM_NODEID=$id "$@" || exit $?; done
 def test_sbatch_script_expands_node_rank_inside_each_step(tmp_path):
     profile = parse_profile(nasty_profile(tmp_path, "slurm:\n  nodes: 2\n").replace("backend: ssh", "backend: slurm"),
                             "nasty.yaml")
-    plan = make_plan(profile, run_id="nasty-20261121-120000-abcd", local_run_dir="r", for_slurm=True)
+    plan = plan_run(profile, run_id="nasty-20261121-120000-abcd", local_run_dir="r", backend="slurm")
     script = tmp_path / "sbatch.sh"
-    script.write_text(render_all(plan)["sbatch.sh"])
+    script.write_text(render_scripts(plan)["sbatch.sh"])
     bin_dir = tmp_path / "bin"
     for name, body in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
         (bin_dir / name).write_text(body)
@@ -195,14 +194,14 @@ def test_requeue_batch_script_requeues_only_a_clean_stop_with_a_fresh_marker(tmp
                                                                                 requeued, exit_code):
     profile = parse_profile(f"name: q\nbackend: slurm\nworkdir: {tmp_path}/w\nslurm:\n  nodes: 2\n  time: '60'\n",
                             "q.yaml")
-    plan = make_plan(profile, run_id="q-20261121-120000-abcd", local_run_dir="r", for_slurm=True,
-                     overrides=Overrides(slurm_requeue=True))
+    plan = plan_run(profile, run_id="q-20261121-120000-abcd", local_run_dir="r", backend="slurm",
+                    overrides=Overrides(backend_options={"requeue": True}))
     run_dir = Path(plan.run_dir)
     run_dir.mkdir(parents=True)
     if stale:
         (run_dir / "requeue-requested").write_text("{}")
     script = tmp_path / "sbatch.sh"
-    script.write_text(render_all(plan)["sbatch.sh"])
+    script.write_text(render_scripts(plan)["sbatch.sh"])
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in (("scontrol", FAKE_SCONTROL_REQUEUE), ("srun", FAKE_SRUN_OUTCOME)):

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from fsdpctl.backends import supervisor as supervisor_module
-from fsdpctl.backends.feeds import AgentFeed
-from fsdpctl.backends.node_runs import NodeRun
-from fsdpctl.backends.supervisor import Supervisor
+from fsdpctl.backends.nodes import supervisor as supervisor_module
+from fsdpctl.backends.nodes.feeds import AgentFeed
+from fsdpctl.backends.nodes.runs import NodeRun
+from fsdpctl.backends.nodes.supervisor import Supervisor
 from fsdpctl.errors import HostError
 from fsdpctl.plan.types import NodeSpec
 from fsdpctl.rundir.outcome import NODE_LOST_EXIT

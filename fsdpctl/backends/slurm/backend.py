@@ -6,52 +6,73 @@ every node appends to ``node<R>.log``. ``doctor`` probes nodes allocated with ``
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ...bundle import Payload
+from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport
 from ...node.stacks import BEGIN as STACKS_BEGIN
 from ...node.stacks import END as STACKS_END
 from ...node.stacks import answer_of
-from ...plan.types import LaunchPlan
+from ...plan.types import LaunchPlan, Overrides, Placement, PlanContext
 from ...profiles.schema import ClusterProfile
 from ...rundir.attempts import attempt_folder
-from ...rundir.lines import LogLine
 from ...rundir.paths import files_under
-from ...rundir.record import RunRecord, now
+from ...rundir.record import now
 from ...rundir.rundir import RunDir, last_metrics
-from ...rundir.state import Failure, NodeState, Outcome, RunState, slurm_ending
+from ...rundir.state import NodeState, RunState
 from ...rundir.status import NodeStatus, RunStatus
-from ...workload.layout import complete_steps
-from ..base import DoctorRequest, LineSink
-from ..hang_watch import HANG_EXIT, HangWatch
-from ..node_commands import STAGED, stacks_command
-from ..supervisor import Interrupted, on_stop_signals, raise_interrupted
-from . import client
-from .logs import NodeLogs, follow
+from ...shell import quote_path
+from ..base import Backend, DoctorRequest, LineSink, Preflight, ProfileProblem
+from ..nodes.commands import STAGED, stacks_command
+from ..transport import LocalTransport
+from . import client, states
+from .follow import SlurmFollower, batch_output
+from .logs import NodeLogs
+from .plan import OPTIONS, SlurmPlan, finish_slurm_plan, slurm_placement
+from .scripts import SUBMITIT_SETUP_SCRIPT, slurm_scripts
 from .submit import submit_slurm, submitit_job
 from .tasks import split_tasks
 
-BATCH_TAIL_LINES = 20
 STACKS_TIMEOUT = 120.0
+ASK_TIMEOUT = 60.0
 
 
-class SlurmBackend:
+class SlurmBackend(Backend):
     """A Slurm cluster whose client commands work here (``SLURM_CONF`` is read by them)."""
 
     name = "slurm"
     queued = True
+    options = OPTIONS
 
-    def __init__(self, profile: ClusterProfile):
-        self.profile = profile
-
-    def close(self) -> None:
+    # ---- the class's pure part -------------------------------------------------------------------
+    @classmethod
+    def check_profile(cls, profile: ClusterProfile) -> Optional[ProfileProblem]:
+        if profile.slurm is None:
+            return "slurm", "a slurm profile needs a slurm section", "add slurm: {nodes: 2, ...}"
         return None
 
+    @classmethod
+    def placement(cls, profile: ClusterProfile, overrides: Overrides, context: PlanContext) -> Placement:
+        return slurm_placement(cls.name, profile, overrides, context)
+
+    @classmethod
+    def finish_plan(cls, profile: ClusterProfile, overrides: Overrides, plan: LaunchPlan) -> LaunchPlan:
+        return finish_slurm_plan(profile, overrides, plan)
+
+    @classmethod
+    def scripts(cls, plan: LaunchPlan) -> dict[str, str]:
+        return slurm_scripts(plan)
+
+    @classmethod
+    def layout(cls, profile: ClusterProfile) -> tuple[Optional[int], Optional[int]]:
+        if profile.slurm is None:
+            return super().layout(profile)
+        return profile.slurm.nodes, profile.slurm.gpus_per_node
+
+    # ---- checking ------------------------------------------------------------------------------
     def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
         """The controller and partition, then the probe on nodes allocated with ``srun``."""
         from .doctor import run_slurm_doctor
@@ -59,69 +80,25 @@ class SlurmBackend:
         return run_slurm_doctor(self.profile, request, python=self.profile.python or "python3", on_host=on_host)
 
     def preflight(self, plan: LaunchPlan, payload: Payload,
-                  on_host: Callable[[HostReport], None] | None = None) -> None:
-        return None  # the nodes are not known before Slurm allocates them; `doctor` probes an allocation
+                  on_host: Callable[[HostReport], None] | None = None) -> Preflight:
+        return Preflight()  # the nodes are not known before Slurm allocates them; `doctor` probes an allocation
 
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         """With ``--via submitit``: the batch script submitit will write (its own writer, so exact)."""
-        if plan.slurm is None or plan.slurm.via != "submitit":
+        if SlurmPlan.of(plan).via != "submitit":
             return {}
         from .via_submitit import submitit_preview
 
-        folder, python, params = submitit_job(plan, Path(plan.run_dir), scripts["submitit-setup.sh"])
+        folder, python, params = submitit_job(plan, Path(plan.run_dir), scripts[SUBMITIT_SETUP_SCRIPT])
         return {"submitit.sbatch (as submitit will write it)": submitit_preview(folder, python, params)}
 
-    def start(self, run: RunDir, payload: Payload, *, detached: bool) -> str:
-        return f"submitted as Slurm job {submit_slurm(run, payload)}"
+    # ---- a run -----------------------------------------------------------------------------------
+    def start(self, run: RunDir, payload: Payload, *, detached: bool,
+              preflight: Optional[Preflight] = None) -> SlurmFollower:
+        return SlurmFollower(run, f"submitted as Slurm job {submit_slurm(run, payload)}")
 
-    def follow(self, run: RunDir, sink: LineSink, *, owner: bool, watch: HangWatch | None = None,
-               signals: bool = False, leave: threading.Event | None = None) -> Outcome:
-        """The node logs as they grow until Slurm says the job has ended; records how it ended.
-        An interruption stops following only: the job is Slurm's, and goes on. A hang the watch
-        ends is cancelled with scancel and recorded as failed (exit 124)."""
-        plan, job_id = run.plan, run.record.job_id
-        # SIGTERM and SIGHUP as Ctrl-C: say what goes on.
-        previous = on_stop_signals(raise_interrupted) if signals else {}
-        hang: list[Failure] = []
-
-        def show(line: LogLine) -> None:
-            if watch is not None:
-                watch.saw(line.text)
-            sink(line)
-
-        def hung() -> bool:
-            silent = watch.due() if watch is not None else None
-            if silent is not None and (verdict := watch.fire(silent)).stop:
-                hang.append(verdict.failure)
-                client.cancel(job_id)
-                return True
-            return False
-
-        left = f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop {plan.run_id}` or " \
-               f"`scancel {job_id}`)"
-        try:
-            state = follow(Path(plan.run_dir), plan.num_nodes, job_id, show,
-                           requeueable=bool(plan.slurm and plan.slurm.requeue), give_up=hung, leave=leave)
-        except (Interrupted, KeyboardInterrupt) as stop:
-            signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
-            return Outcome(exit_code=128 + signum, state=RunState.RUNNING, interrupted_by=signum, message=left)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        if state is None:
-            return Outcome(exit_code=0, state=RunState.RUNNING, message=left)
-        if hang:
-            run.change(state=RunState.FAILED, exit_code=HANG_EXIT, finished_at=now(), first_failure=hang[0],
-                       job={"slurm_state": state.state})
-            return Outcome(exit_code=HANG_EXIT, state=RunState.FAILED, first_failure=hang[0])
-        outcome_state, code = slurm_ending(state.state, state.exit_code)
-        if outcome_state is RunState.CANCELLED and run.record.stopped_at:
-            outcome_state = RunState.STOPPED  # fsdpctl stop cancelled it
-        notes = () if outcome_state is RunState.SUCCEEDED else tuple(
-            batch_output(run.record, f"job {job_id} ended {state.state}"))
-        run.change(state=outcome_state, exit_code=code, finished_at=now(), job={"slurm_state": state.state})
-        return Outcome(exit_code=code, state=outcome_state, message=f"Slurm job {job_id} {state.state} (exit {code})",
-                       notes=notes)
+    def attach(self, run: RunDir) -> SlurmFollower:
+        return SlurmFollower(run, "")
 
     def status(self, run: RunDir) -> RunStatus:
         """The job's state from Slurm (the controller, then accounting), each node from its log."""
@@ -129,11 +106,9 @@ class SlurmBackend:
         state, job = record.state, {"job_id": record.job_id, "slurm_state": record.job.get("slurm_state")}
         exit_code = record.exit_code
         if not state.is_over:
-            slurm = client.job_state(str(record.job_id), requeueable=bool(plan.slurm and plan.slurm.requeue))
+            slurm = client.job_state(str(record.job_id), requeueable=SlurmPlan.of(plan).requeue)
             exit_code = slurm.exit_code
-            state = (RunState.from_slurm(slurm.state, exit_code) if slurm.finished else
-                     RunState.SUBMITTED if RunState.from_slurm(slurm.state, None) is RunState.SUBMITTED
-                     else RunState.RUNNING)
+            state = states.run_state(slurm.state, exit_code) if slurm.finished else states.live_state(slurm.state)
             job.update(slurm_state=slurm.state, restarts=slurm.restarts)  # requeued by Slurm (--requeue)
         logs = NodeLogs(Path(plan.run_dir).expanduser(), plan.num_nodes)
         logs.read_new(lambda line: None)
@@ -146,9 +121,13 @@ class SlurmBackend:
         last = last_metrics([metrics.read_text(encoding="utf-8")] if metrics.exists() else [])
         return record.status(state=state, exit_code=exit_code, nodes=nodes, last_metrics=last, job=job)
 
-    def checkpoint_steps(self, run: RunDir) -> list[int]:
-        """Read where the nodes wrote them: the shared run directory."""
-        return complete_steps(Path(run.plan.run_dir).expanduser())
+    def ask(self, run: RunDir, command: str) -> str:
+        """Run here: the run directory is on storage this machine shares with the nodes."""
+        status, out, err = LocalTransport().run(f"cd {quote_path(run.plan.run_dir)} && {command}", ASK_TIMEOUT)
+        if status != 0 and not out:
+            raise HostError("the shared run directory", "command", err.strip() or f"exit {status}",
+                            f"check that {run.plan.run_dir} is reachable from this machine")
+        return out
 
     def read_logs(self, run: RunDir, sink: LineSink, attempt: int | None = None) -> list[str]:
         run_dir = Path(run.plan.run_dir).expanduser()
@@ -192,12 +171,3 @@ class SlurmBackend:
         client.cancel(job_id)
         run.change(state=RunState.STOPPED, stopped_at=now())
         return {f"Slurm job {job_id}": ""}
-
-
-def batch_output(record: RunRecord, why: str, lines: int = BATCH_TAIL_LINES) -> list[str]:
-    """The end of the batch script's own output (where Slurm and the setup lines report errors)."""
-    path = Path(record.job.get("slurm_output") or "")
-    if not path.is_file():
-        return []
-    tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-    return [f"fsdpctl: {why}; the end of the batch output ({path}):", *(f"  {line}" for line in tail)]

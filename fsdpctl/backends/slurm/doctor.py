@@ -20,11 +20,11 @@ from ...hostcheck.checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostRe
 from ...hostcheck.fanout import probe_args
 from ...hostcheck.probe import ProbeOutputError, parse_probe_output, probe_source
 from ...hostcheck.probe_script import BEGIN, END
-from ...plan.render import render_slurm_head
 from ...profiles.schema import ClusterProfile, slurm_directive_name
 from ...shell import quote_path
 from ..base import DoctorRequest
 from . import client as slurm
+from .scripts import render_slurm_head
 from .tasks import split_tasks
 
 _HEAD_PLACEHOLDER = "FSDPCTL_HEAD_ADDRESS"

@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 from ...errors import FsdpctlError, UsageError
-from ...plan.slurm import time_limit_minutes
 from .client import last_line
+from .plan import time_limit_minutes
 
 SUBMITIT_PACKAGES = ("submitit", "cloudpickle", "typing_extensions")
 """What submitit's task needs on the nodes; shipped into the run directory's ``pkg`` with the workload."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
-import re
+import json
 import tarfile
 import time
 from collections import deque
@@ -19,21 +19,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import HostError
-from ..plan.types import LaunchPlan, NodeSpec
-from ..rundir.lines import LineSplitter
-from ..rundir.outcome import Settled
-from ..rundir.paths import private_dir
-from ..rundir.state import Failure, NodeState, shell_exit_code
-from ..rundir.status import NodeStatus
-from ..shell import after_mark, marked
-from .node_commands import FETCH_MISSING, fetch_command, kill_command
-from .transport import Session, Transport
+from ...errors import HostError
+from ...plan.types import LaunchPlan, NodeSpec
+from ...rundir.lines import LineSplitter
+from ...rundir.outcome import Settled
+from ...rundir.paths import private_dir
+from ...rundir.rundir import RunDir
+from ...rundir.state import Failure, NodeState
+from ...rundir.status import NodeStatus
+from ...shell import after_mark, marked, quote_path
+from ..torchrun import torchrun_failure
+from ..transport import Session, Transport
+from .agent import GRACE_SECONDS
+from .commands import FETCH_MISSING, fetch_command, kill_command
 
-GRACE_SECONDS = 10.0
 COMMAND_TIMEOUT = 30.0
 FETCH_TIMEOUT = 600.0
-TAIL_LINES = 30
 # Lines kept per node for the failure summary: torchrun's Root Cause block and the failing rank's
 # traceback are at the end; older lines are in the log files, not in memory.
 KEEP_LINES = 2000
@@ -119,49 +120,13 @@ def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_
         return dict(zip([t.host for t in transports], pool.map(kill, transports), strict=True))
 
 
-_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
-_ERROR_FILE = re.compile(r"error_file\s*:\s*(\S+)")
-_FAILED_AT = re.compile(r"time\s*:\s*(\S+)")
-# What a rank says when another one died under it: such a failure is a consequence, not the cause.
-# A rank's or torchrun's own words for "another node went away": its collectives' peers, or the
-# rendezvous store that lives in the first node's torchrun (its agent dies with that node).
-_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote worker|remote process exited|"
-                        r"communicator was aborted|Broken pipe|connection to the C10d store has failed",
-                        re.IGNORECASE)
-
-
 def first_failure_of(run: NodeRun, failed_at: str | None = None) -> Failure:
-    """What failed on a node, from its last lines: torchrun's 'Root Cause' block when it printed
-    one, else the node. ``failed_at``: when fsdpctl saw it, if torchrun's block does not say."""
-    log_lines = [line.stored() for line in run.tail]
-    rank = local_rank = error_file = None
-    code = run.exit_code
-    text = "\n".join(log_lines)
-    cause = text.rfind("Root Cause (first observed failure)")
-    if cause >= 0:
-        block = text[cause:cause + 2000]
-        if match := _ROOT_CAUSE.search(block):
-            rank, local_rank = int(match.group(1)), int(match.group(2))
-        if match := _EXITCODE.search(block):
-            code = int(match.group(1))
-        if match := _ERROR_FILE.search(block):
-            error_file = None if match.group(1) == "<N/A>" else match.group(1)
-        if match := _FAILED_AT.search(block):
-            failed_at = match.group(1)
-    if rank is not None:
-        prefix = f"[rank{rank}]:"
-        own = [line for line in log_lines if line.startswith(prefix)]
-        last = (own or list(log_lines))[-TAIL_LINES:]
-    else:
-        last = list(log_lines)[-TAIL_LINES:]
-    exit_code, signal = shell_exit_code(code)
+    """What failed on a node, from its last lines (torchrun's summary when it printed one).
+    ``failed_at``: when fsdpctl saw it, if torchrun's summary does not say."""
     lost = run.state == NodeState.LOST
-    return Failure(kind="lost" if lost else "exit", host=run.node.host, node_rank=run.rank,
-                   exit_code=exit_code if exit_code else 1, signal=signal, rank=rank, local_rank=local_rank,
-                   error_file=error_file, failed_at=failed_at, last_lines=tuple(last),
-                   peer_gone=any(_PEER_GONE.search(line) for line in last),
-                   detail=(run.lost_reason or "it stopped answering") if lost else None)
+    return torchrun_failure([line.stored() for line in run.tail], host=run.node.host, node_rank=run.rank,
+                            exit_code=run.exit_code, failed_at=failed_at,
+                            lost=(run.lost_reason or "it stopped answering") if lost else None)
 
 
 def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,
@@ -204,3 +169,21 @@ def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path,
                 Path(name).write_bytes(masked)
 
     _parallel(fetch, runs)
+
+
+def recorded_node_runs(run: RunDir, connect: Callable[[NodeSpec], Transport]) -> list[NodeRun]:
+    """The run's nodes as run.json records them (their process ids), to follow from outside."""
+    pids = {n.node_rank: n.pid or 0 for n in run.record.nodes}
+    return [NodeRun(node, connect(node), pid=pids.get(node.node_rank, 0), state=NodeState.RUNNING)
+            for node in run.plan.nodes]
+
+
+def read_error_file(transport: Transport, path: str) -> str | None:
+    """The message of a failed rank's torchelastic error file (written by @record), read on its node."""
+    try:
+        _, out, _ = transport.run(marked(f"cat {quote_path(path)} 2>/dev/null"), 30)
+        message = json.loads(after_mark(out)).get("message", {})
+    except (HostError, ValueError, AttributeError):
+        return None
+    text = message.get("message") if isinstance(message, dict) else message
+    return str(text).strip().splitlines()[-1] if text else None

@@ -21,17 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..plan.types import LaunchPlan
-from ..rundir.lines import LineSplitter, LogLine
-from ..rundir.outcome import HANG_EXIT, NODE_LOST_EXIT, NodeEnd, settle
-from ..rundir.paths import private_dir
-from ..rundir.state import Failure, NodeState, RunState
+from ...plan.types import LaunchPlan
+from ...rundir.lines import LineSplitter, LogLine, shown
+from ...rundir.outcome import HANG_EXIT, NODE_LOST_EXIT, NodeEnd, settle
+from ...rundir.paths import private_dir
+from ...rundir.state import Failure, NodeState, RunState
+from ..base import LineSink
+from ..hang_watch import HangWatch
+from ..signals import Interrupted, on_stop_signals
+from .commands import Answer, Data, Exited, Gone, Lost, Message, Note, Running, StreamEnded
 from .feeds import Feed
-from .hang_watch import HangWatch
-from .node_commands import Answer, Data, Exited, Gone, Lost, Message, Note, Running, StreamEnded
-from .node_runs import GRACE_SECONDS, KEEP_LINES, NodeRun, RunResult, first_failure_of
+from .runs import GRACE_SECONDS, KEEP_LINES, NodeRun, RunResult, first_failure_of
 
-LineSink = Callable[[LogLine], None]
 WAIT_SECONDS = 0.5
 DRAIN_SECONDS = 5.0
 """How long a node already known to have ended may stay silent before its stream counts as done."""
@@ -39,28 +40,6 @@ ROOM_CHUNKS = 64
 """Chunks of log bytes (up to 64 KiB each) waiting to be shown: a feed that finds no room waits, and
 so does the node behind it (its log waits on disk). The launcher's memory stays bounded."""
 ANSWERS = (Exited, Running, Gone, Lost)
-
-
-class Interrupted(Exception):
-    """The launcher was told to stop (SIGINT, SIGTERM, SIGHUP)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def on_stop_signals(handler) -> dict[int, Any]:
-    """Install ``handler`` for SIGINT, SIGTERM and SIGHUP (in the main thread only); the previous ones."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {s: signal.signal(s, handler) for s in STOP_SIGNALS}
-
-
-def raise_interrupted(signum: int, frame) -> None:
-    raise Interrupted(signum)
 
 
 class Supervisor:
@@ -253,8 +232,7 @@ class Supervisor:
         if self.watch is not None:
             self.watch.saw_any(line.text for line in lines)
         run.tail.extend(lines[-KEEP_LINES:])
-        prefix = f"[{run.node.host} r{run.rank}] "
-        self.merged.write("".join([f"{prefix}{line.stored()}\n" for line in lines]))
+        self.merged.write(shown(lines))
         self.sink_lines(lines)
 
     def _flush(self) -> None:

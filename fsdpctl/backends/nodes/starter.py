@@ -7,22 +7,22 @@ A launch that stops at the preflight closes the sessions instead: the agents rem
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..bundle import Payload
-from ..errors import HostError
-from ..hostcheck.fanout import HostJob, ProbeRunner
-from ..hostcheck.probe_script import END
-from ..plan.types import LaunchPlan
-from ..rundir.attempts import attempt_folder, node_files
-from ..rundir.state import NodeState
-from ..shell import OUTPUT_MARK, marked
-from .node_agent import GO
-from .node_commands import AGENT_REFUSED, AGENT_STARTED, agent_command
-from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
-from .transport import Session, Transport
+from ...bundle import Payload
+from ...errors import HostError
+from ...hostcheck.fanout import HostJob, ProbeRunner
+from ...hostcheck.probe_script import END
+from ...plan.types import LaunchPlan, NodeSpec
+from ...rundir.attempts import attempt_folder, node_files
+from ...rundir.state import NodeState
+from ...shell import OUTPUT_MARK, marked
+from ..transport import Session, Transport
+from .agent import GO
+from .commands import AGENT_REFUSED, AGENT_STARTED, agent_command
+from .runs import COMMAND_TIMEOUT, NodeRun, stop_run
 
 GO_TIMEOUT = 120.0
 """How long a staged agent waits for the launcher's word before it gives up (and cleans up)."""
@@ -31,8 +31,9 @@ GO_TIMEOUT = 120.0
 class NodeStarter:
     """The agents of one launch: opened by the preflight (or by ``start`` without one)."""
 
-    def __init__(self, plan: LaunchPlan, payload: Payload, transports: Sequence[Transport], python: str):
-        self.plan, self.payload, self.transports, self.python = plan, payload, list(transports), python
+    def __init__(self, plan: LaunchPlan, payload: Payload, connect: Callable[[NodeSpec], Transport], python: str):
+        self.plan, self.payload, self.connect, self.python = plan, payload, connect, python
+        self.nodes = {node.node_rank: node for node in plan.nodes}
         self.sessions: dict[int, Session] = {}
 
     def _agent(self, rank: int, probe: dict[str, Any] | None, timeout: float) -> Session:
@@ -43,7 +44,7 @@ class NodeStarter:
                 "secret_bytes": len(secrets), "probe": probe, "go_timeout": GO_TIMEOUT}
         if self.plan.attempt > 1:  # the last attempt's node files move aside when this one starts
             args["archive"] = {"to": attempt_folder(self.plan.attempt - 1), "names": node_files(rank)}
-        session = self.transports[rank].session(marked(agent_command(self.python, args)))
+        session = self.connect(self.nodes[rank]).session(marked(agent_command(self.python, args)))
         self.sessions[rank] = session
         for chunk in self.payload.files.chunks():  # the tar as it is made: never all of it in memory
             session.send(chunk)
@@ -68,7 +69,7 @@ class NodeStarter:
         stopping the nodes that did start (they must not run on alone). ``watch``: the node timeout
         of a foreground run, whose agents stay to watch over their nodes (their sessions are kept
         in the returned NodeRuns); 0 for a detached run, whose agents leave."""
-        runs = [NodeRun(node, t) for node, t in zip(self.plan.nodes, self.transports, strict=True)]
+        runs = [NodeRun(node, self.connect(node)) for node in self.plan.nodes]
 
         def start_one(run: NodeRun) -> None:
             session = self.sessions.get(run.rank) or self._agent(run.rank, None, COMMAND_TIMEOUT)
@@ -95,7 +96,7 @@ class NodeStarter:
             for run in runs:
                 if run.session is not None:
                     run.session.close()
-            stop_run(self.plan.run_id, self.transports)
+            stop_run(self.plan.run_id, [run.transport for run in runs])
             raise
         finally:
             self.close()

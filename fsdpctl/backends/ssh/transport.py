@@ -17,9 +17,9 @@ from pathlib import Path
 
 import paramiko
 
-from ..errors import HostError
-from ..profiles.schema import HostSpec, SSHSpec
-from .transport import MarkerReader, read_lines
+from ...errors import HostError
+from ...profiles.schema import HostSpec, SSHSpec
+from ..transport import MarkerReader, ReadingSession, read_lines
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 KEEPALIVE_SECONDS = 5
@@ -162,7 +162,7 @@ def send_all(channel: paramiko.Channel, data: bytes) -> None:
         offset += channel.send(bytes(view[offset:offset + SEND_CHUNK]))
 
 
-class _SSHSession:
+class _SSHSession(ReadingSession):
     """One exec channel to talk to: stdin written as we go, stdout read up to markers."""
 
     def __init__(self, host: str, channel: paramiko.Channel):
@@ -179,15 +179,6 @@ class _SSHSession:
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise SSHError(self.host, "ssh", f"the connection broke while sending ({exc})",
                            "check the node and the network to it") from None
-
-    def read_until(self, marker: str, timeout: float) -> str:
-        return self.reader.until(marker, timeout)
-
-    def read_line_bytes(self, timeout: float) -> bytes:
-        return self.reader.line_bytes(timeout)
-
-    def read_exactly(self, count: int, timeout: float) -> bytes:
-        return self.reader.exactly(count, timeout)
 
     def finish(self, timeout: float) -> tuple[int, str, str]:
         self.channel.shutdown_write()

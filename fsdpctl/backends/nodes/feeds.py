@@ -17,11 +17,11 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..errors import FsdpctlError, HostError
-from ..rundir.state import NodeState
-from ..shell import OUTPUT_MARK, after_mark, marked
-from .node_agent import ALIVE, EXIT, HEARTBEAT, KILL, LINE, STOP, STOPPED, heartbeat_seconds
-from .node_commands import (
+from ...errors import FsdpctlError, HostError
+from ...rundir.state import NodeState
+from ...shell import OUTPUT_MARK, after_mark, marked
+from .agent import ALIVE, EXIT, HEARTBEAT, KILL, LINE, STOP, STOPPED, heartbeat_seconds
+from .commands import (
     Answer,
     Data,
     Exited,
@@ -35,7 +35,7 @@ from .node_commands import (
     parse_poll,
     poll_command,
 )
-from .node_runs import COMMAND_TIMEOUT, NodeRun, stop_run
+from .runs import COMMAND_TIMEOUT, NodeRun, stop_run
 
 __all__ = ["AgentFeed", "Answer", "Data", "Exited", "Feed", "Gone", "Listener", "Lost", "Message", "Note",
            "Running", "StreamEnded", "TailFeed", "heartbeat_seconds"]

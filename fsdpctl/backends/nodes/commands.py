@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from ..hostcheck.probe import probe_source
-from ..shell import command_line, marked, quote_path
-from .node_agent import AGENT_REFUSED, AGENT_STARTED
+from ...hostcheck.probe import probe_source
+from ...shell import command_line, marked, quote_path
+from .agent import AGENT_REFUSED, AGENT_STARTED
 
 __all__ = ["AGENT_REFUSED", "AGENT_STARTED", "agent_command"]
 
@@ -89,7 +89,7 @@ def agent_source() -> str:
     probe, guard, _ = probe_source().rpartition('\nif __name__ == "__main__":')
     if not guard:
         raise AssertionError("the probe script lost its main guard")
-    return probe + "\n\n" + (Path(__file__).resolve().parent / "node_agent.py").read_text(encoding="utf-8")
+    return probe + "\n\n" + (Path(__file__).resolve().parent / "agent.py").read_text(encoding="utf-8")
 
 
 def agent_command(python: str, args: dict[str, Any]) -> str:

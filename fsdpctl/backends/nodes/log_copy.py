@@ -12,18 +12,18 @@ import contextlib
 import fcntl
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import HostError
-from ..plan.types import NodeSpec
-from ..rundir.lines import LineSplitter
-from ..rundir.paths import private_dir
-from ..rundir.record import Launcher, RunRecord
-from ..rundir.rundir import RunDir
-from ..shell import OUTPUT_MARK, marked, quote_path
-from .transport import Transport
+from ...errors import HostError
+from ...plan.types import NodeSpec
+from ...rundir.lines import LineSplitter, shown
+from ...rundir.paths import private_dir
+from ...rundir.record import Launcher, RunRecord
+from ...rundir.rundir import RunDir
+from ...shell import OUTPUT_MARK, marked, quote_path
+from ..transport import Transport
 
 MISSING = "missing"
 IDLE_SECONDS = 30.0
@@ -117,14 +117,13 @@ def rewrite_merged(run: RunDir, logs: Path) -> None:
                 continue
             with local.open("rb") as raw:
                 while chunk := raw.read(1 << 20):
-                    merged.writelines(f"[{line.host} r{line.node_rank}] {line.stored()}\n"
-                                      for line in splitter.feed(chunk))
-            merged.writelines(f"[{line.host} r{line.node_rank}] {line.stored()}\n" for line in splitter.end())
+                    merged.write(shown(splitter.feed(chunk)))
+            merged.write(shown(splitter.end()))
     tmp.chmod(0o600)
     os.replace(tmp, logs / "merged.log")
 
 
-def complete_logs(run: RunDir, transports: Sequence[Transport]) -> list[str]:
+def complete_logs(run: RunDir, connect: Callable[[NodeSpec], Transport]) -> list[str]:
     """Bring the run's copy of every node's log up to the node's own file and merged.log with them
     (unless a live launcher is streaming them now, or followed the run to its end); notes for the
     nodes that could not be read."""
@@ -133,9 +132,9 @@ def complete_logs(run: RunDir, transports: Sequence[Transport]) -> list[str]:
         return []
     logs = private_dir(run.paths.logs)
     with _locked(logs):
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(transports)))) as pool:
-            notes = [note for note in pool.map(lambda pair: _complete_node(run, pair[0], pair[1], logs),
-                                               zip(run.plan.nodes, transports, strict=True)) if note]
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(run.plan.nodes)))) as pool:
+            notes = [note for note in pool.map(lambda node: _complete_node(run, node, connect(node), logs),
+                                               run.plan.nodes) if note]
         rewrite_merged(run, logs)
         if not notes and record.state.is_over:
             run.change(logs_complete=True)

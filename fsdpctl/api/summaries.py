@@ -1,0 +1,57 @@
+"""A run's metrics and their summary, and a report of several runs: what ``fsdpctl report`` and
+``Run.report`` show. Runs come in as ``Run`` handles (their ``fetch``, ``path``, ``plan``, ``info``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import FsdpctlError, UsageError
+from ..metrics.rows import Series, read_run_files
+from ..metrics.summary import Report, RunSummary, summarize
+from .options import PathLike
+
+
+def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
+    """A run's metrics (brought back from its nodes first when ``fetch``) and their summary."""
+    notes: list[str] = []
+    found: dict[str, list[Path]] = {}
+    for name in _FILES if fetch else ():
+        try:
+            fetched = run.fetch(name)
+        except (FsdpctlError, OSError) as exc:  # nodes gone: what was fetched before still reports
+            notes.append(f"{name} not fetched again ({exc}); reporting what was fetched before")
+            continue
+        found[name] = sorted(Path(f) for files in fetched.values() for f in files if Path(f).name == name)
+    for name in _FILES:
+        # Not fetched now: what an earlier fetch brought, or the run directory itself where it is on
+        # this machine (a local run's, a shared Slurm directory): where fetch names them.
+        found[name] = found.get(name) or _already_here(run, name)
+    if not found["metrics.jsonl"]:
+        raise UsageError(f"report {run.run_id}: no metrics.jsonl from its nodes{'; ' + notes[0] if notes else ''}",
+                         "the bundled workload writes one; a program of yours appends JSON lines with a "
+                         "\"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl (see README, Reports)")
+    series = read_run_files(found["metrics.jsonl"], run.run_id, next(iter(found["summary.json"]), None))
+    summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
+    summary_.notes = notes
+    return series, summary_
+
+
+_FILES = ("metrics.jsonl", "summary.json")
+
+
+def _already_here(run: Any, name: str) -> list[Path]:
+    here = Path(run.plan.run_dir).expanduser() / name
+    return sorted(run.path.glob(f"fetched/node*/{name}")) or ([here] if here.is_file() else [])
+
+
+def report_of(runs: list[Any], *, plot: Optional[PathLike] = None, fetch: bool = True) -> Report:
+    """The report of ``runs`` (Run handles): each one's metrics summed up, side by side; with ``plot``
+    (a folder), their figures as PNG files."""
+    pairs = [run_series(r, fetch) for r in runs]
+    result = Report([p[1] for p in pairs], [p[0] for p in pairs])
+    if plot is not None:
+        from ..metrics.plots import draw
+
+        result.plots = draw(result.series, result.summaries, Path(plot))
+    return result

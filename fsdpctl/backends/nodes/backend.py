@@ -1,0 +1,264 @@
+"""Nodes that fsdpctl starts itself, one connection each: this machine (``local``) or SSH hosts (``ssh``).
+
+Both speak the same node protocol (``commands``) and share the supervisor; a subclass says only
+where a run's nodes are (its pure ``placement``) and how one is reached (``open_connection``). A
+node owns its connection: it is opened for the node's host when first needed and kept by host, so
+an attempt on other hosts than the one before simply reaches those.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, ClassVar, Optional, Protocol
+
+from ...bundle import Payload
+from ...errors import HostError
+from ...hostcheck.checks import DoctorReport, HostReport
+from ...hostcheck.fanout import NodeProbe, ProbeRunner, make_jobs, run_doctor
+from ...node.stacks import answer_of
+from ...plan.types import LaunchPlan, Overrides, PlanContext
+from ...profiles.schema import ClusterProfile
+from ...rundir.attempts import attempt_folder
+from ...rundir.lines import read_merged
+from ...rundir.outcome import NodeEnd, settle
+from ...rundir.paths import files_under
+from ...rundir.record import now
+from ...rundir.rundir import RunDir, last_metrics
+from ...rundir.state import NodeState, RunState
+from ...rundir.status import NodeStatus, RunStatus
+from ...shell import after_mark, marked, quote_path
+from ..base import Backend, DoctorRequest, LineSink, Preflight, TraceNode
+from ..transport import Transport
+from .commands import STAGED, Exited, Running, parse_poll, poll_command, stacks_command
+from .follow import NodesFollower
+from .log_copy import complete_logs, launcher_record
+from .runs import COMMAND_TIMEOUT, fetch_from_node, node_records, stop_run
+from .starter import NodeStarter
+
+PREFLIGHT_TIMEOUT = 20.0
+STACKS_TIMEOUT = 60.0
+
+
+class HasHost(Protocol):
+    host: str
+
+
+class NodesBackend(Backend):
+    """The node protocol over one connection per node host (opened on first use)."""
+
+    port_check: ClassVar[bool]
+    """Whether the rendezvous port can be tried between nodes (not on one machine)."""
+
+    def __init__(self, profile: ClusterProfile, connect: Optional[Callable[[str], Transport]] = None):
+        super().__init__(profile)
+        self._connect = connect or self.open_connection
+        self._connections: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+
+    # ---- what a subclass says --------------------------------------------------------------------
+    def open_connection(self, host: str) -> Transport:
+        """A connection to the node ``host`` (a name from the plan or the profile)."""
+        raise NotImplementedError
+
+    # ---- connections -----------------------------------------------------------------------------
+    def connection(self, node: HasHost) -> Transport:
+        """The node's connection, opened the first time its host is asked for."""
+        with self._lock:
+            transport = self._connections.get(node.host)
+            if transport is None:
+                transport = self._connections[node.host] = self._connect(node.host)
+        return transport
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = list(self._connections.values()), {}
+        for transport in connections:
+            transport.close()
+
+    def _parallel(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(items)))) as pool:
+            return list(pool.map(fn, items))
+
+    # ---- checking the nodes ----------------------------------------------------------------------
+    def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None,
+               runner: ProbeRunner | None = None, nodes: list[NodeProbe] | None = None,
+               master: tuple[int, str] | None = None, python: str | None = None) -> DoctorReport:
+        """Probe every node (default: the profile's, as a run would be placed) and diff them."""
+        if nodes is None or master is None or python is None:
+            placed = self.placement(self.profile, Overrides(), PlanContext.here("doctor"))
+            nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
+            master = (next(i for i, t in enumerate(placed.nodes) if t.host == placed.master_host), placed.master_addr)
+            python = placed.python
+        jobs = make_jobs(self.profile, nodes, master[0], master[1], request.port, request.deep,
+                         request.port_check and self.port_check, requirements=request.requirements,
+                         extra=request.extra)
+        return run_doctor(self.profile, jobs, python=python, timeout=request.timeout, nproc=request.nproc,
+                          concurrency=request.concurrency, on_host=on_host, runner=runner)
+
+    def preflight(self, plan: LaunchPlan, payload: Payload,
+                  on_host: Callable[[HostReport], None] | None = None) -> Preflight:
+        """doctor's fast checks on the plan's own nodes and rendezvous port, answered by the node agents
+        that also stage the payload; they wait for ``start`` (one command per node for both)."""
+        nproc = int(plan.nproc_per_node) if plan.nproc_per_node.isdigit() else None
+        request = DoctorRequest(port=plan.master_port, timeout=PREFLIGHT_TIMEOUT, nproc=nproc,
+                                port_check=plan.num_nodes > 1, requirements=plan.requirements)
+        starter = NodeStarter(plan, payload, self.connection, plan.python)
+        nodes = [NodeProbe(n.node_rank, self.connection(n), n.interface) for n in plan.nodes]
+        master = next(n.node_rank for n in plan.nodes if n.host == plan.master_host)
+        report = self.doctor(request, on_host, runner=starter.probe_runner(), nodes=nodes,
+                             master=(master, plan.master_addr), python=plan.python)
+        return Preflight(report, staged=starter)
+
+    # ---- a run -----------------------------------------------------------------------------------
+    def start(self, run: RunDir, payload: Payload, *, detached: bool,
+              preflight: Optional[Preflight] = None) -> NodesFollower:
+        """Start every node (staging it too, unless the preflight did), and record their process ids."""
+        staged = preflight.staged if preflight is not None else None
+        starter = staged if isinstance(staged, NodeStarter) and staged.plan.run_id == run.run_id \
+            and staged.plan.attempt == run.attempt else NodeStarter(run.plan, payload, self.connection, run.plan.python)
+        if staged is not None and staged is not starter:
+            staged.close()
+        # A foreground run's agents stay on to watch over their nodes for this process; a detached
+        # run is meant to outlive it, and its agents leave.
+        started = starter.start(watch=0.0 if detached else float(run.plan.node_timeout))
+        run.change(state=RunState.RUNNING, nodes=node_records(started), started_at=now(), detached=detached,
+                   launcher=None if detached else launcher_record())
+        world = run.plan.world_size or "from GPU count"
+        return NodesFollower(run, started, f"started on {run.plan.num_nodes} node(s), world size {world}",
+                             self.connection)
+
+    def attach(self, run: RunDir) -> NodesFollower:
+        return NodesFollower(run, None, "", self.connection)
+
+    def status(self, run: RunDir) -> RunStatus:
+        """run.json, with each node asked for its script's state while the run is marked running,
+        and the last metrics line rank 0 wrote."""
+        plan, record = run.plan, run.record
+        nodes = list(record.nodes) or [NodeStatus(node_rank=n.node_rank, host=n.host, address=n.address,
+                                                  state=NodeState.UNKNOWN) for n in plan.nodes]
+        state = record.state
+        live = not state.is_over
+        if live:
+            nodes = self._parallel(lambda node: node.replace(**self._poll_node(plan.run_dir, node)), nodes)
+            state = settle([NodeEnd(node_rank=n.node_rank, host=n.host, state=n.state, exit_code=n.exit_code)
+                            for n in nodes]).state
+        texts = [_read_local(Path(plan.run_dir).expanduser() / "metrics.jsonl")]
+        tail = "tail -n 1 metrics.jsonl 2>/dev/null"
+        if live:
+            texts += self._parallel(lambda node: self._quietly(node, plan.run_dir, tail), list(plan.nodes))
+        elif not texts[0] and plan.nodes:  # an ended run whose directory is not here: node 0's rank 0 wrote it
+            texts.append(self._quietly(plan.nodes[0], plan.run_dir, tail, timeout=10))
+        return record.status(state=state, last_metrics=last_metrics(texts), nodes=tuple(nodes))
+
+    def ask(self, run: RunDir, command: str) -> str:
+        """Asked of the nodes in turn (node 0 first: its rank 0 completes every checkpoint) until one answers."""
+        errors: list[HostError] = []
+        for node in run.plan.nodes:
+            try:
+                _, out, _ = self.connection(node).run(marked(f"cd {quote_path(run.plan.run_dir)} && {command}"),
+                                                      COMMAND_TIMEOUT)
+                return after_mark(out)
+            except HostError as exc:
+                errors.append(exc)
+        raise errors[0]
+
+    def read_logs(self, run: RunDir, sink: LineSink, attempt: int | None = None) -> list[str]:
+        """Every line of the run, from the merged log kept here, first made whole from the nodes'
+        own logs where the live stream did not bring everything (a lost node, a killed launcher, a
+        detached run). ``attempt``: an earlier attempt's, from where its files were moved."""
+        earlier = attempt not in (None, run.attempt)
+        notes = [] if earlier else complete_logs(run, self.connection)
+        folder = run.root / attempt_folder(attempt) if earlier else run.root
+        plan = run.plan
+        if earlier:
+            from ...plan.types import plan_from_json
+            from ...rundir.paths import read_json
+
+            plan = plan_from_json(read_json(folder / "plan.json")) if (folder / "plan.json").exists() else plan
+        read_merged(folder / "logs" / "merged.log", plan, sink)
+        return notes
+
+    def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
+               ) -> list[dict[str, Any]]:
+        """Every rank's stack: one command per node, all nodes at once."""
+        plan = run.plan
+
+        def one(node) -> dict[str, Any]:
+            command = marked(stacks_command(plan.run_dir, plan.run_id, plan.python, str(node.node_rank),
+                                            flight=flight, py_spy=py_spy, native=native))
+            try:
+                status, out, err = self.connection(node).run(command, STACKS_TIMEOUT)
+                found = answer_of(after_mark(out))
+            except HostError as exc:
+                return {"host": node.host, "node_rank": node.node_rank, "ranks": [], "error": exc.detail}
+            except ValueError:
+                why = (err.strip().splitlines() or [f"exit {status}"])[-1]
+                return {"host": node.host, "node_rank": node.node_rank, "ranks": [],
+                        "error": f"the stack reader failed: {why}"}
+            return {**found, "hostname": found.get("host"), "host": node.host, "node_rank": node.node_rank}
+
+        return self._parallel(one, list(plan.nodes))
+
+    def fetch(self, run: RunDir, path: str) -> dict[str, list[str]]:
+        """Copy ``path`` from every node's run directory into ``runs/<id>/fetched/node<R>/`` here
+        (where the run directory is this machine's own, the files are named where they are)."""
+        here = Path(run.plan.run_dir).expanduser()
+        if here.resolve() == run.root.resolve():
+            return {f"node 0 ({run.plan.nodes[0].host})": files_under(here / path, skip=STAGED)}
+
+        def one(node) -> tuple[str, list[str]]:
+            label = f"node {node.node_rank} ({node.host})"
+            try:
+                return label, fetch_from_node(self.connection(node), run.plan.run_dir, path,
+                                              run.root / "fetched" / f"node{node.node_rank}")
+            except HostError as exc:
+                return f"{label}: {exc.detail}", []
+
+        return dict(self._parallel(one, list(run.plan.nodes)))
+
+    def stop(self, run: RunDir) -> dict[str, str]:
+        """End every process of the run on every node and record it as stopped."""
+        remaining = stop_run(run.run_id, [self.connection(n) for n in run.plan.nodes])
+        nodes = tuple(n.replace(state=NodeState.STOPPED) if n.state in (NodeState.RUNNING, NodeState.STARTING) else n
+                      for n in run.record.nodes)
+        run.change(state=RunState.STOPPED, nodes=nodes, stopped_at=now(), remaining=remaining)
+        return remaining
+
+    def trace_node(self) -> Optional[TraceNode]:
+        """The profile's first node, as a run would be placed."""
+        placed = self.placement(self.profile, Overrides(), PlanContext.here("trace"))
+        if not placed.nodes:
+            return None
+        first = placed.nodes[0]
+        return TraceNode(first.host, self.connection(first), placed.python)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _poll_node(self, run_dir: str, node: NodeStatus) -> dict[str, Any]:
+        """A node's state as its own files say (``exit N``, its wrapper alive, or gone)."""
+        try:
+            _, out, _ = self.connection(node).run(marked(poll_command(run_dir, node.node_rank, node.pid or 0)),
+                                                  COMMAND_TIMEOUT)
+        except HostError as exc:
+            return {"state": NodeState.UNREACHABLE, "detail": exc.detail}
+        answer = parse_poll(after_mark(out))
+        if isinstance(answer, Exited):
+            return {"exit_code": answer.code, "state": NodeState.SUCCEEDED if answer.code == 0 else NodeState.FAILED}
+        return {"state": NodeState.RUNNING if isinstance(answer, Running) else NodeState.GONE}
+
+    def _quietly(self, node: HasHost, run_dir: str, command: str, timeout: float = 30) -> str:
+        try:
+            _, out, _ = self.connection(node).run(marked(f"cd {quote_path(run_dir)} 2>/dev/null && {command}"),
+                                                  timeout)
+        except HostError:
+            return ""
+        return after_mark(out)
+
+
+def _read_local(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""

@@ -1,0 +1,96 @@
+"""Following a run of fsdpctl's own nodes to its end, as its owner or from outside.
+
+The follower ``start`` returns owns the run: it listens to the node agents it started (when the run
+is in the foreground), keeps the local logs, ends the run when interrupted, collects torchrun's log
+folders and records how the run ended. One from ``attach`` reads the nodes' files (``tail -F``) and
+only follows; it records the end of a detached run that nobody else has settled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Optional
+
+from ...node.mask import Masker
+from ...plan.types import NodeSpec
+from ...rundir.record import now
+from ...rundir.rundir import RunDir
+from ...rundir.state import NodeState, Outcome, RunState
+from ..base import LineSink
+from ..hang_watch import HangWatch
+from ..transport import Transport
+from .feeds import AgentFeed, TailFeed
+from .log_copy import complete_logs
+from .runs import NodeRun, RunResult, fetch_logs, node_records, read_error_file, recorded_node_runs
+from .supervisor import Supervisor
+
+
+class NodesFollower:
+    """Follows one run of a ``NodesBackend``: ``started`` (the nodes this process started) makes it the
+    owner; ``connect`` is the backend's own connection to a node."""
+
+    def __init__(self, run: RunDir, started: Optional[list[NodeRun]], how: str,
+                 connect: Callable[[NodeSpec], Transport]):
+        self.run, self.how, self.connect = run, how, connect
+        self.owner = started is not None
+        self.started = started or []
+
+    def follow(self, sink: LineSink, *, watch: HangWatch | None = None, signals: bool = False,
+               leave: threading.Event | None = None) -> Outcome:
+        """Stream every node until the run ends, failing fast."""
+        run, plan, owner = self.run, self.run.plan, self.owner
+        watched = owner and all(r.session is not None for r in self.started)
+        node_runs = self.started if watched else recorded_node_runs(run, self.connect)
+        feed = AgentFeed(plan.node_timeout) if watched else TailFeed()
+        # The values are in this environment (they were read from it at launch; a follower in another
+        # shell may have them too); the nodes mask their logs themselves as well.
+        masker = Masker([os.environ.get(name, "") for name in plan.secrets])
+        result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner,
+                            stop_on_interrupt=owner, mask=masker.text if masker else None, watch=watch, signals=signals,
+                            leave=None if owner else leave).run()
+        if result.left:
+            return Outcome(exit_code=0, state=RunState.RUNNING, message=f"stopped following; run {plan.run_id} goes on")
+        if result.interrupted and not owner:
+            return Outcome(exit_code=result.exit_code, state=RunState.RUNNING, interrupted_by=result.signal,
+                           message=f"stopped following; run {plan.run_id} goes on (end it with "
+                                   f"`fsdpctl stop {plan.run_id}`)")
+        return self._settle(result, node_runs, masker)
+
+    def _settle(self, result: RunResult, node_runs: list[NodeRun], masker: Masker) -> Outcome:
+        """The end as the nodes left it: the failing rank's own error read, the logs brought whole,
+        the run recorded by whoever may record it."""
+        run, plan, owner = self.run, self.run.plan, self.owner
+        failure = result.first_failure
+        if failure and failure.error_file and failure.kind == "exit":
+            failing = next(r for r in node_runs if r.rank == failure.node_rank)
+            error = read_error_file(failing.transport, failure.error_file)
+            failure = dataclasses.replace(failure, error=masker.text(error) if error else error)
+        state, record = result.settled.state, run.record
+        if result.hung and not owner and not record.detached:
+            # The launcher that owns it does the same; this follower only reports.
+            return Outcome(exit_code=result.exit_code, state=RunState.FAILED, first_failure=failure)
+        lost = any(r.state == NodeState.LOST or r.streaming for r in node_runs)  # a stream cut short
+        recorded = {"finished_at": now(), "exit_code": result.exit_code, "first_failure": failure}
+        notes: list[str] = []
+        if owner:
+            if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
+                fetch_logs(plan, node_runs, run.root, masker.bytes if masker else None)
+            # Every stream ran to its node's end: the copies here are whole (a lost node's is not).
+            run.change(state=state, nodes=node_records(node_runs), logs_complete=not lost, **recorded)
+            if lost:  # what the node logged since its stream was cut, if it answers now
+                notes = complete_logs(run, self.connect)
+        elif record.detached and run.record.state is RunState.RUNNING:
+            # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
+            # records how it ended.
+            run.change(state=state, nodes=node_records(node_runs), **recorded)
+        message = None
+        if result.interrupted:
+            by = signal.Signals(result.signal).name if result.signal else "a signal"
+            message = f"run {plan.run_id} interrupted by {by}; every process of it was stopped"
+        return Outcome(exit_code=result.exit_code, state=state, first_failure=failure, message=message,
+                       interrupted_by=result.signal, notes=tuple(notes))

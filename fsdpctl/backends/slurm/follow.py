@@ -1,0 +1,122 @@
+"""Following a Slurm job: its nodes' logs as they grow until Slurm says it has ended, then how it
+ended, settled like any run's (the failing rank's own exit code, from torchrun's summary in its
+node's log), and recorded."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Optional
+
+from ...rundir.lines import LogLine
+from ...rundir.outcome import HANG_EXIT, NodeEnd, settle
+from ...rundir.record import RunRecord, now
+from ...rundir.rundir import RunDir
+from ...rundir.state import Failure, NodeState, Outcome, RunState
+from ..base import LineSink
+from ..hang_watch import HangWatch
+from ..signals import Interrupted, on_stop_signals, raise_interrupted, restore
+from ..torchrun import has_summary, torchrun_failure
+from . import client, states
+from .logs import NodeLogs, follow
+from .plan import SlurmPlan
+
+BATCH_TAIL_LINES = 20
+TAIL_BYTES = 256 * 1024
+"""Of each node's log, what is read for torchrun's failure summary (it is at the end)."""
+
+
+class SlurmFollower:
+    """Follows one Slurm job (whoever submitted it: the job is Slurm's, not a launcher's)."""
+
+    def __init__(self, run: RunDir, how: str):
+        self.run, self.how = run, how
+
+    def follow(self, sink: LineSink, *, watch: HangWatch | None = None, signals: bool = False,
+               leave: threading.Event | None = None) -> Outcome:
+        """The node logs as they grow until Slurm says the job has ended; records how it ended.
+        An interruption stops following only: the job is Slurm's, and goes on. A hang the watch
+        ends is cancelled with scancel and recorded as failed (exit 124)."""
+        run = self.run
+        plan, job_id = run.plan, str(run.record.job_id)
+        previous = on_stop_signals(raise_interrupted) if signals else {}  # SIGTERM and SIGHUP as Ctrl-C
+        hang: list[Failure] = []
+
+        def show(line: LogLine) -> None:
+            if watch is not None:
+                watch.saw(line.text)
+            sink(line)
+
+        def hung() -> bool:
+            silent = watch.due() if watch is not None else None
+            if silent is not None and (verdict := watch.fire(silent)).stop:
+                hang.append(verdict.failure)
+                client.cancel(job_id)
+                return True
+            return False
+
+        left = f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop {plan.run_id}` or " \
+               f"`scancel {job_id}`)"
+        try:
+            state = follow(Path(plan.run_dir), plan.num_nodes, job_id, show, requeueable=SlurmPlan.of(plan).requeue,
+                           give_up=hung, leave=leave)
+        except (Interrupted, KeyboardInterrupt) as stop:
+            signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+            return Outcome(exit_code=128 + signum, state=RunState.RUNNING, interrupted_by=signum, message=left)
+        finally:
+            restore(previous)
+        if state is None:
+            return Outcome(exit_code=0, state=RunState.RUNNING, message=left)
+        if hang:
+            run.change(state=RunState.FAILED, exit_code=HANG_EXIT, finished_at=now(), first_failure=hang[0],
+                       job={"slurm_state": state.state})
+            return Outcome(exit_code=HANG_EXIT, state=RunState.FAILED, first_failure=hang[0])
+        outcome_state, code = states.ending(state.state, state.exit_code)
+        if outcome_state is RunState.CANCELLED and run.record.stopped_at:
+            outcome_state = RunState.STOPPED  # fsdpctl stop cancelled it
+        failure = None
+        if outcome_state is RunState.FAILED:
+            failure = failure_in_logs(run)
+            code = failure.exit_code if failure is not None else code
+        notes = () if outcome_state is RunState.SUCCEEDED else tuple(
+            batch_output(run.record, f"job {job_id} ended {state.state}"))
+        run.change(state=outcome_state, exit_code=code, finished_at=now(), first_failure=failure,
+                   job={"slurm_state": state.state})
+        return Outcome(exit_code=code, state=outcome_state, first_failure=failure,
+                       message=f"Slurm job {job_id} {state.state} (exit {code})", notes=notes)
+
+
+def _tail_lines(path: Path) -> list[str]:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - TAIL_BYTES))
+            return handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def failure_in_logs(run: RunDir) -> Optional[Failure]:
+    """The failure behind a failed job, from its nodes' logs (the shared run directory): a node whose
+    torchrun printed its failure summary failed on its own; the others Slurm ended (``srun
+    --kill-on-bad-exit``). None when no node says (the batch script itself failed)."""
+    run_dir = Path(run.plan.run_dir).expanduser()
+    logs = NodeLogs(run_dir, run.plan.num_nodes)
+    logs.read_new(lambda line: None)  # the nodes name themselves in their first line
+    ends = []
+    for rank in range(run.plan.num_nodes):
+        lines = _tail_lines(run_dir / f"node{rank}.log")
+        said = has_summary(lines)
+        failure = torchrun_failure(lines, host=logs.hosts[rank], node_rank=rank, exit_code=1) if said else None
+        ends.append(NodeEnd(node_rank=rank, host=logs.hosts[rank], state=NodeState.FAILED if said
+                            else NodeState.SUCCEEDED, failure=failure, exit_code=failure.exit_code if failure else 0))
+    return settle(ends).first_failure
+
+
+def batch_output(record: RunRecord, why: str, lines: int = BATCH_TAIL_LINES) -> list[str]:
+    """The end of the batch script's own output (where Slurm and the setup lines report errors)."""
+    path = Path(record.job.get("slurm_output") or "")
+    if not path.is_file():
+        return []
+    tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    return [f"fsdpctl: {why}; the end of the batch output ({path}):", *(f"  {line}" for line in tail)]

@@ -1,0 +1,194 @@
+"""The Slurm part of a plan: where a job's nodes are (Slurm allocates them), the ``#SBATCH``
+directives, and the step command every node runs.
+
+Pure, like the rest of the plan: the batch script is rendered from what these functions return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ...errors import UsageError
+from ...plan.make import torchrun_args
+from ...plan.types import LaunchPlan, Overrides, Placement, PlanContext
+from ...profiles.schema import SLURM_OWNED_DIRECTIVES, ClusterProfile, SlurmSpec, slurm_directive_name
+from ...shell import NodeExpr, join_path, quote_path, shell_join
+from ...workload import config as train_config
+
+HEAD_ADDR = NodeExpr('"$FSDPCTL_HEAD_ADDR"')
+"""The first node's address, found by the batch script at run time."""
+HEAD_ADDR_NAME = "$FSDPCTL_HEAD_ADDR"
+"""How the plan names the head's address (it is known only inside the job)."""
+NODE_RANK = NodeExpr('"$SLURM_NODEID"')
+"""A node's rank, expanded in the node's own shell (never at submit time)."""
+OPTIONS = ("nodes", "time", "partition", "requeue", "via")
+"""What ``submit`` may set over the profile's slurm section (``Overrides.backend_options``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmPlan:
+    """What ``sbatch.sh`` says: its directives and the per-node step command."""
+
+    directives: tuple[tuple[str, str], ...]
+    """``#SBATCH --name=value`` pairs, in order (extra profile directives as name/"" pairs)."""
+    step_command: str
+    """Shell text run by ``srun`` on every node; ``$SLURM_NODEID`` and the head address expand there."""
+    nodes: int
+    # Defaults: plan.json files written before these fields existed still load (logs, status, stop).
+    requeue: bool = False
+    """Checkpoint on SIGUSR2 (``signal_seconds`` before the time limit) and requeue the job."""
+    signal_seconds: int = 120
+    via: str = "sbatch"
+    """``sbatch`` (fsdpctl's batch script) or ``submitit`` (submitit's executor runs the step command)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of(cls, plan: LaunchPlan) -> SlurmPlan:
+        """The Slurm part of ``plan`` (as ``finish_plan`` left it in ``backend_plan``)."""
+        data = dict(plan.backend_plan)
+        if not data:
+            raise UsageError(f"run {plan.run_id}: its plan has no Slurm part", "submit it with fsdpctl submit --slurm")
+        return cls(**{**data, "directives": tuple(map(tuple, data["directives"]))})
+
+
+def options(overrides: Overrides) -> Mapping[str, Any]:
+    """``submit``'s settings over the profile's slurm section; any other is refused in one line."""
+    unknown = sorted(set(overrides.backend_options) - set(OPTIONS))
+    if unknown:
+        raise UsageError(f"{', '.join(unknown)}: not a setting of a Slurm job", f"give only {', '.join(OPTIONS)}")
+    return overrides.backend_options
+
+
+def requeues(slurm: SlurmSpec, overrides: Overrides) -> bool:
+    value = options(overrides).get("requeue")
+    return slurm.requeue if value is None else bool(value)
+
+
+def slurm_placement(name: str, profile: ClusterProfile, overrides: Overrides, context: PlanContext) -> Placement:
+    """Slurm allocates the nodes when the job starts: how many, the GPUs each has, the head node's
+    address found there; paths Slurm reads itself with ``~`` expanded (it does not). Slurm runs the
+    same script again when it requeues a job (preemption, node failure, ``--requeue``): the workload
+    then continues from its newest checkpoint instead of refusing, and with ``requeue`` it saves one
+    on SIGUSR2. A launcher never restarts a Slurm job: Slurm requeues it."""
+    if profile.slurm is None:
+        raise UsageError(f"profile {profile.name}: has no slurm section",
+                         "add slurm: {nodes: N, ...} to the profile, or use `fsdpctl launch`")
+    slurm, given = profile.slurm, options(overrides)
+    requeue = requeues(slurm, overrides)
+    train: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    if requeue:
+        if not overrides.command and {**profile.train, **overrides.train}.get("no_checkpoint"):
+            raise UsageError("requeue: a requeued job resumes from a checkpoint, and train.no_checkpoint is set",
+                             "drop no_checkpoint, or submit without --requeue")
+        train["checkpoint_on_signal"] = True
+        if overrides.command:
+            # Your program asks for a requeue as the workload does: after SIGUSR2, save, leave this file, exit 0.
+            env["FSDPCTL_REQUEUE_MARKER"] = NodeExpr(f'"$FSDPCTL_RUN_DIR"/{train_config.REQUEUE_MARKER}')
+    workdir = profile.workdir
+    if workdir.startswith("~"):
+        workdir = join_path(context.home, workdir[2:]) if workdir != "~" else context.home
+    return Placement(backend=name, num_nodes=given.get("nodes") or slurm.nodes, gpus_per_node=slurm.gpus_per_node,
+                     master_host=HEAD_ADDR_NAME, master_addr=HEAD_ADDR_NAME, python=profile.python or "python3",
+                     workdir=workdir, train_defaults={"resume_if_present": True}, train=train, env=env,
+                     max_restarts=0)
+
+
+def finish_slurm_plan(profile: ClusterProfile, overrides: Overrides, plan: LaunchPlan) -> LaunchPlan:
+    """The plan with its Slurm part: every node runs the same step, its rank expanded on the node."""
+    step_args = torchrun_args(plan, node_rank=NODE_RANK, nproc=plan.nproc_per_node, master_addr=HEAD_ADDR)
+    slurm_plan = make_slurm_plan(profile, overrides, plan.run_id, plan.run_dir, plan.num_nodes, step_args,
+                                 requeues(profile.slurm, overrides), plan.profile_source, plan.chdir, plan.secrets)
+    return dataclasses.replace(plan, backend_plan=slurm_plan.to_json())
+
+
+def time_limit_minutes(text: str) -> int | None:
+    """A Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) in whole minutes,
+    rounded up; None for UNLIMITED."""
+    if text.upper() == "UNLIMITED":
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts
+    else:  # MM, MM:SS, HH:MM:SS
+        hours, minutes, seconds = {1: [0, *parts, 0], 2: [0, *parts], 3: parts}[len(parts)]
+    total_seconds = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total_seconds // 60)
+
+
+def _check_slurm_submission(profile: ClusterProfile, source: str, time_limit: Optional[str], requeue: bool,
+                            via: str) -> None:
+    """What can only go wrong when submitting: options fsdpctl writes, and time limits that
+    requeue or submitit cannot work with."""
+    slurm = profile.slurm
+    assert slurm is not None
+    where = f"{source or profile.name}: "
+    for i, directive in enumerate(slurm.directives):
+        name = slurm_directive_name(directive)
+        if name in SLURM_OWNED_DIRECTIVES:
+            fix = {"requeue": "use slurm.requeue: true (or --requeue)", "signal": "use slurm.requeue: true and "
+                   "slurm.signal_seconds", "nodes": "use slurm.nodes (or --nodes)",
+                   "no-requeue": "leave slurm.requeue false"}.get(name, "remove it")
+            raise UsageError(f"{where}slurm.directives[{i}]: --{name} is written by fsdpctl", fix)
+    minutes = time_limit_minutes(time_limit) if time_limit else None
+    if via == "submitit" and time_limit is None:
+        raise UsageError(f"{where}slurm.time: --via submitit needs a time limit (submitit would ask for 5 minutes)",
+                         "set slurm.time or pass --time, e.g. --time 02:00:00")
+    if requeue and minutes is not None and minutes * 60 < 2 * slurm.signal_seconds:
+        raise UsageError(f"{where}slurm.signal_seconds: SIGUSR2 {slurm.signal_seconds} s before a {time_limit} "
+                         f"time limit leaves too little time to train between requeues",
+                         "raise the time limit to at least twice signal_seconds, or lower signal_seconds")
+
+
+def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
+                    num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str,
+                    chdir: str = ".", secrets: tuple[str, ...] = ()) -> SlurmPlan:
+    slurm = profile.slurm
+    assert slurm is not None
+    directives: list[tuple[str, str]] = [
+        ("job-name", f"fsdpctl-{run_id}"), ("nodes", str(num_nodes)), ("ntasks-per-node", "1"),
+    ]
+    optional = {
+        "gpus-per-node": slurm.gpus_per_node, "cpus-per-task": slurm.cpus_per_task,
+        "partition": options(overrides).get("partition") or slurm.partition, "account": slurm.account,
+        "qos": slurm.qos, "time": options(overrides).get("time") or slurm.time, "constraint": slurm.constraint,
+    }
+    directives += [(name, str(value)) for name, value in optional.items() if value is not None]
+    directives.append(("output", join_path(run_dir, "slurm-%j.out")))
+    # A requeued job writes on after its first attempt's lines instead of over them.
+    directives.append(("open-mode", "append"))
+    if requeue:
+        directives += [("requeue", ""), ("signal", f"USR2@{slurm.signal_seconds}")]
+    directives += [tuple(d[2:].split("=", 1)) if "=" in d else (d[2:], "") for d in slurm.directives]
+    # srun runs this in every node's own shell, where $SLURM_NODEID and the head address expand.
+    # Each node appends to its own node<R>.log in the run directory, as over SSH: logs reads them alike.
+    # Slurm signals every process of the step: torchrun must ignore SIGUSR2 (its default action
+    # is to die) and hand the ignoring on; the workers install their own handler for it.
+    via = options(overrides).get("via") or slurm.via
+    _check_slurm_submission(profile, source, options(overrides).get("time") or slurm.time, requeue, via)
+    # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
+    ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
+    enter = "" if chdir == "." else f"cd {quote_path(chdir)} || exit 1; "  # the user's code: ranks start there
+    announce = (f'echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
+                f'Slurm start $((${{SLURM_RESTART_COUNT:-0}} + 1))"; ')
+    torchrun = f'"$FSDPCTL_PYTHON" {shell_join(step_args)}'
+    if secrets:
+        # What the ranks print passes the node's mask on its way to the log; torchrun's own per-rank
+        # copies are masked once it ends (so it is not exec'd: the shell waits for it).
+        mask = '"$FSDPCTL_PYTHON" -m fsdpctl.node.mask'
+        command = (f'set -o pipefail && cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && '
+                   f'{ignore}{{ {enter}{announce}{torchrun}; code=$?; '
+                   f'{mask} --scrub "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID"; exit $code; }} 2>&1 | '
+                   f'{mask} >> node"$SLURM_NODEID".log')
+    else:
+        command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
+                   f'{{ {enter}{announce}exec {torchrun}; }} >> node"$SLURM_NODEID".log 2>&1')
+    return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,
+                     signal_seconds=slurm.signal_seconds, via=via)

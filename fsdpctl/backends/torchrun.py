@@ -1,0 +1,62 @@
+"""What torchrun's own output says of a failure: its "Root Cause" summary (the failing rank, its exit
+code, its error file, when it failed) and whether the rank only lost a peer. Every backend runs one
+torchrun per node, and reads a failed node's last lines here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Optional
+
+from ..rundir.state import Failure, shell_exit_code
+
+TAIL_LINES = 30
+"""The failing rank's (else the node's) last lines kept with the failure."""
+_SUMMARY = "Root Cause (first observed failure)"
+_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_ERROR_FILE = re.compile(r"error_file\s*:\s*(\S+)")
+_FAILED_AT = re.compile(r"time\s*:\s*(\S+)")
+# What a rank says when another one died under it: such a failure is a consequence, not the cause.
+# A rank's or torchrun's own words for "another node went away": its collectives' peers, or the
+# rendezvous store that lives in the first node's torchrun (its agent dies with that node).
+_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote worker|remote process exited|"
+                        r"communicator was aborted|Broken pipe|connection to the C10d store has failed",
+                        re.IGNORECASE)
+
+
+def has_summary(lines: Sequence[str]) -> bool:
+    """torchrun printed its failure summary among these lines."""
+    return any(_SUMMARY in line for line in lines)
+
+
+def torchrun_failure(lines: Sequence[str], *, host: Optional[str], node_rank: Optional[int],
+                     exit_code: Optional[int], failed_at: Optional[str] = None,
+                     lost: Optional[str] = None) -> Failure:
+    """The failure a node's last ``lines`` (as its log keeps them: ``[rank<N>]:text``) describe:
+    torchrun's summary when it printed one (its rank, exit code, error file and time win), else the
+    node itself with ``exit_code``. ``lost``: why the node counts as lost, when it does."""
+    rank = local_rank = error_file = None
+    code = exit_code
+    text = "\n".join(lines)
+    cause = text.rfind(_SUMMARY)
+    if cause >= 0:
+        block = text[cause:cause + 2000]
+        if match := _ROOT_CAUSE.search(block):
+            rank, local_rank = int(match.group(1)), int(match.group(2))
+        if match := _EXITCODE.search(block):
+            code = int(match.group(1))
+        if match := _ERROR_FILE.search(block):
+            error_file = None if match.group(1) == "<N/A>" else match.group(1)
+        if match := _FAILED_AT.search(block):
+            failed_at = match.group(1)
+    if rank is not None:
+        own = [line for line in lines if line.startswith(f"[rank{rank}]:")]
+        last = (own or list(lines))[-TAIL_LINES:]
+    else:
+        last = list(lines)[-TAIL_LINES:]
+    shell_code, signal = shell_exit_code(code)
+    return Failure(kind="lost" if lost else "exit", host=host, node_rank=node_rank,
+                   exit_code=shell_code if shell_code else 1, signal=signal, rank=rank, local_rank=local_rank,
+                   error_file=error_file, failed_at=failed_at, last_lines=tuple(last),
+                   peer_gone=any(_PEER_GONE.search(line) for line in last), detail=lost)
