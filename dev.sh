@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Developer entry points on a fresh machine: `./dev.sh train` runs the main job, `./dev.sh test` the tests.
+# Developer entry points on a fresh machine: `./dev.sh train` runs the main job, `./dev.sh test` the tests
+# (`./dev.sh fast`: the fast lane, unit and contract tests without root).
 # Both create .venv (Python 3.10+, torch 2.13.0 pinned) when it is missing or older than pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -41,12 +42,20 @@ case "${1:-}" in
     fi
     exit "$rc"
     ;;
+  fast)
+    shift
+    setup_venv
+    # The fast lane: unit tests and the backend contract on the fake and local backends (no root, no
+    # namespaces, no Slurm); minutes, not the whole suite's twenty.
+    exec "$VENV/bin/python" -m pytest -n "${FSDPCTL_TEST_WORKERS:-2}" --dist loadscope tests/unit tests/contract \
+      -m "not integration and not workload and not gpu" "$@"
+    ;;
   lint)
     setup_venv
     exec "$VENV/bin/ruff" check .
     ;;
   *)
-    echo "usage: ./dev.sh train [launch flags] | test [pytest args] | lint" >&2
+    echo "usage: ./dev.sh train [launch flags] | test [pytest args] | fast [pytest args] | lint" >&2
     exit 2
     ;;
 esac

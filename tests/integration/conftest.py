@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.testbed.lab import Lab, netns_available
+from tests.testbed.slurm import SlurmCluster, slurm_available
 
 FAKE_TORCH_VERSION = "2.99.0+fake"
 
@@ -61,6 +62,19 @@ def lab(tmp_path_factory):
         yield lab
     finally:
         lab.down()
+
+
+@pytest.fixture(scope="session")
+def slurm(lab):
+    """A Slurm cluster on n1 and n2 (munged, slurmctld, a slurmd each)."""
+    reason = slurm_available()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the Slurm testbed must run in CI, but it {reason}")
+        pytest.skip(f"Slurm testbed: {reason}")
+    cluster = SlurmCluster(lab, ["n1", "n2"]).up()
+    yield cluster
+    cluster.down()
 
 
 def run_in_client(lab: Lab, tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
