@@ -94,5 +94,6 @@ def test_a_launch_that_would_not_fit_the_profiles_gpus_is_warned_before_it_start
     assert warning is not None and "will likely run out of memory" in warning and "fsdpctl estimate -p gpus" in warning
     assert memory_warning(fsdpctl.prepare(profile("80GiB"), runs_dir=tmp_path / "runs")) is None
     # A program of the user's is checked only when its model is named.
+    (tmp_path / "train.py").write_text("print('training')\n")
     assert memory_warning(fsdpctl.prepare(profile("1GiB"), ["train.py"], runs_dir=tmp_path / "runs",
                                           code=tmp_path)) is None
