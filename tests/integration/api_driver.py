@@ -5,6 +5,7 @@ notebook left running) and reads back what it reported with ``report(...)``."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,9 +16,11 @@ from typing import Any
 from tests.integration.test_launch import fsdpctl
 
 PRELUDE = '''\
-import json, os, signal, sys, time
+import faulthandler, json, os, signal, sys, time
 import fsdpctl
 from fsdpctl import *
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # a script that does not end shows where it is
 
 
 def report(value):
@@ -67,7 +70,18 @@ class Background:
             self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=tmp_path)
 
     def finish(self, timeout: float) -> tuple[int, list[Any], str]:
-        code = self.process.wait(timeout=timeout)
+        """The script's exit code, what it reported and its stderr; a script still running after
+        ``timeout`` seconds fails the test with every thread's stack (then it is killed)."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            self.process.kill()
+            self.process.wait(timeout=10)
+            raise AssertionError(f"the script did not end within {timeout} s; it reported "
+                                 f"{reports(self.out_path.read_text())}; its threads and stderr:\n"
+                                 f"{self.err_path.read_text()[-12000:]}") from None
         return code, reports(self.out_path.read_text()), self.err_path.read_text()
 
 
