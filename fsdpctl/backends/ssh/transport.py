@@ -287,6 +287,9 @@ class SSHTransport:
         except TimeoutError:
             raise SSHError(self.host, "timeout", f"command did not finish within {timeout:g} s",
                            "the node may be overloaded or stuck; raise the timeout or look at it") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise SSHError(self.host, "ssh", f"the command's channel failed: {exc or type(exc).__name__}",
+                           "the host may be down or unreachable; check it with fsdpctl doctor") from None
         finally:
             channel.close()
         return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
@@ -299,7 +302,11 @@ class SSHTransport:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
-        return transport.open_session(timeout=timeout or self.spec.connect_timeout)
+        try:
+            return transport.open_session(timeout=timeout or self.spec.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:  # a connection that stopped answering
+            raise SSHError(self.host, "ssh", f"could not open a channel: {exc or type(exc).__name__}",
+                           "the host may be down or unreachable; check it with fsdpctl doctor") from None
 
     def stream(self, command: str) -> _SSHStream:
         """Start a command line and read its output (stderr merged) as it arrives."""
