@@ -80,6 +80,24 @@ def rank_1_worker(run_id: str) -> int:
     raise SystemExit("rank 1's worker was not found")
 
 
+def fresh_by_hand(root: Path, lab, profile: Path, names: list[str], env: dict[str, str]) -> float:
+    """A run of ``profile`` started fresh by hand: its node scripts (the torchrun lines a user would
+    type) started in each host's namespace at once, no SSH; seconds to the first `step=` line."""
+    out = root / f"rendered-{time.monotonic_ns()}"
+    subprocess.run([sys.executable, "-m", "fsdpctl", "render", "-p", str(profile), "--out", str(out)], env=env,
+                   check=True, capture_output=True)
+    run_dir = Path(json.loads((out / "plan.json").read_text())["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "pkg").symlink_to(REPO, target_is_directory=True)  # put in place once, by hand (not timed)
+    started = time.perf_counter()
+    processes = [subprocess.Popen(
+        ["ip", "netns", "exec", lab.hosts[name].namespace, "unshare", "--uts", "sh", "-c",
+         f"hostname {name} && exec bash {out}/node{rank}.sh"], env=env, text=True,
+        stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for rank, name in enumerate(names)]
+    return first_step(processes, started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -113,19 +131,7 @@ def main() -> None:
             return first - killed
 
         def by_hand() -> float:
-            out = root / f"rendered-{time.monotonic_ns()}"
-            subprocess.run([*fsdpctl, "render", "-p", str(profile), "--out", str(out)], env=env, check=True,
-                           capture_output=True)
-            run_dir = Path(json.loads((out / "plan.json").read_text())["run_dir"])
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "pkg").symlink_to(REPO, target_is_directory=True)  # put in place once, by hand (not timed)
-            started = time.perf_counter()
-            processes = [subprocess.Popen(
-                ["ip", "netns", "exec", lab.hosts[name].namespace, "unshare", "--uts", "sh", "-c",
-                 f"hostname {name} && exec bash {out}/node{rank}.sh"], env=env, text=True,
-                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.STDOUT)
-                for rank, name in enumerate(["n1", "n2"])]
-            return first_step(processes, started)
+            return fresh_by_hand(root, lab, profile, ["n1", "n2"], env)
 
         baseline = "the same run started fresh by hand"
         samples = interleaved({"fsdpctl: rank killed -> first step of attempt 2": restarted, baseline: by_hand},

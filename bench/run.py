@@ -30,6 +30,7 @@ BENCHMARKS = {
     "logs": ["log_latency.py"],
     "stacks": ["stacks.py"],
     "restart": ["restart.py"],
+    "spares": ["spare_recovery.py --nodes 2", "spare_recovery.py --nodes 8"],
     "gpu": ["gpu_workload.py"],
     "estimate": ["estimate_time.py"],
     "timing": ["rank_timing.py"],
@@ -122,6 +123,14 @@ def rows() -> list[tuple[str, str, str, str]]:
         phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in restart["phases_median_s"].items())
         out.append(("restart: rank killed -> first step of attempt 2 / the same run started fresh by hand",
                     f"{ours['ratio_to_baseline']:.3f} ({ours['median_s']:.1f} s: {phases})", "no goal set", "-"))
+    for nodes in (2, 8):
+        spared = load(f"spare_recovery_{nodes}")
+        if spared:
+            ours = next(row for name, row in spared["cases"].items() if name.startswith("fsdpctl"))
+            phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in spared["phases_median_s"].items())
+            out.append((f"spare, {nodes}+1 nodes: (link cut -> first step on the spare - node timeout) / fresh start",
+                        f"{spared['beyond_node_timeout_over_fresh']:.2f} ({ours['median_s']:.1f} s: {phases})",
+                        "<= 1.2", "PASS" if spared["beyond_node_timeout_over_fresh"] <= 1.2 else "FAIL"))
     for ranks in (4, 32):
         stacks = load(f"stacks_{ranks}_ranks").get("cases", {})
         ours = stacks.get("fsdpctl stacks", {})
@@ -184,9 +193,11 @@ def main() -> None:
     if not args.summary_only:
         for name in chosen:
             print(f"\n=== {name} ===", flush=True)
-            done = subprocess.run([sys.executable, str(HERE / BENCHMARKS[name][0])], check=False)
-            if done.returncode != 0:
-                print(f"bench: {name} exited {done.returncode}", flush=True)
+            for command in BENCHMARKS[name]:
+                script, *script_args = command.split()
+                done = subprocess.run([sys.executable, str(HERE / script), *script_args], check=False)
+                if done.returncode != 0:
+                    print(f"bench: {command} exited {done.returncode}", flush=True)
     table = rows()
     print()
     if args.markdown:

@@ -29,3 +29,10 @@ def isolated_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     return home
+
+
+@pytest.fixture(autouse=True)
+def own_state_dir(tmp_path, monkeypatch):
+    """fsdpctl's state on this machine (hosts excluded per profile) is each test's own: an exclusion one
+    test makes never reaches another, nor the machine's real state."""
+    monkeypatch.setenv("FSDPCTL_STATE_DIR", str(tmp_path / "fsdpctl-state"))

@@ -28,6 +28,7 @@ from .events import (
     RunEnded,
     RunStarted,
 )
+from .hosts import HostInfo, hosts
 from .init import InitRefused, InitResult, init_profile
 from .launching import launch, prepare, submit
 from .prepare import Prepared, load_profile

@@ -53,6 +53,11 @@ def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
     if not inputs:
         raise UsageError(f"run {run.run_id}: has no {INPUTS} (started by an older fsdpctl)",
                          "start it afresh with `fsdpctl launch`")
+    if profile is None and backend.takes_spares:
+        from ..hostpool.placing import place_hosts
+
+        # the run's profile as it placed its hosts now: remembered exclusions and its --exclude applied
+        profile = place_hosts(run.profile, tuple(inputs.get("exclude") or ())).profile
     overrides = overrides_from_json(inputs["overrides"])
     overrides = dataclasses.replace(overrides, train={**overrides.train, **train}, attempt=run.plan.attempt + 1,
                                     **{k: v for k, v in changes.items() if v is not None})
@@ -116,6 +121,9 @@ def plan_restart(backend: Backend, run: RunDir, outcome: Outcome, last_attempt: 
         if not saved:
             return None, "not restarting: the run has no complete checkpoint yet (it would start from step 0)"
         from_step = saved[-1]
-    next_plan, scripts = plan_next_attempt(backend, run, train={})
+    try:
+        next_plan, scripts = plan_next_attempt(backend, run, train={})
+    except UsageError as exc:
+        return None, f"not restarting: {exc.message}"
     after = outcome.first_failure.describe() if outcome.first_failure else f"exit {outcome.exit_code}"
     return NextAttempt(next_plan, scripts, from_step), after

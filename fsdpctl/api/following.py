@@ -1,11 +1,10 @@
 """Starting and following a run, whatever runs it: the preflight, the start, following it to its end
-with the hang watchdog, and starting it again after a failure while its restarts last. A new run,
-a resumed one and a restart all go through ``start_attempt``. Everything the user should hear goes
-out as events; nothing here prints."""
+with the hang watchdog (``restarting`` starts it again after a failure). A new run, a resumed one and
+a restart all go through ``start_attempt``. Everything the user should hear goes out as events;
+nothing here prints."""
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
@@ -13,9 +12,7 @@ from typing import TYPE_CHECKING, Optional
 from ..errors import PreflightError
 from ..rundir.state import Outcome
 from .events import (
-    AttemptStarting,
     Emitter,
-    Fetched,
     HostChecked,
     PreflightFailed,
     PreflightStarted,
@@ -31,9 +28,10 @@ if TYPE_CHECKING:
 
 
 def check(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
-          recheck: bool = False) -> Optional[Preflight]:
+          recheck: bool = False) -> Preflight:
     """doctor's fast checks on the plan's nodes (the agents stage the payload on the way). A first
-    preflight that fails raises PreflightError; a re-check says so with an event and returns None."""
+    preflight that fails raises PreflightError; a re-check that fails says so with an event and is
+    returned (``ok`` false, nothing left staged)."""
     emit(PreflightStarted(plan.num_nodes, recheck))
     found = backend.preflight(plan, payload, on_host=lambda host: emit(HostChecked(host)))
     if found.ok:
@@ -43,17 +41,19 @@ def check(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *
     if not recheck:
         raise PreflightError(found.report)
     emit(PreflightFailed(found.report))
-    return None
+    return found
 
 
 def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
                   open_run: Callable[[], RunDir], detached: bool, preflight: bool = True,
-                  recheck: bool = False) -> Optional[tuple[RunDir, Follower]]:
-    """Check the nodes (unless ``preflight`` is off), make the run directory ready (``open_run``: a
-    new run's, or the next attempt's), start the attempt and say so; the run and its owner's
-    follower. None when a re-check failed: nothing was started."""
-    checked = check(backend, plan, payload, emit, recheck=recheck) if preflight else None
-    if preflight and checked is None:
+                  recheck: bool = False, checked: Optional[Preflight] = None) -> Optional[tuple[RunDir, Follower]]:
+    """Check the nodes (unless ``preflight`` is off, or ``checked`` is what a check of this plan
+    found), make the run directory ready (``open_run``: a new run's, or the next attempt's), start
+    the attempt and say so; the run and its owner's follower. None when a re-check failed: nothing
+    was started."""
+    if checked is None and preflight:
+        checked = check(backend, plan, payload, emit, recheck=recheck)
+    if checked is not None and not checked.ok:
         return None
     try:
         run = open_run()
@@ -64,19 +64,6 @@ def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Em
     follower = backend.start(run, payload, detached=detached, preflight=checked)
     emit(RunStarted(run.run_id, follower.how, str(run.root), run.plan.attempt, detached))
     return run, follower
-
-
-def run_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
-                open_run: Callable[[], RunDir], preflight: bool, detach: bool, signals: bool,
-                fetch: tuple[str, ...] = ()) -> RunDir:
-    """Start an attempt (``start_attempt``) and, unless detached, follow it to its end, restarting
-    while the run's restarts last; the run as it now is."""
-    started = start_attempt(backend, plan, payload, emit, open_run=open_run, detached=detach, preflight=preflight)
-    assert started is not None  # a first preflight raises rather than return nothing
-    run, follower = started
-    if not detach:
-        run, _ = follow_with_restarts(backend, run, follower, emit, signals=signals, fetch=fetch)
-    return run
 
 
 def follow(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,
@@ -104,35 +91,3 @@ def follow_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals
     """Follow a run this process did not start: a detached or scheduled run has no owner, so whoever
     follows it acts on a hang; someone else's foreground run is only reported on."""
     return follow(backend, run, backend.attach(run), emit, signals=signals, act=run.record.detached, leave=leave)
-
-
-def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,
-                         fetch: tuple[str, ...] = ()) -> tuple[RunDir, Outcome]:
-    """Follow a foreground run this process started to its end; after a failure, re-check the nodes
-    and start the next attempt while the run's restarts last; then fetch. The run as it now is (its
-    last attempt) and how it ended."""
-    from ..rundir.attempts import begin_attempt
-    from .attempts import plan_restart
-
-    plan = run.plan
-    last_attempt = plan.attempt + plan.max_restarts
-    outcome = follow(backend, run, follower, emit, signals=signals, act=True)
-    while outcome.exit_code != 0:
-        attempt, after = plan_restart(backend, run, outcome, last_attempt)
-        if attempt is None:
-            if after:
-                emit.notice(after, "warning")
-            break
-        emit(AttemptStarting(plan.run_id, attempt.plan.attempt, last_attempt, attempt.from_step, after or ""))
-        started = start_attempt(backend, attempt.plan, attempt.payload(), emit, detached=False, recheck=True,
-                                open_run=functools.partial(begin_attempt, run, attempt.plan, attempt.scripts,
-                                                           attempt.from_step))
-        if started is None:
-            emit.notice(f"run {plan.run_id} ends: a node failed its re-check before attempt {attempt.plan.attempt} "
-                        f"(above); nothing of it was started", "error")
-            break
-        run, follower = started
-        outcome = follow(backend, run, follower, emit, signals=signals, act=True)
-    for path in fetch:
-        emit(Fetched(backend.fetch(run, path)))
-    return run, outcome

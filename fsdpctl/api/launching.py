@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..errors import UsageError
 from .events import Emitter, EventHandler
 from .options import Command, JobOptions, PathLike, resolve_options
 from .prepare import Prepared, ProfileLike, prepare_run
 from .run import Run
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+    from ..rundir.rundir import RunDir
 
 SUBMIT_BACKEND = "slurm"
 """The scheduler ``submit`` goes through (``fsdpctl submit --slurm``; the only one so far)."""
@@ -108,7 +112,7 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     from ..backends import backend_for
     from ..rundir.rundir import create_run
     from .estimate import memory_warning
-    from .following import run_attempt
+    from .restarting import run_attempt
 
     for warning in prepared.warnings:
         emit.notice(f"warning: {warning}", "warning")
@@ -118,10 +122,38 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     loaded, plan = prepared.loaded, prepared.plan
     backend = backend_for(loaded.profile, plan.backend)
     try:
+        if preflight and prepared.spares:
+            check_spares(backend, prepared, emit)
         run_dir = run_attempt(backend, plan, prepared.payload(), emit, preflight=preflight, detach=detach,
                               signals=signals, fetch=fetch,
-                              open_run=lambda: create_run(plan, loaded.profile, prepared.scripts, loaded.text,
-                                                          prepared.inputs))
+                              open_run=lambda: _created(create_run(plan, loaded.profile, prepared.scripts,
+                                                                   loaded.text, prepared.inputs), prepared))
     finally:
         backend.close()  # the Run opens its connections again when asked
     return Run(run_dir, backend)
+
+
+def _created(run: RunDir, prepared: Prepared) -> RunDir:
+    """A new run's directory, with the spares it runs on in the place of excluded hosts recorded."""
+    if prepared.replacements:
+        run.change(replacements=prepared.replacements)
+    return run
+
+
+def check_spares(backend: Backend, prepared: Prepared, emit: Emitter) -> None:
+    """doctor's fast checks on the spares too, beside the run's hosts, so a bad spare is known (and
+    never chosen) before it is needed: one that fails is excluded for the profile, with why."""
+    from ..hostpool.blame import unfit_hosts
+    from ..hostpool.store import Exclusion, add_exclusions
+    from ..rundir.record import now
+
+    hosts = [h.host for h in prepared.placed_hosts]
+    report = backend.check_hosts([*prepared.placed_hosts, *prepared.spares])
+    unfit = {host: why for host, why in unfit_hosts(report, trusted=hosts).items() if host not in hosts}
+    passed = [h.host for h in prepared.spares if h.host not in unfit]
+    emit.notice(f"spare host(s) checked: {', '.join(passed) or 'none'} pass{'es' if len(passed) == 1 else ''}")
+    when = now()
+    add_exclusions(prepared.loaded.name, [Exclusion(host, f"failed the preflight: {why}", prepared.plan.run_id, when)
+                                          for host, why in unfit.items()])
+    for host, why in unfit.items():
+        emit.notice(f"spare {host} failed its check and is excluded until restored: {why}", "warning")

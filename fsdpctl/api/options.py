@@ -38,6 +38,10 @@ def build_options(command: Optional[Command] = None, **values: Any) -> JobOption
     if "secrets" in options:
         secrets = options["secrets"]
         options["secrets"] = (secrets,) if isinstance(secrets, str) else tuple(secrets)
+    if isinstance(options.get("exclude"), str):
+        options["exclude"] = (options["exclude"],)
+    if "exclude" in options:
+        options["exclude"] = tuple(options["exclude"])
     for name in ("code", "requirements"):
         if name in options:
             options[name] = Path(options[name]).expanduser()

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from ..job import Job
     from ..plan.types import LaunchPlan, Overrides
     from ..profiles.loader import LoadedProfile
+    from ..profiles.schema import ClusterProfile, HostSpec
+    from ..rundir.status import Replacement
 
 ProfileLike = Union[str, "os.PathLike[str]", "LoadedProfile"]
 """A profile's name (``./cluster_profiles``, ``~/.config/fsdpctl/profiles``, shipped), a path to a
@@ -52,6 +54,12 @@ class Prepared:
     """What the plan was made from (kept with the run as inputs.json)."""
     warnings: tuple[str, ...] = ()
     """What the caller should hear before it starts (a credential passed as a plain variable)."""
+    replacements: tuple[Replacement, ...] = ()
+    """Spares the run uses in the place of excluded hosts (remembered, or ``--exclude``)."""
+    placed_hosts: tuple[HostSpec, ...] = ()
+    """The hosts the run uses, spares in place (a backend that takes spares)."""
+    spares: tuple[HostSpec, ...] = ()
+    """The spares left, checked by the preflight too."""
 
     @property
     def queued(self) -> bool:
@@ -84,14 +92,15 @@ def plan_inputs(loaded: LoadedProfile) -> dict[str, Any]:
 
 
 def build_plan(loaded: LoadedProfile, overrides: Overrides, *, backend: Optional[str] = None,
-               runs_dir: Optional[Path] = None) -> LaunchPlan:
-    """The plan of a new run of ``loaded`` through ``backend`` (default: the profile's) with a fresh run id."""
+               runs_dir: Optional[Path] = None, profile: Optional[ClusterProfile] = None) -> LaunchPlan:
+    """The plan of a new run of ``loaded`` through ``backend`` (default: the profile's) with a fresh run
+    id; ``profile``: the profile as placed (its hosts with spares in place), default ``loaded``'s."""
     from ..backends import backend_class
     from ..plan.make import make_plan
     from ..rundir.paths import new_run_id, runs_root
 
     run_id = new_run_id(loaded.profile.name)
-    return make_plan(loaded.profile, placer=backend_class(backend or loaded.profile.backend), run_id=run_id,
+    return make_plan(profile or loaded.profile, placer=backend_class(backend or loaded.profile.backend), run_id=run_id,
                      local_run_dir=str((runs_dir or runs_root()) / run_id), overrides=overrides,
                      **plan_inputs(loaded))
 
@@ -141,9 +150,19 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         backend_options=backend_options(placer, options, job))
     if placer.queued and overrides.max_restarts:
         raise UsageError(f"--max-restarts: {placer.name} requeues a job itself", "use requeue=True (--requeue) instead")
-    plan = build_plan(loaded, overrides, backend=placer.name, runs_dir=runs_dir)
+    from ..hostpool.placing import place_hosts
+
+    placed = place_hosts(loaded.profile, options.exclude) if placer.takes_spares else None
+    if options.exclude and placed is None:
+        raise UsageError(f"--exclude: {placer.name} does not run on hosts the profile names", "drop --exclude")
+    plan = build_plan(loaded, overrides, backend=placer.name, runs_dir=runs_dir,
+                      profile=placed.profile if placed is not None else None)
     warnings = tuple(f"{name} looks like a credential and is written into the run's scripts and records; pass it "
                      f"as a secret instead (--env {name}, or secrets: [{name}])"
                      for name in credential_like({**loaded.profile.env, **job.env}))
-    inputs = {**plan_inputs(loaded), "overrides": overrides_to_json(overrides)}
-    return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings)
+    inputs = {**plan_inputs(loaded), "overrides": overrides_to_json(overrides), "exclude": list(options.exclude)}
+    if placed is None:
+        return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings)
+    warnings += tuple(f"{r.by} runs in the place of {r.host}, excluded: {r.why}" for r in placed.replacements)
+    return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings, placed.replacements,
+                    placed.profile.hosts, placed.profile.spares)

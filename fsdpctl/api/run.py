@@ -38,6 +38,9 @@ class RunInfo:
     attempt: int
     created_at: Optional[str]
     path: Path
+    recoveries: tuple[str, ...] = ()
+    """Each later attempt's spares and what its restart cost ("attempt 2: n4 in the place of n2
+    (lost: ...); stood still 21.3 s, 5 step(s) done again")."""
 
 
 class Run:
@@ -78,7 +81,7 @@ class Run:
         """What run.json says now (another process may have written it since); asks no node."""
         record = self._dir.record
         return RunInfo(self.run_id, record.state, record.backend, record.num_nodes or None, record.exit_code,
-                       record.attempt, record.created_at, self.path)
+                       record.attempt, record.created_at, self.path, record.recoveries())
 
     def __repr__(self) -> str:
         return f"<fsdpctl.Run {self.run_id} {self.info.state}>"
@@ -219,7 +222,8 @@ class Run:
         from ..rundir.attempts import begin_attempt
         from ..rundir.rundir import attempt_lock
         from .attempts import plan_resume
-        from .following import follow_with_restarts, start_attempt
+        from .following import start_attempt
+        from .restarting import follow_with_restarts
 
         JobOptions(node_timeout=node_timeout, hang_timeout=hang_timeout, on_hang=on_hang, max_restarts=max_restarts)
         emit = Emitter(on_event)

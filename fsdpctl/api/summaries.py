@@ -33,7 +33,7 @@ def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
                          "\"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl (see README, Reports)")
     series = read_run_files(found["metrics.jsonl"], run.run_id, next(iter(found["summary.json"]), None))
     summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
-    summary_.notes = notes
+    summary_.notes = [*run.info.recoveries, *notes]
     return series, summary_
 
 

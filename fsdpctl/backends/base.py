@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, Protocol
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..bundle import Payload
     from ..hostcheck.checks import DoctorReport, HostReport
     from ..plan.types import LaunchPlan, Overrides, Placement, PlanContext
-    from ..profiles.schema import ClusterProfile
+    from ..profiles.schema import ClusterProfile, HostSpec
     from ..rundir.lines import LogLine
     from ..rundir.rundir import RunDir
     from ..rundir.state import Outcome
@@ -115,6 +115,9 @@ class Backend(ABC):
     queued: ClassVar[bool] = False
     """Its runs wait in a scheduler's queue: started with ``fsdpctl submit``, restarted (requeued)
     by the scheduler, never by a launcher."""
+    takes_spares: ClassVar[bool] = False
+    """It runs on the hosts a profile names, and an attempt may run on other hosts than the one
+    before: ``spares:``, ``--exclude`` and the replacement of a failed node (``check_hosts`` too)."""
 
     def __init__(self, profile: ClusterProfile):
         self.profile = profile
@@ -195,6 +198,12 @@ class Backend(ABC):
                   on_host: Callable[[HostReport], None] | None = None) -> Preflight:
         """The fast checks before starting ``plan``; ``payload`` may be staged on the way (default: none)."""
         return Preflight()
+
+    def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None
+                    ) -> DoctorReport:
+        """doctor's fast checks on ``hosts`` (spares, a host to restore) as a run of the profile would
+        use them, nothing staged, no port tried (a backend that ``takes_spares``)."""
+        raise UsageError(f"backend {self.name}: has no spare hosts", "check its nodes with fsdpctl doctor")
 
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         """Files the backend would write itself besides the rendered scripts, for ``--dry-run``."""

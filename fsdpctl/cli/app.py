@@ -9,7 +9,7 @@ import typer
 
 from .. import __version__
 from ..errors import FsdpctlError, PreflightError
-from . import doctor, estimate, fetch, init, launch, logs, profiles, render, report, stacks, status, submit
+from . import doctor, estimate, fetch, hosts, init, launch, logs, profiles, render, report, stacks, status, submit
 
 app = typer.Typer(
     name="fsdpctl",
@@ -50,6 +50,7 @@ app.command(name="fetch")(fetch.fetch)
 app.command(name="runs")(status.runs)
 app.command(name="render")(render.render)
 app.command(name="profiles")(profiles.profiles)
+app.command(name="hosts")(hosts.hosts)
 
 
 def report_error(exc: FsdpctlError) -> None:

@@ -26,6 +26,8 @@ def launch(
                                                "fails (or the run hangs), tear down, re-check the nodes and start "
                                                "again from the newest complete checkpoint, up to N times (default: "
                                                "the profile's max_restarts, 0). Not with --detach."),
+    exclude: Optional[list[str]] = typer.Option(None, "--exclude", help="Leave this host of the profile out of "
+                                                "this launch; a spare takes its place (repeatable)."),
 ) -> None:
     """Start your program (after --) or the bundled FSDP/FSDP2 GPT training on every node of PROFILE.
 
@@ -40,14 +42,14 @@ def launch(
     from .show import print_dry_run
 
     if flags.resume is not None:
-        flags.refuse_with_resume()
+        flags.refuse_with_resume(exclude=exclude)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
         printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"))
         run.resume(steps=flags.steps, epochs=flags.epochs, detach=detach, preflight=not no_preflight,
                    fetch=tuple(fetch or ()), node_timeout=node_timeout, hang_timeout=flags.hang_timeout,
                    on_hang=flags.on_hang, max_restarts=max_restarts, on_event=printer, handle_signals=True)
         raise typer.Exit(exit_code_of(printer))
-    options = flags.job_options(node_timeout=node_timeout, max_restarts=max_restarts)
+    options = flags.job_options(node_timeout=node_timeout, max_restarts=max_restarts, exclude=tuple(exclude or ()))
     if flags.dry_run:
         prepared = fsdpctl.prepare(flags.profile, options=options)
         print_dry_run(prepared.plan, prepared.previews(), flags.as_json, prepared.warnings)

@@ -14,6 +14,7 @@ def status(
 ) -> None:
     """Per node: running, succeeded or failed, exit codes, and the last step and loss."""
     import fsdpctl
+    from fsdpctl.rundir.status import attempt_changes
 
     with fsdpctl.get_run(run_id) as run:
         info = run.status()
@@ -31,7 +32,10 @@ def status(
         start = f" from step {earlier.from_step}" if earlier.from_step is not None else ""
         ended = f": {earlier.ended_by}" if earlier.ended_by else ""
         code = "" if earlier.exit_code is None else f" (exit {earlier.exit_code})"
-        typer.echo(f"  attempt {earlier.attempt}{start}: {earlier.state}{code}{ended}")
+        changes = attempt_changes(earlier.replacements, earlier.recovery)
+        typer.echo(f"  attempt {earlier.attempt}{start}: {earlier.state}{code}{ended}{changes}")
+    if info.replacements or info.recovery:
+        typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery)[2:]}")
     for node in info.nodes:
         code = "" if node.exit_code is None else f" (exit {node.exit_code})"
         typer.echo(f"  node {node.node_rank} {node.host}: {node.state}{code}")

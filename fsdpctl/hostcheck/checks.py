@@ -39,6 +39,8 @@ class HostReport:
     facts: Optional[dict[str, Any]] = None
     checks: list[Check] = field(default_factory=list)
     seconds: float = 0.0
+    interface: Optional[str] = None
+    """Its own card's name, when it was probed for one other than the profile's."""
 
     @property
     def status(self) -> Status:
@@ -273,16 +275,10 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
     }
     for name in sorted({n for f in facts.values() for n in (f.get("packages") or {}) if n != "torch"}):
         values[name] = {h: (f.get("packages") or {}).get(name) for h, f in facts.items()}
-    cards = {r.host: _interface_of(profile, r.node_rank) for r in reports if r.facts is not None}
+    cards = {r.host: r.interface or profile.network.interface for r in reports if r.facts is not None}
     if any(cards.values()):
         values["mtu"] = {h: (f["interfaces"].get(cards[h] or "") or {}).get("mtu") for h, f in facts.items()}
     return values
-
-
-def _interface_of(profile: ClusterProfile, node_rank: int) -> Optional[str]:
-    """The card a node talks over: its own (``hosts[].interface``), else the profile's."""
-    own = profile.hosts[node_rank].interface if node_rank < len(profile.hosts) else None
-    return own or profile.network.interface
 
 
 def _shown(value: Any) -> str:

@@ -81,7 +81,7 @@ def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfil
     open for the caller (launch reuses it); the caller closes it. ``runner`` runs the probe (default:
     a command of its own; launch's runs it inside the command that stages and starts the node)."""
     started = time.monotonic()
-    report = HostReport(host=job.transport.host, node_rank=job.node_rank)
+    report = HostReport(host=job.transport.host, node_rank=job.node_rank, interface=job.args.get("interface"))
     try:
         status, out, err = (runner(job, timeout) if runner else run_probe_command(job, python, timeout))
         if status == 127 or (status != 0 and "No such file" in err and python in err):

@@ -95,6 +95,10 @@ def _profile_rules(p: ClusterProfile):
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         return "hosts", f"{dup!r} is listed twice", "list every node once"
+    spares = [h.host for h in p.spares]
+    if len(set(spares)) != len(spares) or set(spares) & set(names):
+        dup = next(n for n in spares if spares.count(n) > 1 or n in names)
+        return "spares", f"{dup!r} is listed twice (a host is either a node or a spare)", "list every host once"
     if p.rendezvous.host is not None and p.hosts and p.rendezvous.host not in names:
         return "rendezvous.host", f"{p.rendezvous.host!r} is not one of hosts", "name one of: " + ", ".join(names)
     if isinstance(p.nproc_per_node, int) and p.nproc_per_node < 1:
@@ -155,6 +159,9 @@ def _backend_rules(p: ClusterProfile):
         return ("backend", f"{p.backend!r} is not a backend fsdpctl knows",
                 f"give one of {', '.join(known)} (a backend's package registers it under the entry point group "
                 f"{ENTRY_POINT_GROUP})")
+    if p.spares and not backend_class(p.backend).takes_spares:
+        return ("spares", f"backend {p.backend} does not run on hosts the profile names",
+                "remove spares: (they serve ssh profiles)")
     return backend_class(p.backend).check_profile(p)
 
 

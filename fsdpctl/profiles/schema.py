@@ -227,6 +227,10 @@ class ClusterProfile:
     SSH), slurm (nodes allocated by Slurm), or one an installed package registers."""
     hosts: tuple[HostSpec, ...] = ()
     """Nodes, in node-rank order (ssh: required; local: this machine; slurm: unused)."""
+    spares: tuple[HostSpec, ...] = ()
+    """Hosts kept in reserve (the same form as ``hosts``): they run nothing, but the preflight checks
+    them too; when a node is lost, or its ranks die by a signal the others did not get, or it fails the
+    re-check before a restart (``max_restarts``), the first spare that passes takes its place (ssh)."""
     nproc_per_node: Union[int, Literal["auto"]] = "auto"
     """Processes per node: ``auto`` is the node's GPU count; a number is used as given (on CPU too)."""
     device: Device = "auto"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .state import Failure, Outcome, RunState
-from .status import AttemptInfo, NodeStatus, RunStatus
+from .status import AttemptInfo, NodeStatus, Recovery, Replacement, RunStatus, attempt_changes
 
 
 def now() -> str:
@@ -74,6 +74,11 @@ class RunRecord:
     """The checkpoint step this attempt continued from (the bundled workload)."""
     attempts: tuple[AttemptInfo, ...] = ()
     """The earlier attempts, oldest first."""
+    replacements: tuple[Replacement, ...] = ()
+    """Spares this attempt runs on in the place of excluded hosts (which host, by which, why)."""
+    recovery: Optional[Recovery] = None
+    """How long the run stood still from the last attempt's failure to this one's first step, and
+    how many steps it trains again."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend keeps of the run (Slurm: ``job_id``, ``via``, ``slurm_output``, ``slurm_state``)."""
 
@@ -106,7 +111,15 @@ class RunRecord:
         return AttemptInfo(attempt=self.attempt, state=self.state, exit_code=self.exit_code,
                            from_step=self.from_step, ended_by=failure.describe() if failure else None,
                            started_at=self.started_at or self.submitted_at, finished_at=self.finished_at,
-                           job_id=self.job_id, nodes=self.nodes)
+                           job_id=self.job_id, nodes=self.nodes, replacements=self.replacements,
+                           recovery=self.recovery)
+
+    def recoveries(self) -> tuple[str, ...]:
+        """Each attempt's spares and what its restart cost, in a line ("attempt 2: n4 in the place of
+        n2 (lost: ...); stood still 21.3 s, 5 step(s) done again"), for those that had either."""
+        every = [*((a.attempt, a.replacements, a.recovery) for a in self.attempts),
+                 (self.attempt, self.replacements, self.recovery)]
+        return tuple(f"attempt {n}: {attempt_changes(r, c)[2:]}" for n, r, c in every if r or c)
 
     def outcome(self) -> Outcome:
         """How the run ended, as recorded (for a run that has ended)."""
@@ -121,6 +134,7 @@ class RunRecord:
             "run_id": self.run_id, "state": self.state, "exit_code": self.exit_code, "nodes": self.nodes,
             "first_failure": self.first_failure, "attempt": self.attempt, "from_step": self.from_step,
             "attempts": self.attempts, "job": {"job_id": self.job_id} if self.job_id else {},
+            "replacements": self.replacements, "recovery": self.recovery,
         }
         values.update(changes)
         return RunStatus(**values)
@@ -147,6 +161,10 @@ class RunRecord:
             data["attempts"] = [a.to_json() for a in self.attempts]
         if self.remaining:
             data["remaining"] = dict(self.remaining)
+        if self.replacements:
+            data["replacements"] = [r.to_json() for r in self.replacements]
+        if self.recovery is not None:
+            data["recovery"] = self.recovery.to_json()
         data.update({k: v for k, v in self.job.items() if k not in data})
         return data
 
@@ -167,6 +185,8 @@ class RunRecord:
             launcher=Launcher(host=str(launcher.get("host")), pid=int(launcher.get("pid") or 0)) if launcher else None,
             remaining=dict(data.get("remaining") or {}),
             attempts=tuple(AttemptInfo.from_json(a) for a in data.get("attempts") or ()),
+            replacements=tuple(Replacement.from_json(r) for r in data.get("replacements") or ()),
+            recovery=Recovery.from_json(data.get("recovery")),
             job={k: v for k, v in data.items() if k not in _KNOWN}, detached=bool(data.get("detached")),
             logs_complete=bool(data.get("logs_complete")), **values,
         )

@@ -16,6 +16,7 @@ class LocalBackend(NodesBackend):
     """This machine as the only node."""
 
     name = "local"
+    takes_spares = False  # one node, this machine
     port_check = False  # one node: nobody else needs to reach the rendezvous port
 
     @classmethod

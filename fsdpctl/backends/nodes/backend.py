@@ -8,8 +8,9 @@ an attempt on other hosts than the one before simply reaches those.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Protocol
@@ -20,7 +21,7 @@ from ...hostcheck.checks import DoctorReport, HostReport
 from ...hostcheck.fanout import NodeProbe, ProbeRunner, make_jobs, run_doctor
 from ...node.stacks import answer_of
 from ...plan.types import LaunchPlan, Overrides, PlanContext
-from ...profiles.schema import ClusterProfile
+from ...profiles.schema import ClusterProfile, HostSpec
 from ...rundir.attempts import attempt_folder
 from ...rundir.lines import read_merged
 from ...rundir.outcome import NodeEnd, settle
@@ -49,6 +50,7 @@ class HasHost(Protocol):
 class NodesBackend(Backend):
     """The node protocol over one connection per node host (opened on first use)."""
 
+    takes_spares = True
     port_check: ClassVar[bool]
     """Whether the rendezvous port can be tried between nodes (not on one machine)."""
 
@@ -97,6 +99,16 @@ class NodesBackend(Backend):
                          extra=request.extra)
         return run_doctor(self.profile, jobs, python=python, timeout=request.timeout, nproc=request.nproc,
                           concurrency=request.concurrency, on_host=on_host, runner=runner)
+
+    def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None
+                    ) -> DoctorReport:
+        """doctor's fast checks on ``hosts`` placed as a run of the profile would place them."""
+        alone = dataclasses.replace(self.profile, hosts=tuple(hosts), spares=(),
+                                    rendezvous=dataclasses.replace(self.profile.rendezvous, host=None))
+        placed = self.placement(alone, Overrides(), PlanContext.here("check"))
+        nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
+        request = DoctorRequest(port=0, timeout=PREFLIGHT_TIMEOUT, port_check=False)
+        return self.doctor(request, on_host, nodes=nodes, master=(0, placed.master_addr), python=placed.python)
 
     def preflight(self, plan: LaunchPlan, payload: Payload,
                   on_host: Callable[[HostReport], None] | None = None) -> Preflight:

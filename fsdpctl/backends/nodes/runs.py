@@ -71,7 +71,9 @@ class NodeRun:
 def node_records(runs: Sequence[NodeRun]) -> tuple[NodeStatus, ...]:
     """Each node as run.json records it."""
     return tuple(NodeStatus(node_rank=r.rank, host=r.node.host, address=r.node.address, pid=r.pid, state=r.state,
-                            exit_code=r.exit_code, log_bytes=r.received) for r in runs)
+                            exit_code=r.exit_code, log_bytes=r.received, stopped=r.stopped, detail=r.lost_reason,
+                            signal=first_failure_of(r).signal if r.state == NodeState.FAILED else None)
+                 for r in runs)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class SSHBackend(NodesBackend):
     def open_connection(self, host: str) -> Transport:
         from .transport import SSHTransport  # paramiko only when a profile really needs SSH
 
-        spec = next((h for h in self.profile.hosts if h.host == host), HostSpec(host=host))
+        spec = next((h for h in (*self.profile.hosts, *self.profile.spares) if h.host == host), HostSpec(host=host))
         return SSHTransport(spec, self.profile.ssh)
 
     def address_of(self, host: str) -> str:

@@ -1,0 +1,199 @@
+"""A foreground run followed to its end, and started again after a failure while its restarts last:
+on healthy hosts, the node to blame left out and the first spare that passes the re-check in its
+place, every exclusion remembered for the profile.
+
+The rule (``hostpool.blame``): a node is to blame when it was lost, when its ranks died by a signal
+no other node's got, or when it fails the re-check. A blamed node is replaced when a spare is left;
+without one it is re-checked, and the next attempt runs on it again if it passes. A host that fails
+the re-check with no spare left ends the run at once, naming the hosts missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Optional
+
+from ..rundir.lines import LogLine
+from .events import AttemptStarting, Emitter, Event, Fetched
+from .following import check, follow, start_attempt
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend, Follower
+    from ..bundle import Payload
+    from ..plan.types import LaunchPlan
+    from ..rundir.rundir import RunDir
+    from ..rundir.state import Outcome
+    from .attempts import NextAttempt
+
+_STEP = re.compile(r"\bstep=(\d+) loss=")
+
+
+class StepClock(Emitter):
+    """The emitter it wraps, noting when the bundled workload's step lines reach this process: how
+    long a restart stood the training still, and the steps it trains again."""
+
+    def __init__(self, inner: Emitter):
+        super().__init__(None)
+        self.inner = inner
+        self.last_step: Optional[int] = None
+        self.last_at: Optional[float] = None
+        self.on_first: Optional[Callable[[int, float], None]] = None
+        """Called once with the next step line's step and time (then cleared)."""
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, LogLine):
+            self._see(event)
+        self.inner(event)
+
+    def lines(self, batch: list[LogLine]) -> None:
+        for line in batch:
+            self._see(line)
+        self.inner.lines(batch)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def _see(self, line: LogLine) -> None:
+        if "step=" not in line.text or (match := _STEP.search(line.text)) is None:
+            return
+        step, at = int(match.group(1)), time.monotonic()
+        if self.on_first is not None:
+            first, self.on_first = self.on_first, None
+            first(step, at)
+        self.last_step, self.last_at = step, at
+
+
+def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, emit: Emitter
+                           ) -> Optional[tuple[RunDir, Follower]]:
+    """Re-check and start ``attempt`` of the failed ``run``: on a backend that ``takes_spares``, with
+    each node to blame (and each host that fails the re-check) replaced by a spare. None when it
+    cannot start (said as a notice): a re-check failed and no spare was left to replace the host."""
+    from ..hostpool.blame import nodes_to_blame, unfit_hosts
+    from ..hostpool.choice import choose_hosts
+    from ..hostpool.placing import excluded_hosts
+    from ..rundir.attempts import begin_attempt
+    from ..rundir.paths import read_json
+    from ..rundir.rundir import INPUTS
+    from .attempts import plan_next_attempt
+
+    number = attempt.plan.attempt
+    if not backend.takes_spares:
+        started = start_attempt(backend, attempt.plan, attempt.payload(), emit, detached=False, recheck=True,
+                                open_run=functools.partial(begin_attempt, run, attempt.plan, attempt.scripts,
+                                                           attempt.from_step))
+        if started is None:
+            emit.notice(f"run {run.run_id} ends: a node failed its re-check before attempt {number} (above); "
+                        f"nothing of it was started", "error")
+        return started
+    profile = run.profile
+    before = excluded_hosts(profile, tuple((read_json(run.root / INPUTS) or {}).get("exclude") or ()))
+    suspects = nodes_to_blame(run.record.nodes)
+    blamed: dict[str, str] = {}
+    for host, why in suspects.items():
+        if choose_hosts(profile, {**before, **blamed, host: why}).missing:
+            emit.notice(f"{host}: {why}; no spare left to take its place: it is re-checked, and attempt {number} "
+                        f"runs on it again if it passes", "warning")
+        else:
+            blamed[host] = why
+    trusted = [n.host for n in run.record.nodes if n.host not in suspects]
+    while True:
+        excluded = {**before, **blamed}
+        choice = choose_hosts(profile, excluded)
+        if choice.missing:
+            _remember(run, blamed)
+            emit.notice(f"run {run.run_id} ends: {choice.shortage(excluded)}", "error")
+            return None
+        for replacement in choice.replacements:
+            if replacement.host in blamed:
+                emit.notice(f"{replacement.by} replaces {replacement.host} for attempt {number}: {replacement.why}",
+                            "warning")
+        plan, scripts = plan_next_attempt(backend, run, train={}, profile=choice.profile)
+        payload = dataclasses.replace(attempt, plan=plan, scripts=scripts).payload()  # its own node scripts
+        checked = check(backend, plan, payload, emit, recheck=True)
+        if checked.ok:
+            break
+        unfit = unfit_hosts(checked.report, trusted) if checked.report is not None else {}
+        if not unfit:
+            emit.notice(f"run {run.run_id} ends: the re-check before attempt {number} failed (above) and names no "
+                        f"host to replace; nothing of it was started", "error")
+            _remember(run, blamed)
+            return None
+        blamed.update({host: f"failed the re-check: {why}" for host, why in unfit.items()})
+    _remember(run, blamed)
+    replacements = choice.replacements
+    return start_attempt(backend, plan, payload, emit, detached=False, checked=checked,
+                         open_run=lambda: _begun(begin_attempt(run, plan, scripts, attempt.from_step), replacements))
+
+
+def _begun(run: RunDir, replacements) -> RunDir:
+    if replacements:
+        run.change(replacements=replacements)
+    return run
+
+
+def _remember(run: RunDir, blamed: dict[str, str]) -> None:
+    """Keep the hosts excluded for the profile, with why, the run and the time."""
+    from ..hostpool.store import Exclusion, add_exclusions
+    from ..rundir.record import now
+
+    if blamed:
+        when = now()
+        add_exclusions(run.profile.name, [Exclusion(host, why, run.run_id, when) for host, why in blamed.items()])
+
+
+def run_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
+                open_run: Callable[[], RunDir], preflight: bool, detach: bool, signals: bool,
+                fetch: tuple[str, ...] = ()) -> RunDir:
+    """Start an attempt (``start_attempt``) and, unless detached, follow it to its end, restarting
+    while the run's restarts last; the run as it now is."""
+    started = start_attempt(backend, plan, payload, emit, open_run=open_run, detached=detach, preflight=preflight)
+    assert started is not None  # a first preflight raises rather than return nothing
+    run, follower = started
+    if not detach:
+        run, _ = follow_with_restarts(backend, run, follower, emit, signals=signals, fetch=fetch)
+    return run
+
+
+def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,
+                         fetch: tuple[str, ...] = ()) -> tuple[RunDir, Outcome]:
+    """Follow a foreground run this process started to its end; after a failure, re-check the nodes
+    and start the next attempt while the run's restarts last; then fetch. The run as it now is (its
+    last attempt) and how it ended."""
+    from .attempts import plan_restart
+
+    plan = run.plan
+    last_attempt = plan.attempt + plan.max_restarts
+    clock = StepClock(emit) if plan.max_restarts and not plan.command else None
+    emit = clock or emit
+    outcome = follow(backend, run, follower, emit, signals=signals, act=True)
+    while outcome.exit_code != 0:
+        attempt, after = plan_restart(backend, run, outcome, last_attempt)
+        if attempt is None:
+            if after:
+                emit.notice(after, "warning")
+            break
+        emit(AttemptStarting(plan.run_id, attempt.plan.attempt, last_attempt, attempt.from_step, after or ""))
+        started = start_on_healthy_hosts(backend, run, attempt, emit)
+        if started is None:
+            break
+        run, follower = started
+        if clock is not None and clock.last_at is not None:
+            clock.on_first = functools.partial(_recovered, run, clock.last_at, clock.last_step, attempt.from_step)
+        outcome = follow(backend, run, follower, emit, signals=signals, act=True)
+    for path in fetch:
+        emit(Fetched(backend.fetch(run, path)))
+    return run, outcome
+
+
+def _recovered(run: RunDir, failed_at: float, failed_step: Optional[int], from_step: Optional[int],
+               step: int, at: float) -> None:
+    """The next attempt's first step is in: record how long the training stood still since the
+    failed attempt's last step, and how many steps it trains again."""
+    from ..rundir.status import Recovery
+
+    redone = failed_step - from_step if failed_step is not None and from_step is not None else None
+    run.change(recovery=Recovery(stood_still_s=at - failed_at, steps_redone=redone))
