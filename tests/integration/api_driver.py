@@ -67,7 +67,10 @@ class Background:
         self.out_path = tmp_path / f"api-out-{time.monotonic_ns()}"
         self.err_path = self.out_path.with_suffix(".err")
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
-            self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=tmp_path)
+            # SIGINT as a terminal's script has it: a pytest-xdist worker ignores it, its children would
+            # inherit that, and Python then never turns a SIGINT into a KeyboardInterrupt.
+            self.process = subprocess.Popen(argv, env=env, stdout=out, stderr=err, cwd=tmp_path,
+                                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def finish(self, timeout: float) -> tuple[int, list[Any], str]:
         """The script's exit code, what it reported and its stderr; a script still running after
