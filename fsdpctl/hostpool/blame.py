@@ -1,11 +1,11 @@
 """Which node a failed attempt is to blame on, and which hosts a check found unfit (pure).
 
-The rule (README's "Spare hosts" says it in the same words): a node is to blame when it was lost
-(nothing heard from it for the node timeout), when its ranks died by a signal the other nodes' ranks
-did not get (a SIGKILL, SIGBUS, SIGSEGV... there alone, not fsdpctl's own stop), or when it fails the
-re-check before the next attempt. A program's own error (an exception or an exit code, on one rank
-or on all of them, on a node that answers and passes its checks) blames no node: the run restarts on
-the same hosts, or ends as it would have.
+The rule (README's "When a node dies: spare hosts" says it in the same words): a node is to blame
+when it was lost (nothing heard from it for the node timeout, before any other node failed), when
+its ranks died by a signal the other nodes' ranks did not get (a SIGKILL, SIGBUS, SIGSEGV... there
+alone, not fsdpctl's own stop), or when it fails the re-check before the next attempt. A program's
+own error (an exception or an exit code, on one rank or on all of them, on a node that answers and
+passes its checks) blames no node: the run restarts on the same hosts, or ends as it would have.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def nodes_to_blame(nodes: Sequence[NodeStatus]) -> dict[str, str]:
     """The hosts of an attempt's nodes that are to blame for its failure, with why (host -> why)."""
     blamed: dict[str, str] = {}
     for node in nodes:
-        if node.state is NodeState.LOST:
+        # One that went quiet while fsdpctl was stopping it, after another node had failed, is not
+        # held to it: a loaded launcher or node can miss heartbeats during a teardown.
+        if node.state is NodeState.LOST and not node.stopped:
             blamed[node.host] = f"lost: {node.detail}" if node.detail else "lost: it stopped answering"
     signalled = [n for n in nodes if n.state is NodeState.FAILED and n.signal and not n.stopped
                  and n.signal not in _OUR_STOP]

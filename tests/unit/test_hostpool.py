@@ -83,6 +83,12 @@ def test_a_lost_node_is_to_blame():
     assert nodes_to_blame(nodes) == {"n2": "lost: nothing heard from it since 12:00:01"}
 
 
+def test_a_node_that_went_quiet_while_being_stopped_after_another_failed_is_not_blamed():
+    nodes = [node(0, "n1", NodeState.LOST, stopped=True, detail="nothing heard from it since 14:59:34"),
+             node(1, "n2", NodeState.LOST, detail="nothing heard from it since 14:59:29")]
+    assert nodes_to_blame(nodes) == {"n2": "lost: nothing heard from it since 14:59:29"}
+
+
 def test_ranks_killed_by_a_signal_on_one_node_alone_blame_it():
     nodes = [node(0, "n1", NodeState.FAILED, signum=signal.SIGTERM, stopped=True),
              node(1, "n2", NodeState.FAILED, signum=signal.SIGKILL)]

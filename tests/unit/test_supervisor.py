@@ -96,11 +96,12 @@ def supervise(tmp_path: Path, agents: list[ScriptedAgent], node_timeout: float =
 
 def test_a_monitoring_thread_that_raises_makes_its_node_lost_and_stops_the_others(tmp_path):
     broken, healthy = ScriptedAgent(fail_with=RuntimeError("unexpected reply")), ScriptedAgent()
-    # The healthy node ends when told to stop (its agent's TERM is enough here).
+    # The healthy node ends when told to stop (its agent's TERM is enough here); another node having
+    # failed, it is told so: its agent's grace is the short one.
     healthy.send = lambda data, agent=healthy: (agent.received.append(data), agent.end(143))
     result, runs, _, took = supervise(tmp_path, [broken, healthy])
     assert runs[0].state == "lost" and runs[0].lost_reason == "RuntimeError: unexpected reply"
-    assert healthy.received[:1] == [b"stop\n"]
+    assert healthy.received[:1] == [b"fail\n"]
     assert result.exit_code == NODE_LOST_EXIT and result.first_failure.node_rank == 0
     assert result.first_failure.kind == "lost" and result.first_failure.detail == "RuntimeError: unexpected reply"
     assert took < 5, took
@@ -224,7 +225,7 @@ def test_a_failure_summary_behind_a_slow_terminal_still_decides_the_exit_code(tm
     monkeypatch.setattr(supervisor_module, "DRAIN_SECONDS", 0.2)
     monkeypatch.setattr(supervisor_module, "ROOM_CHUNKS", 1)  # the feed waits for the terminal at every chunk
     failing, other = ScriptedAgent(), ScriptedAgent()
-    other.send = lambda data, agent=other: (agent.received.append(data), data == b"stop\n" and agent.end(143))
+    other.send = lambda data, agent=other: (agent.received.append(data), data == b"fail\n" and agent.end(143))
     failing.out.put(b"!exit 1\n")  # torchrun's own exit status when a worker failed
     for i in range(6):
         chunk = "".join(f"[rank0]:flood {i} {n}\n" for n in range(200)).encode()
@@ -242,4 +243,4 @@ def test_a_failure_summary_behind_a_slow_terminal_still_decides_the_exit_code(tm
     assert "[rank0]:RuntimeError: the rank's own error" not in terminal.shown  # shown without torchrun's prefix
     assert "RuntimeError: the rank's own error" in terminal.shown
     assert result.exit_code == 3 and result.first_failure.rank == 0, result
-    assert other.received[:1] == [b"stop\n"]
+    assert other.received[:1] == [b"fail\n"]

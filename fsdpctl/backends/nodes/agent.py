@@ -27,7 +27,8 @@ secret_bytes, probe, go_timeout):
    every byte the node logs, in frames (``|<n>``, a newline, n bytes), as fast as the launcher
    takes them (never dropping any: the log waits on disk), ``!alive`` every few seconds ahead of
    waiting log data, and ``!exit <code>`` after the log's last byte. It reads the launcher's ``hb``
-   (heartbeat), ``stop`` (TERM, a grace period, KILL) and ``kill``. When the launcher's input ends
+   (heartbeat), ``stop`` (TERM, a grace period, KILL), ``fail`` (the same with a short grace: another
+   node failed) and ``kill``. When the launcher's input ends
    (it died, or its connection closed) or nothing came for the node timeout (a cut link), the agent
    itself ends every process of the run: a node never outlives its launcher.
 """
@@ -60,7 +61,13 @@ STOP = "stop"
 """launcher -> agent: TERM, a grace period, KILL."""
 KILL = "kill"
 """launcher -> agent: KILL now."""
+FAIL = "fail"
+"""launcher -> agent: another node failed: TERM, a short grace period, KILL."""
 GRACE_SECONDS = 10.0
+PEER_FAILED_GRACE_SECONDS = 2.0
+"""Between TERM and KILL when another node failed: ranks waiting on a collective with a peer that is
+gone never get to their signal handlers, so the grace is only for what exits at once (a program's
+own cleanup); the next attempt, or the user, is not kept waiting."""
 ORPHAN_GRACE_SECONDS = 5.0
 """Between TERM and KILL when the launcher is gone: the run ends within the node timeout + 10 s."""
 OUT_LIMIT = 1 << 20
@@ -307,8 +314,9 @@ class Watch:
                 self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
             self.last_heard = time.time()
             for word in data.decode("utf-8", "replace").split():
-                if word in (STOP, KILL):
-                    self.end("asked by the launcher", GRACE_SECONDS if word == STOP else 0.0)
+                if word in (STOP, KILL, FAIL):
+                    grace = {STOP: GRACE_SECONDS, FAIL: PEER_FAILED_GRACE_SECONDS, KILL: 0.0}[word]
+                    self.end("asked by the launcher" if word != FAIL else "another node failed", grace)
         if writable:
             self.write()
 

@@ -20,7 +20,7 @@ from typing import Protocol
 from ...errors import FsdpctlError, HostError
 from ...rundir.state import NodeState
 from ...shell import OUTPUT_MARK, after_mark, marked
-from .agent import ALIVE, EXIT, HEARTBEAT, KILL, LINE, STOP, STOPPED, heartbeat_seconds
+from .agent import ALIVE, EXIT, FAIL, HEARTBEAT, KILL, LINE, PEER_FAILED_GRACE_SECONDS, STOP, STOPPED, heartbeat_seconds
 from .commands import (
     Answer,
     Data,
@@ -75,8 +75,9 @@ class Feed(Protocol):
     def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
         """Answers found by looking now (a node silent for too long)."""
 
-    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:
-        """End these nodes' processes: TERM, a grace period, KILL (``hurry``: KILL now)."""
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False) -> None:
+        """End these nodes' processes: TERM, a grace period, KILL (``hurry``: KILL now; ``peer_failed``:
+        another node failed, a short grace)."""
 
     def close(self) -> None:
         """Release what the feed holds."""
@@ -173,11 +174,12 @@ class AgentFeed:
                                        f"timeout is {self.node_timeout:g} s)")))
         return lost
 
-    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False) -> None:
+        word = KILL if hurry else FAIL if peer_failed else STOP
         for run in runs:
             if run.session is not None:
                 try:
-                    run.session.send(f"{KILL if hurry else STOP}\n".encode())
+                    run.session.send(f"{word}\n".encode())
                 except (HostError, OSError):
                     pass  # unreachable: its agent ends the run itself when it stops hearing from us
 
@@ -247,8 +249,9 @@ class TailFeed:
     def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
         return []
 
-    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool) -> None:
-        stop_run(sup.run_id, [r.transport for r in runs], 0.0 if hurry else sup.grace)
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False) -> None:
+        grace = 0.0 if hurry else PEER_FAILED_GRACE_SECONDS if peer_failed else sup.grace
+        stop_run(sup.run_id, [r.transport for r in runs], grace)
 
     def close(self) -> None:
         return None

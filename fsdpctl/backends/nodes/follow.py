@@ -82,8 +82,9 @@ class NodesFollower:
                 fetch_logs(plan, node_runs, run.root, masker.bytes if masker else None)
             # Every stream ran to its node's end: the copies here are whole (a lost node's is not).
             run.change(state=state, nodes=node_records(node_runs), logs_complete=not lost, **recorded)
-            if lost:  # what the node logged since its stream was cut, if it answers now
-                notes = complete_logs(run, self.connect)
+            if lost:  # what a cut stream's node logged since, if it answers now (a lost node is not asked)
+                notes = complete_logs(run, self.connect,
+                                      frozenset(r.rank for r in node_runs if r.state == NodeState.LOST))
         elif record.detached and run.record.state is RunState.RUNNING:
             # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
             # records how it ended.

@@ -78,6 +78,13 @@ def _complete_node(run: RunDir, node: NodeSpec, transport: Transport, logs: Path
                f"incomplete ({local.stat().st_size if local.exists() else 0} bytes); the whole file is {whole}"
 
 
+def _not_asked(run: RunDir, node: NodeSpec, logs: Path) -> str:
+    local = logs / f"node{node.node_rank}.log"
+    return (f"fsdpctl: node {node.node_rank} ({node.host}) was lost: its log here ends where its stream did "
+            f"({local.stat().st_size if local.exists() else 0} bytes); `fsdpctl logs {run.run_id}` completes it once "
+            f"the node answers (the whole file is {run.plan.run_dir}/node{node.node_rank}.log on {node.host})")
+
+
 def _append_rest(run: RunDir, node: NodeSpec, transport: Transport, local: Path, have: int, whole: str) -> str | None:
     stream = transport.stream(_rest_command(run.plan.run_dir, node.node_rank, have))
     mark, head, size = OUTPUT_MARK.encode() + b"\n", b"", None
@@ -123,18 +130,22 @@ def rewrite_merged(run: RunDir, logs: Path) -> None:
     os.replace(tmp, logs / "merged.log")
 
 
-def complete_logs(run: RunDir, connect: Callable[[NodeSpec], Transport]) -> list[str]:
+def complete_logs(run: RunDir, connect: Callable[[NodeSpec], Transport], lost: frozenset[int] = frozenset()
+                  ) -> list[str]:
     """Bring the run's copy of every node's log up to the node's own file and merged.log with them
     (unless a live launcher is streaming them now, or followed the run to its end); notes for the
-    nodes that could not be read."""
+    nodes that could not be read. ``lost``: node ranks not even tried (a node just declared lost
+    would only cost its connect timeout; a later ``fsdpctl logs`` completes its copy)."""
     record = run.record
     if record.logs_complete or streamed_now(record):
         return []
     logs = private_dir(run.paths.logs)
     with _locked(logs):
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(run.plan.nodes)))) as pool:
-            notes = [note for note in pool.map(lambda node: _complete_node(run, node, connect(node), logs),
-                                               run.plan.nodes) if note]
+        asked = [node for node in run.plan.nodes if node.node_rank not in lost]
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(asked) or 1))) as pool:
+            notes = [note for note in pool.map(lambda node: _complete_node(run, node, connect(node), logs), asked)
+                     if note]
+        notes += [_not_asked(run, node, logs) for node in run.plan.nodes if node.node_rank in lost]
         rewrite_merged(run, logs)
         if not notes and record.state.is_over:
             run.change(logs_complete=True)

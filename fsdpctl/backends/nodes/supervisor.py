@@ -271,7 +271,7 @@ class Supervisor:
         for other in others:
             other.stopped = True
         if others:
-            self.feed.stop(self, others, hurry=False)
+            self.feed.stop(self, others, hurry=False, peer_failed=True)
 
     def _result(self, signum: int | None) -> RunResult:
         ends = [NodeEnd(node_rank=r.rank, host=r.node.host, state=r.state, exit_code=r.exit_code, stopped=r.stopped,
