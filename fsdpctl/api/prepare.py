@@ -99,7 +99,7 @@ def build_plan(loaded: LoadedProfile, overrides: Overrides, *, backend: Optional
     from ..plan.make import make_plan
     from ..rundir.paths import new_run_id, runs_root
 
-    run_id = new_run_id(loaded.profile.name)
+    run_id = new_run_id(loaded.profile.name, runs_dir or runs_root())
     return make_plan(profile or loaded.profile, placer=backend_class(backend or loaded.profile.backend), run_id=run_id,
                      local_run_dir=str((runs_dir or runs_root()) / run_id), overrides=overrides,
                      **plan_inputs(loaded))

@@ -26,9 +26,18 @@ def make_run_id(profile_name: str, now: _dt.datetime, token: str) -> str:
     return f"{profile_name}-{now.strftime('%Y%m%d-%H%M%S')}-{token}"
 
 
-def new_run_id(profile_name: str) -> str:
-    """A fresh run id from the clock and 16 random bits."""
-    return make_run_id(profile_name, _dt.datetime.now(), secrets.token_hex(2))
+_ISSUED: set[str] = set()
+
+
+def new_run_id(profile_name: str, taken: Path | None = None) -> str:
+    """A fresh run id from the clock and 16 random bits, never one this process gave before nor one
+    with a directory in ``taken`` (a sweep started in one second would otherwise share a directory
+    now and then: 50 runs in a second meet with a chance of 2%)."""
+    while True:
+        run_id = make_run_id(profile_name, _dt.datetime.now(), secrets.token_hex(2))
+        if run_id not in _ISSUED and (taken is None or not (taken / run_id).exists()):
+            _ISSUED.add(run_id)
+            return run_id
 
 
 def runs_root(env: dict[str, str] | None = None, cwd: Path | None = None) -> Path:

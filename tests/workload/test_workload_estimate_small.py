@@ -11,5 +11,5 @@ pytestmark = pytest.mark.workload
 
 
 @pytest.mark.parametrize("name, flags", CHOICES, ids=[name for name, _ in CHOICES])
-def test_the_small_presets_estimate_is_within_10_percent_of_the_allocators_own_peak(trainer, tmp_path, name, flags):
+def test_the_small_presets_estimate_is_within_12_percent_of_the_allocators_own_peak(trainer, tmp_path, name, flags):
     check_against_the_allocator(trainer, tmp_path, "small", name, flags)
