@@ -12,7 +12,6 @@ from .events import Emitter, EventHandler, HostChecked
 from .prepare import ProfileLike, load_profile
 
 if TYPE_CHECKING:
-    from ..hostpool.store import Exclusion
     from ..profiles.schema import ClusterProfile
 
 Role = Literal["active", "spare", "excluded"]
@@ -63,23 +62,15 @@ def hosts(profile: ProfileLike, *, restore: Optional[str] = None, exclude: Optio
         restore_host(prof, restore, Emitter(on_event))
     if exclude is not None:
         exclude_host(prof, exclude, reason)
-    remembered = read_exclusions(prof.name)
-    excluded = excluded_hosts(prof)
-    choice = choose_hosts(prof, excluded)
+    choice = choose_hosts(prof, excluded_hosts(prof))
     instead = {r.by: r.host for r in choice.replacements}
     found = [HostInfo(h.host, "active", node_rank=rank, replaces=instead.get(h.host))
              for rank, h in enumerate(choice.profile.hosts)]
     found += [HostInfo(h.host, "spare") for h in choice.profile.spares]
-    found += [_excluded(remembered.get(host), host) for host in (*choice.missing, *instead.values())]
-    found += [_excluded(remembered.get(h.host), h.host) for h in prof.spares
-              if h.host in excluded and h.host not in {f.host for f in found}]
+    remembered = read_exclusions(prof.name)
+    found += [HostInfo(e.host, "excluded", reason=e.reason, run_id=e.run_id, since=e.since)
+              for h in (*prof.hosts, *prof.spares) if (e := remembered.get(h.host)) is not None]
     return found
-
-
-def _excluded(exclusion: Optional[Exclusion], host: str) -> HostInfo:
-    if exclusion is None:
-        return HostInfo(host, "excluded", reason="--exclude")
-    return HostInfo(host, "excluded", reason=exclusion.reason, run_id=exclusion.run_id, since=exclusion.since)
 
 
 def restore_host(profile: ClusterProfile, host: str, emit: Emitter) -> None:

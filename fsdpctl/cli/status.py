@@ -33,9 +33,10 @@ def status(
         ended = f": {earlier.ended_by}" if earlier.ended_by else ""
         code = "" if earlier.exit_code is None else f" (exit {earlier.exit_code})"
         changes = attempt_changes(earlier.replacements, earlier.recovery)
+        changes = f"; {changes}" if changes else ""
         typer.echo(f"  attempt {earlier.attempt}{start}: {earlier.state}{code}{ended}{changes}")
     if info.replacements or info.recovery:
-        typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery)[2:]}")
+        typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery)}")
     for node in info.nodes:
         code = "" if node.exit_code is None else f" (exit {node.exit_code})"
         typer.echo(f"  node {node.node_rank} {node.host}: {node.state}{code}")

@@ -4,7 +4,7 @@ in each excluded host's place, a one-line refusal when the spares do not go roun
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 
@@ -36,14 +36,12 @@ def excluded_hosts(profile: ClusterProfile, exclude: Sequence[str] = ()) -> dict
     return excluded
 
 
-def place_hosts(profile: ClusterProfile, exclude: Sequence[str] = (),
-                more: Optional[dict[str, str]] = None) -> HostChoice:
-    """The hosts a run of ``profile`` uses: a spare in the place of each excluded host (``more``:
-    hosts excluded besides the remembered ones and ``exclude``). UsageError, saying how many hosts
-    are missing, when the spares do not go round."""
+def place_hosts(profile: ClusterProfile, exclude: Sequence[str] = ()) -> HostChoice:
+    """The hosts a run of ``profile`` uses: a spare in the place of each excluded host (remembered,
+    or ``exclude``). UsageError, saying how many hosts are missing, when the spares do not go round."""
     from .choice import choose_hosts
 
-    excluded = {**excluded_hosts(profile, exclude), **(more or {})}
+    excluded = excluded_hosts(profile, exclude)
     choice = choose_hosts(profile, excluded)
     if choice.missing:
         raise UsageError(f"profile {profile.name}: {choice.shortage(excluded)}",

@@ -119,7 +119,7 @@ class RunRecord:
         n2 (lost: ...); stood still 21.3 s, 5 step(s) done again"), for those that had either."""
         every = [*((a.attempt, a.replacements, a.recovery) for a in self.attempts),
                  (self.attempt, self.replacements, self.recovery)]
-        return tuple(f"attempt {n}: {attempt_changes(r, c)[2:]}" for n, r, c in every if r or c)
+        return tuple(f"attempt {n}: {attempt_changes(r, c)}" for n, r, c in every if r or c)
 
     def outcome(self) -> Outcome:
         """How the run ended, as recorded (for a run that has ended)."""

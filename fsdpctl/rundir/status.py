@@ -92,9 +92,8 @@ class Recovery:
 
 
 def attempt_changes(replacements: tuple[Replacement, ...], recovery: Optional[Recovery]) -> str:
-    """``; n4 in the place of n2 (lost: ...); stood still 12.3 s, 5 step(s) done again`` (empty: none)."""
-    parts = [r.describe() for r in replacements] + ([recovery.describe()] if recovery else [])
-    return "".join(f"; {p}" for p in parts)
+    """``n4 in the place of n2 (lost: ...); stood still 12.3 s, 5 step(s) done again`` (empty: none)."""
+    return "; ".join([r.describe() for r in replacements] + ([recovery.describe()] if recovery else []))
 
 
 @dataclass(frozen=True, kw_only=True)
