@@ -63,6 +63,8 @@ class JobOptions:
     """Slurm: ``sbatch`` (fsdpctl's batch script) or ``submitit``."""
     requeue: Optional[bool] = None
     """Slurm: checkpoint before the time limit and requeue."""
+    spares: Optional[int] = None
+    """Slurm: spare nodes the job holds beyond ``nodes``, to continue on when a node fails."""
     model: Optional[str] = None
     """Your program's model for the memory check before it starts (``package.module:factory``; see
     ``fsdpctl estimate --model``); the bundled workload is checked without it."""
@@ -79,7 +81,7 @@ class JobOptions:
             raise UsageError(f"--node-timeout {self.node_timeout}: too short", "give 3 seconds or more (default 30)")
         if self.max_restarts is not None and not 0 <= self.max_restarts <= 100:
             raise UsageError(f"--max-restarts {self.max_restarts}: out of range", "give 0 to 100")
-        check_slurm_values(self.nodes, self.time, self.partition, self.via)
+        check_slurm_values(self.nodes, self.time, self.partition, self.via, self.spares)
 
 
 def check_hang_timeout(value: Optional[int]) -> Optional[int]:
@@ -91,11 +93,13 @@ def check_hang_timeout(value: Optional[int]) -> Optional[int]:
 
 
 def check_slurm_values(nodes: Optional[int], time: Optional[str], partition: Optional[str],
-                       via: Optional[str]) -> None:
+                       via: Optional[str], spares: Optional[int] = None) -> None:
     from .profiles.schema import SLURM_TIME_PATTERN, SLURM_WORD_PATTERN
 
     if nodes is not None and nodes < 1:
         raise UsageError(f"--nodes {nodes}: not positive", "give 1 or more")
+    if spares is not None and spares < 0:
+        raise UsageError(f"--spares {spares}: negative", "give 0 or more spare nodes")
     if time is not None and not SLURM_TIME_PATTERN.match(time):
         raise UsageError(f"--time {time!r}: not a Slurm time limit", "write e.g. 90, 02:00:00 or 1-00:00")
     if partition is not None and not SLURM_WORD_PATTERN.match(partition):
@@ -119,6 +123,7 @@ class Job:
     nproc_per_node: Optional[int] = None
     nodes: Optional[int] = None
     time: Optional[str] = None
+    spares: Optional[int] = None
     fetch: tuple[str, ...] = ()
     model: Optional[str] = None
     """The program's model for the memory check before a launch (with ``wrap`` and ``input_shape``)."""
@@ -237,5 +242,6 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
     return Job(command=tuple(command), profile=spec.profile if spec else None, code=code, chdir=chdir, env=env,
                secrets=secrets, requirements=requirements, nproc_per_node=spec.nproc_per_node if spec else None,
                nodes=spec.nodes if spec else None, time=spec.time if spec else None,
+               spares=spec.spares if spec else None,
                fetch=spec.fetch if spec else (), model=flags.model, wrap=flags.wrap,
                input_shape=tuple(flags.input_shape))

@@ -89,16 +89,17 @@ def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
 
 def submit(profile: Optional[ProfileLike] = None, command: Optional[Command] = None, *,
            nodes: Optional[int] = None, time: Optional[str] = None, partition: Optional[str] = None,
-           via: Optional[str] = None, requeue: Optional[bool] = None, follow: bool = False,
+           via: Optional[str] = None, requeue: Optional[bool] = None, spares: Optional[int] = None,
+           follow: bool = False,
            options: Optional[JobOptions] = None, on_event: Optional[EventHandler] = None,
            handle_signals: bool = False, runs_dir: Optional[PathLike] = None, **values: Any) -> Run:
     """Submit the same job through Slurm (``sbatch``, or submitit's executor with ``via="submitit"``)
     and return its Run at once (``follow``: after following it to its end). The run directory, your
     code included, goes once to storage every node shares. ``nodes``, ``time``, ``partition``,
-    ``via`` and ``requeue`` override the profile's ``slurm`` section; the other keywords are
-    ``launch``'s."""
+    ``via``, ``requeue`` and ``spares`` (nodes held to continue on when one fails) override the
+    profile's ``slurm`` section; the other keywords are ``launch``'s."""
     opts = resolve_options(options, command, {"nodes": nodes, "time": time, "partition": partition, "via": via,
-                                              "requeue": requeue, **values})
+                                              "requeue": requeue, "spares": spares, **values})
     prepared = prepare_run(profile, opts, backend=SUBMIT_BACKEND,
                            runs_dir=Path(runs_dir) if runs_dir is not None else None)
     return start_prepared(prepared, Emitter(on_event), preflight=False, detach=not follow, fetch=(),

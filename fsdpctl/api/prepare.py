@@ -109,13 +109,13 @@ def backend_options(placer: type[Backend], options: JobOptions, job: Job) -> dic
     """The settings of the backend that runs the job (a scheduler's nodes, time limit...): those given
     as options, then the job file's; an option the backend does not take is refused in one line."""
     given = {"nodes": options.nodes, "time": options.time, "partition": options.partition,
-             "requeue": options.requeue, "via": options.via}
+             "requeue": options.requeue, "via": options.via, "spares": options.spares}
     refused = [name for name, value in given.items() if value is not None and name not in placer.options]
     if refused:
         raise UsageError(f"{'/'.join(refused)}: settings of a scheduler, and {placer.name} takes "
                          f"{', '.join(placer.options) or 'none'}",
                          "submit it through one (fsdpctl submit --slurm), or drop them")
-    from_job = {"nodes": job.nodes, "time": job.time}
+    from_job = {"nodes": job.nodes, "time": job.time, "spares": job.spares}
     return {name: value for name in placer.options
             if (value := given.get(name) if given.get(name) is not None else from_job.get(name)) is not None}
 

@@ -21,6 +21,8 @@ def submit(
                                       "(overrides slurm.via)."),
     requeue: Optional[bool] = typer.Option(None, "--requeue/--no-requeue", help="Checkpoint on SIGUSR2 before the "
                                            "time limit and requeue; resume when requeued (overrides slurm.requeue)."),
+    spares: Optional[int] = typer.Option(None, "--spares", help="Spare nodes the job holds: when a node fails, "
+                                         "the next step runs on a spare in its place (overrides slurm.spares)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
 ) -> None:
     """Submit your program (after --) or the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or
@@ -32,7 +34,8 @@ def submit(
 
     if not slurm:
         raise UsageError("submit needs a scheduler", "add --slurm")
-    slurm_options = {"nodes": nodes, "time": time, "partition": partition, "via": via, "requeue": requeue}
+    slurm_options = {"nodes": nodes, "time": time, "partition": partition, "via": via, "requeue": requeue,
+                     "spares": spares}
     if flags.resume is not None:
         flags.refuse_with_resume(**slurm_options)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with

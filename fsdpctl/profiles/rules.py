@@ -70,6 +70,8 @@ def _slurm_rules(slurm: schema.SlurmSpec):
         value = getattr(slurm, name)
         if value is not None and value < 1:
             return name, f"{value} is not positive", "give 1 or more"
+    if slurm.spares < 0:
+        return "spares", f"{slurm.spares} is negative", "give 0 or more spare nodes"
     for i, directive in enumerate(slurm.directives):
         if not schema.SLURM_DIRECTIVE_PATTERN.match(directive):
             return (f"directives[{i}]", f"{directive!r} is not a --name=value sbatch option",
@@ -140,6 +142,8 @@ def _job_rules(job: schema.JobSpec):
         value = getattr(job, name)
         if value is not None and value < 1:
             return name, f"{value} is not positive", "give 1 or more"
+    if job.spares is not None and job.spares < 0:
+        return "spares", f"{job.spares} is negative", "give 0 or more spare nodes"
     if problem := _secrets_problem(job.secrets, job.env):
         return problem
     if job.time is not None and not schema.SLURM_TIME_PATTERN.match(job.time):

@@ -174,6 +174,9 @@ class SlurmSpec:
     """With ``requeue``: seconds before the time limit that SIGUSR2 arrives (to finish a step and save)."""
     via: Literal["sbatch", "submitit"] = "sbatch"
     """How the job is submitted: fsdpctl's batch script through ``sbatch``, or submitit's Slurm executor."""
+    spares: int = 0
+    """Spare nodes the job holds beyond ``nodes`` (``--no-kill``): when a node fails, the next step runs
+    in the same allocation with a spare in its place, from the newest checkpoint (``via: sbatch``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,6 +214,8 @@ class JobSpec:
     """Slurm: nodes to allocate (over ``slurm.nodes``)."""
     time: Optional[str] = None
     """Slurm: time limit (over ``slurm.time``)."""
+    spares: Optional[int] = None
+    """Slurm: spare nodes the job holds (over ``slurm.spares``)."""
     fetch: tuple[str, ...] = ()
     """Files or folders under the run directory (``$FSDPCTL_RUN_DIR``) fetched back from every node
     when a foreground launch ends."""

@@ -66,13 +66,14 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def slurm(lab):
-    """A Slurm cluster on n1 and n2 (munged, slurmctld, a slurmd each)."""
+    """A Slurm cluster: munged, slurmctld, a slurmd on n1, n2 (the default partition) and n3 (with
+    them in the partition ``spares``, for jobs that hold a spare node)."""
     reason = slurm_available()
     if reason:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the Slurm testbed must run in CI, but it {reason}")
         pytest.skip(f"Slurm testbed: {reason}")
-    cluster = SlurmCluster(lab, ["n1", "n2"]).up()
+    cluster = SlurmCluster(lab, ["n1", "n2", "n3"], default=["n1", "n2"]).up()
     yield cluster
     cluster.down()
 

@@ -39,16 +39,18 @@ def fsdpctl(lab, slurm, tmp_path: Path, *args: str, timeout: float = 300) -> sub
 
 def follow_submit(lab, slurm, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     """Start `fsdpctl submit --slurm --follow ARGS` in the client namespace; return it and the run
-    directory once the job's first node log exists."""
+    directory once the job's first node log exists (a run directory that was not there before)."""
+    before = set((tmp_path / "work" / "runs").glob("*"))
     env = {**os.environ, **slurm.env, "HOME": str(tmp_path), "FSDPCTL_RUNS_DIR": str(tmp_path / "runs"),
            "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "fsdpctl", "submit", "--slurm", "--follow", *args]  # before any `--`
     follower = subprocess.Popen(lab.in_client(command),
                                 env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not list((tmp_path / "work" / "runs").glob("*/node0.log")) and time.monotonic() < deadline:
+    while not [p for p in (tmp_path / "work" / "runs").glob("*/node0.log") if p.parent not in before] \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
-    found = list((tmp_path / "work" / "runs").glob("*"))
+    found = [p for p in (tmp_path / "work" / "runs").glob("*") if p not in before]
     if not found:
         follower.kill()
         raise AssertionError(f"no run directory after 120 s: {follower.communicate()[1][-2000:]}")
@@ -133,15 +135,77 @@ def test_an_interrupted_follow_says_the_job_goes_on_and_how_to_end_it(lab, slurm
     assert not processes_of(run_dir.name)
 
 
-def test_a_failing_job_reports_failed_with_its_exit_code(lab, slurm, tmp_path):
+@pytest.mark.parametrize("spares", [0, 1], ids=["no-spare", "a-spare-held"])
+def test_a_failing_job_reports_failed_with_its_exit_code(lab, slurm, tmp_path, spares):
     bad = profile(lab, tmp_path, 8, extra_train="  dataset: /nonexistent/corpus\n")
-    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(bad), "--follow")
+    held = ("--spares", "1", "--partition", "spares") if spares else ()
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(bad), "--follow", *held)
     assert result.returncode != 0
     assert "FAILED" in result.stderr, result.stderr[-2000:]
     run_id = result.stdout.strip().splitlines()[0]
     status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
     assert status["state"] == "failed" and status["exit_code"] == result.returncode
-    assert "/nonexistent/corpus" in fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
+    logs = fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
+    assert "/nonexistent/corpus" in logs
+    if spares:  # a program error blames no node: the spare is never used, the job ends as without one
+        events = [json.loads(line) for line in (tmp_path / "work" / "runs" / run_id / "slurm-steps.jsonl")
+                  .read_text().splitlines()]
+        assert [(e["event"], e.get("blamed")) for e in events] == [("step", None), ("failed", {})]
+        assert "no node is to blame: a program error ends the job" in logs
+        assert status["replacements"] == []
+
+
+SPARE_STEPS = 40
+
+
+def test_a_node_lost_mid_job_is_replaced_by_a_held_spare_and_the_job_finishes_with_the_same_loss(
+        lab, slurm, tmp_path):
+    """n1 and n2 train, n3 is held; n2's slurmd and ranks are killed; the next step runs on n1 and
+    n3 in the same allocation, from the newest checkpoint, and ends with an uninterrupted run's loss."""
+    path = profile(lab, tmp_path, SPARE_STEPS, extra_train="  checkpoint_interval: 10\n")
+    reference = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(path), "--follow")
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    reference_dir = tmp_path / "work" / "runs" / reference.stdout.strip().splitlines()[0]
+    path.write_text(path.read_text().replace("  nodes: 2\n", "  nodes: 2\n  spares: 1\n  partition: spares\n"))
+    follower, run_dir = follow_submit(lab, slurm, tmp_path, "-p", str(path))
+    try:
+        wait_for_line(run_dir / "node0.log", r"step=14 loss=")
+        ranks = [pid for pid in processes_of(run_dir.name, node_rank=1)
+                 if b"fsdpctl.workload.train" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                 and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert ranks
+        slurm.kill_slurmd("n2")
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        out, err = follower.communicate(timeout=300)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+        slurm.start_slurmd("n2")
+    print(f"\n--- submit --follow with a spare ---\n{err[-4000:]}")
+    assert follower.returncode == 0, err[-4000:]
+    assert "n3 replaces n2 as node 1 for step 2 (failed the re-check: " in out + err
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_dir.name, "--json").stdout)
+    assert status["state"] == "succeeded"
+    assert [n["host"] for n in status["nodes"]] == ["n1", "n3"]
+    [replaced] = status["replacements"]
+    assert (replaced["host"], replaced["by"]) == ("n2", "n3") and "re-check" in replaced["why"]
+    events = [json.loads(line) for line in (run_dir / "slurm-steps.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["step", "failed", "replaced", "step", "succeeded"]
+    failed, again = events[1], events[2]
+    assert list(failed["blamed"]) == ["n2"] and again["hosts"] == ["n1", "n3"] and again["from_step"] % 10 == 0
+    redone = failed["last_step"] - again["from_step"]  # trained again: from the checkpoint to the last step seen
+    assert status["recovery"]["steps_redone"] == redone and status["recovery"]["stood_still_s"] > 0
+    said = fsdpctl(lab, slurm, tmp_path, "status", run_dir.name).stdout
+    assert "n3 in the place of n2 (failed the re-check" in said and f"{redone} step(s) done again" in said
+    steps = train_steps(run_dir)
+    assert steps[-1] == SPARE_STEPS and set(range(2, SPARE_STEPS + 1, 2)) <= set(steps)
+    assert final_loss(run_dir) == final_loss(reference_dir)
+
+
+def final_loss(run_dir: Path) -> float:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows if row["kind"] == "train"][-1]
 
 
 REQUEUE_STEPS = 60
@@ -229,7 +293,7 @@ def test_doctor_names_a_missing_partition_and_too_many_nodes(lab, slurm, tmp_pat
     code, report = doctor(lab, slurm, tmp_path, path)
     assert code == 1
     assert [c["detail"] for c in report["cluster"] if c["name"] == "partition"] == [
-        "partition gpu does not exist (has: debug)"]
+        "partition gpu does not exist (has: debug, spares)"]
     assert report["hosts"] == []
     path.write_text(path.read_text().replace("  partition: gpu\n", "").replace("  nodes: 2\n", "  nodes: 3\n"))
     code, report = doctor(lab, slurm, tmp_path, path)

@@ -41,10 +41,11 @@ def _wait_pidfile(path: Path, seconds: float = 15) -> int:
 
 
 class SlurmCluster:
-    """munge + slurmctld + slurmd on the lab's hosts (started with ``up``, stopped with ``down``)."""
+    """munge + slurmctld + slurmd on the lab's hosts (started with ``up``, stopped with ``down``).
+    The default partition ``debug`` has the ``default`` hosts (all when not given); ``spares`` has all."""
 
-    def __init__(self, lab: Lab, names: list[str]):
-        self.lab, self.names = lab, names
+    def __init__(self, lab: Lab, names: list[str], default: list[str] | None = None):
+        self.lab, self.names, self.default = lab, names, default or names
         self.dir = lab.root / "slurm"
         # munged wants every parent of its socket traversable by all; pytest's tmp root is 0700.
         self.munge = Path(tempfile.mkdtemp(prefix="fsdpctl-munge-"))
@@ -105,15 +106,36 @@ class SlurmCluster:
             "SchedulerParameters=bf_interval=1\nSelectType=select/cons_tres\n"
             "SelectTypeParameters=CR_Core\nMpiDefault=none\nReturnToService=2\nSlurmctldTimeout=30\n"
             "SlurmdTimeout=30\nInactiveLimit=0\nKillWait=5\nMinJobAge=600\n"
-            f"{nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO\n")
+            f"{nodes}PartitionName=debug Nodes={','.join(self.default)} Default=YES MaxTime=INFINITE State=UP "
+            "OverSubscribe=NO\n"
+            "PartitionName=spares Nodes=ALL Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO\n")
         # Inside `ip netns exec` there is no /sys/fs/cgroup to detect: pin the v1 plugin (never used).
         (self.dir / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         self._in_host(head.name, ["slurmctld", "-f", str(self.conf)])
         self.pids["slurmctld"] = (_wait_pidfile(self.dir / "run" / "slurmctld.pid"), "slurmctld")
         for name in self.names:
-            self._in_host(name, ["slurmd", "-f", str(self.conf), "-N", name])
-            self.pids[f"slurmd.{name}"] = (_wait_pidfile(self.dir / "run" / f"slurmd.{name}.pid"), "slurmd")
-        deadline = time.monotonic() + 30
+            self.start_slurmd(name, wait=False)
+        self.wait_idle()
+
+    def start_slurmd(self, name: str, wait: bool = True) -> None:
+        """Start the slurmd of host ``name`` (again, after ``kill_slurmd``); with ``wait``, until every
+        node is idle (a node that comes back returns to service: ReturnToService=2)."""
+        pidfile = self.dir / "run" / f"slurmd.{name}.pid"
+        pidfile.unlink(missing_ok=True)
+        self._in_host(name, ["slurmd", "-f", str(self.conf), "-N", name])
+        self.pids[f"slurmd.{name}"] = (_wait_pidfile(pidfile), "slurmd")
+        if wait:
+            self.wait_idle()
+
+    def kill_slurmd(self, name: str) -> None:
+        """SIGKILL host ``name``'s slurmd, as when its node dies (the job steps it started go on)."""
+        pid, marker = self.pids.pop(f"slurmd.{name}")
+        if _is_ours(pid, marker):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 10)
+
+    def wait_idle(self, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
         states = ""
         while time.monotonic() < deadline:
             done = subprocess.run(self.client(["sinfo", "-h", "-o", "%T"]), capture_output=True, text=True)

@@ -33,6 +33,7 @@ from .follow import SlurmFollower, batch_output
 from .logs import NodeLogs
 from .plan import OPTIONS, SlurmPlan, finish_slurm_plan, slurm_placement
 from .scripts import SUBMITIT_SETUP_SCRIPT, slurm_scripts
+from .steps import json_lines, read_events, recovery_of, replacements_of
 from .submit import submit_slurm, submitit_job
 from .tasks import split_tasks
 
@@ -117,9 +118,13 @@ class SlurmBackend(Backend):
             if state is RunState.STOPPED else NodeState.FAILED
         nodes = tuple(NodeStatus(node_rank=rank, host=logs.hosts[rank], state=node_state, exit_code=exit_code)
                       for rank in range(plan.num_nodes))
-        metrics = Path(plan.run_dir).expanduser() / "metrics.jsonl"
-        last = last_metrics([metrics.read_text(encoding="utf-8")] if metrics.exists() else [])
-        return record.status(state=state, exit_code=exit_code, nodes=nodes, last_metrics=last, job=job)
+        run_dir = Path(plan.run_dir).expanduser()
+        metrics = run_dir / "metrics.jsonl"
+        text = metrics.read_text(encoding="utf-8") if metrics.exists() else ""
+        events = read_events(run_dir)  # a job with spares: which node failed, which took its place
+        return record.status(state=state, exit_code=exit_code, nodes=nodes, job=job,
+                             last_metrics=last_metrics([text] if text else []),
+                             replacements=replacements_of(events), recovery=recovery_of(events, json_lines(text)))
 
     def ask(self, run: RunDir, command: str) -> str:
         """Run here: the run directory is on storage this machine shares with the nodes."""

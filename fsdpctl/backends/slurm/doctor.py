@@ -117,7 +117,7 @@ def run_slurm_doctor(profile: ClusterProfile, request: DoctorRequest, *, python:
     """The cluster checks, then the probe on ``nodes`` allocated nodes, judged and diffed as over SSH."""
     assert profile.slurm is not None
     started = time.monotonic()
-    nodes = nodes or profile.slurm.nodes
+    nodes = nodes or profile.slurm.nodes + profile.slurm.spares  # a job holds its spares too: probe them
     partition = partition or profile.slurm.partition
     cluster = [controller_check()]
     reports: list[HostReport] = []

@@ -24,7 +24,7 @@ HEAD_ADDR_NAME = "$FSDPCTL_HEAD_ADDR"
 """How the plan names the head's address (it is known only inside the job)."""
 NODE_RANK = NodeExpr('"$SLURM_NODEID"')
 """A node's rank, expanded in the node's own shell (never at submit time)."""
-OPTIONS = ("nodes", "time", "partition", "requeue", "via")
+OPTIONS = ("nodes", "time", "partition", "requeue", "via", "spares")
 """What ``submit`` may set over the profile's slurm section (``Overrides.backend_options``)."""
 
 
@@ -43,6 +43,11 @@ class SlurmPlan:
     signal_seconds: int = 120
     via: str = "sbatch"
     """``sbatch`` (fsdpctl's batch script) or ``submitit`` (submitit's executor runs the step command)."""
+    spares: int = 0
+    """Nodes held beyond ``nodes`` (``--no-kill``): a failed node's place is taken by one of them and
+    the next step runs in the same allocation (``fsdpctl.node.slurm_steps``)."""
+    gpus_per_node: int = 0
+    """What a node's re-check expects to see before it runs a step."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,6 +67,14 @@ def options(overrides: Overrides) -> Mapping[str, Any]:
     if unknown:
         raise UsageError(f"{', '.join(unknown)}: not a setting of a Slurm job", f"give only {', '.join(OPTIONS)}")
     return overrides.backend_options
+
+
+def spares_of(slurm: SlurmSpec, overrides: Overrides) -> int:
+    """The spare nodes a job holds: ``--spares`` over ``slurm.spares``."""
+    value = options(overrides).get("spares")
+    if value is not None and (not isinstance(value, int) or value < 0):
+        raise UsageError(f"--spares: {value!r} is not a count of nodes", "give 0 or more, e.g. --spares 1")
+    return slurm.spares if value is None else value
 
 
 def requeues(slurm: SlurmSpec, overrides: Overrides) -> bool:
@@ -152,9 +165,12 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
                     chdir: str = ".", secrets: tuple[str, ...] = ()) -> SlurmPlan:
     slurm = profile.slurm
     assert slurm is not None
+    spares = spares_of(slurm, overrides)
     directives: list[tuple[str, str]] = [
-        ("job-name", f"fsdpctl-{run_id}"), ("nodes", str(num_nodes)), ("ntasks-per-node", "1"),
+        ("job-name", f"fsdpctl-{run_id}"), ("nodes", str(num_nodes + spares)), ("ntasks-per-node", "1"),
     ]
+    if spares:
+        directives.append(("no-kill", ""))  # a failed node leaves the allocation; the job goes on without it
     optional = {
         "gpus-per-node": slurm.gpus_per_node, "cpus-per-task": slurm.cpus_per_task,
         "partition": options(overrides).get("partition") or slurm.partition, "account": slurm.account,
@@ -173,11 +189,15 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
     # is to die) and hand the ignoring on; the workers install their own handler for it.
     via = options(overrides).get("via") or slurm.via
     _check_slurm_submission(profile, source, options(overrides).get("time") or slurm.time, requeue, via)
+    if spares and via == "submitit":
+        raise UsageError(f"{source or profile.name}: slurm.spares: submitit starts the step on every node it "
+                         "allocates, so it cannot hold spares", "submit with --via sbatch, or without spares")
     # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
     ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
     enter = "" if chdir == "." else f"cd {quote_path(chdir)} || exit 1; "  # the user's code: ranks start there
     announce = (f'echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
-                f'Slurm start $((${{SLURM_RESTART_COUNT:-0}} + 1))"; ')
+                f'Slurm start $((${{SLURM_RESTART_COUNT:-0}} + 1))'
+                f'${{FSDPCTL_SLURM_STEP:+, step $FSDPCTL_SLURM_STEP}}"; ')  # a job with spares runs steps
     torchrun = f'"$FSDPCTL_PYTHON" {shell_join(step_args)}'
     if secrets:
         # What the ranks print passes the node's mask on its way to the log; torchrun's own per-rank
@@ -191,4 +211,5 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
         command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
                    f'{{ {enter}{announce}exec {torchrun}; }} >> node"$SLURM_NODEID".log 2>&1')
     return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,
-                     signal_seconds=slurm.signal_seconds, via=via)
+                     signal_seconds=slurm.signal_seconds, via=via, spares=spares,
+                     gpus_per_node=slurm.gpus_per_node or 0)
