@@ -39,7 +39,8 @@ def status(
         typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery)}")
     for node in info.nodes:
         code = "" if node.exit_code is None else f" (exit {node.exit_code})"
-        typer.echo(f"  node {node.node_rank} {node.host}: {node.state}{code}")
+        ranks = "" if not node.ranks else f" (global rank{'s' if '-' in node.ranks else ''} {node.ranks})"
+        typer.echo(f"  node {node.node_rank} {node.host}{ranks}: {node.state}{code}")
     failure = info.first_failure
     if failure is not None and failure.kind == "hang":
         typer.echo(f"  {failure.headline()}")

@@ -26,6 +26,32 @@ MAX_LINE_BYTES = 16 * 1024
 HEAD_BYTES = 12 * 1024
 TAIL_BYTES = 2 * 1024
 _EMBEDDED = re.compile(rb"\[rank\d+\]:")
+_RANKS = re.compile(r"^fsdpctl: global ranks (\d+-\d+) on node ")
+"""Local rank 0's line naming its node's global ranks (``fsdpctl.node.startup.sitecustomize``)."""
+_RANKS_IN_LOG = re.compile(rb"\[rank\d+\]:fsdpctl: global ranks (\d+-\d+) on node ")
+RANKS_HEAD_BYTES = 256 * 1024
+"""Of a node's log, what is read for that line: a rank says it before its program starts."""
+
+
+def _span(text: str) -> str:
+    first, last = text.split("-")
+    return first if first == last else text
+
+
+def ranks_said(line: LogLine) -> Optional[str]:
+    """``0-7`` (``3`` for one) when ``line`` is local rank 0's naming of its node's global ranks, else None."""
+    match = _RANKS.match(line.text) if line.rank is not None else None
+    return _span(match.group(1)) if match else None
+
+
+def ranks_in_log(path: Path) -> Optional[str]:
+    """The global ranks a node's log (as a node writes it) says the node holds; None: not said yet."""
+    try:
+        with path.open("rb") as handle:
+            match = _RANKS_IN_LOG.search(handle.read(RANKS_HEAD_BYTES))
+    except OSError:
+        return None
+    return _span(match.group(1).decode()) if match else None
 
 
 class LogLine(NamedTuple):

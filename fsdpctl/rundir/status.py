@@ -31,10 +31,12 @@ class NodeStatus:
     """The signal that ended a rank there, when one did (the spare-node rule reads it)."""
     stopped: bool = False
     """fsdpctl ended it because another node had failed."""
+    ranks: Optional[str] = None
+    """The global ranks it holds (``0-7``), as its local rank 0 said: the rendezvous decides them."""
 
     def to_json(self) -> dict[str, Any]:
         data = {"node_rank": self.node_rank, "host": self.host, "state": str(self.state), "exit_code": self.exit_code}
-        for name in ("address", "pid", "detail", "log_bytes", "signal", "stopped"):
+        for name in ("address", "pid", "detail", "log_bytes", "signal", "stopped", "ranks"):
             if getattr(self, name):
                 data[name] = getattr(self, name)
         return data
@@ -45,7 +47,7 @@ class NodeStatus:
                    state=NodeState.parse(data.get("state")), exit_code=data.get("exit_code"),
                    pid=data.get("pid") or None, detail=data.get("detail"), address=data.get("address"),
                    log_bytes=int(data.get("log_bytes") or 0), signal=data.get("signal"),
-                   stopped=bool(data.get("stopped")))
+                   stopped=bool(data.get("stopped")), ranks=data.get("ranks"))
 
     def replace(self, **changes: Any) -> NodeStatus:
         return dataclasses.replace(self, **changes)

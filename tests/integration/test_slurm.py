@@ -187,7 +187,7 @@ def test_a_node_lost_mid_job_is_replaced_by_a_held_spare_and_the_job_finishes_wi
     assert "n3 replaces n2 as node 1 for step 2 (failed the re-check: " in out + err
     status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_dir.name, "--json").stdout)
     assert status["state"] == "succeeded"
-    assert [n["host"] for n in status["nodes"]] == ["n1", "n3"]
+    assert [(n["host"], n["ranks"]) for n in status["nodes"]] == [("n1", "0"), ("n3", "1")]
     [replaced] = status["replacements"]
     assert (replaced["host"], replaced["by"]) == ("n2", "n3") and "re-check" in replaced["why"]
     events = [json.loads(line) for line in (run_dir / "slurm-steps.jsonl").read_text().splitlines()]

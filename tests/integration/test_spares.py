@@ -91,6 +91,8 @@ def test_a_node_that_loses_its_link_is_replaced_by_the_first_good_spare_and_the_
     print(f"--- status ---\n{status}")
     assert f"attempt 2: {n4} in the place of {n2} (lost: nothing heard from it since" in status
     assert f"stood still {recovery['stood_still_s']:.1f} s, {recovery['steps_redone']} step(s) done again" in status
+    # where each global rank is after the replacement: c10d ranks the nodes by address, n1's below n4's
+    assert f"node 0 {n1} (global rank 0): succeeded" in status and f"node 1 {n4} (global rank 1): succeeded" in status
 
     reported = run(lab, tmp_path, "report", run_dir.name)
     assert reported.returncode == 0, reported.stderr[-2000:]

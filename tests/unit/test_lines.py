@@ -43,3 +43,30 @@ def test_lines_are_made_readable_and_keep_their_rank():
 @given(st.lists(st.integers(min_value=1, max_value=40_000), max_size=12))
 def test_any_chunking_gives_the_same_lines(sizes):
     assert split(SAMPLE, sizes) == split(SAMPLE)
+
+
+def test_local_rank_0_names_its_nodes_global_ranks_and_status_reads_them(tmp_path):
+    """The rank hook's line, as a real rank prints it under torchrun's prefix, read back the two ways
+    status reads it: from a shown line (Slurm's node logs) and from a node's log file (a launcher's copy)."""
+    import os
+    import subprocess
+    import sys
+
+    from fsdpctl.rundir.lines import ranks_in_log, ranks_said
+    from tests.conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "fsdpctl" / "node" / "startup"), "RANK": "8", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "2", "FSDPCTL_NODE_RANK": "1", "FSDPCTL_RUN_DIR": str(tmp_path)}
+    env.pop("FSDPCTL_RANK_HOOK_PID", None)
+    said = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60).stderr
+    assert said == "fsdpctl: global ranks 8-11 on node 1 (torchrun group rank 2)\n"
+    others = subprocess.run([sys.executable, "-c", "pass"], env={**env, "LOCAL_RANK": "1", "RANK": "9"},
+                            capture_output=True, text=True, timeout=60).stderr
+    assert others == ""  # one line per node, not per rank
+    splitter = LineSplitter(1, "n2", "node1.log")
+    [line] = splitter.feed(f"[rank8]:{said}".encode())
+    assert ranks_said(line) == "8-11"
+    assert ranks_said(LogLine(1, "n2", said.strip())) is None  # the node's own lines never count: a rank said it
+    log = tmp_path / "node1.log"
+    log.write_bytes(b"torchrun starting\n" + f"[rank8]:{said}".encode() + b"[rank8]:step=1 loss=2\n")
+    assert ranks_in_log(log) == "8-11" and ranks_in_log(tmp_path / "missing.log") is None

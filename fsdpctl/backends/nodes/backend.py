@@ -23,7 +23,7 @@ from ...node.stacks import answer_of
 from ...plan.types import LaunchPlan, Overrides, PlanContext
 from ...profiles.schema import ClusterProfile, HostSpec
 from ...rundir.attempts import attempt_folder
-from ...rundir.lines import read_merged
+from ...rundir.lines import ranks_in_log, read_merged
 from ...rundir.outcome import NodeEnd, settle
 from ...rundir.paths import files_under
 from ...rundir.record import now
@@ -163,6 +163,8 @@ class NodesBackend(Backend):
             texts += self._parallel(lambda node: self._quietly(node, plan.run_dir, tail), list(plan.nodes))
         elif not texts[0] and plan.nodes:  # an ended run whose directory is not here: node 0's rank 0 wrote it
             texts.append(self._quietly(plan.nodes[0], plan.run_dir, tail, timeout=10))
+        nodes = [n if n.ranks else n.replace(ranks=ranks_in_log(run.paths.logs / f"node{n.node_rank}.log"))
+                 for n in nodes]  # the global ranks each node's rank 0 said it holds, in the copy kept here
         return record.status(state=state, last_metrics=last_metrics(texts), nodes=tuple(nodes))
 
     def ask(self, run: RunDir, command: str) -> str:

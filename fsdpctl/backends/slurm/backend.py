@@ -116,8 +116,8 @@ class SlurmBackend(Backend):
         node_state = NodeState.PENDING if state is RunState.SUBMITTED else NodeState.RUNNING if not state.is_over \
             else NodeState.SUCCEEDED if state is RunState.SUCCEEDED else NodeState.STOPPED \
             if state is RunState.STOPPED else NodeState.FAILED
-        nodes = tuple(NodeStatus(node_rank=rank, host=logs.hosts[rank], state=node_state, exit_code=exit_code)
-                      for rank in range(plan.num_nodes))
+        nodes = tuple(NodeStatus(node_rank=rank, host=logs.hosts[rank], state=node_state, exit_code=exit_code,
+                                 ranks=logs.ranks[rank]) for rank in range(plan.num_nodes))
         run_dir = Path(plan.run_dir).expanduser()
         metrics = run_dir / "metrics.jsonl"
         text = metrics.read_text(encoding="utf-8") if metrics.exists() else ""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from ...rundir.lines import LineSplitter, LogLine
+from ...rundir.lines import LineSplitter, LogLine, ranks_said
 from .client import JobState, job_state
 
 POLL_SECONDS = 2.0
@@ -24,6 +24,8 @@ class NodeLogs:
         self.paths = [run_dir / f"node{rank}.log" for rank in range(num_nodes)]
         self.offsets = [0] * num_nodes
         self.hosts = [f"node{rank}" for rank in range(num_nodes)]
+        self.ranks: list[Optional[str]] = [None] * num_nodes
+        """The global ranks each node's local rank 0 said it holds (the newest step's)."""
         self.splitters = [LineSplitter(rank, self.hosts[rank], str(path)) for rank, path in enumerate(self.paths)]
 
     def read_new(self, show: Show, final: bool = False) -> int:
@@ -47,6 +49,9 @@ class NodeLogs:
         for line in lines:
             if match := _HOST.match(line.text):  # the node names itself in its first line
                 self.hosts[rank] = self.splitters[rank].host = match.group(2)
+                self.ranks[rank] = None  # a new step (a spare in its place): its ranks are said again
+            elif said := ranks_said(line):
+                self.ranks[rank] = said
             if line.host != self.hosts[rank]:
                 line = line._replace(host=self.hosts[rank])
             show(line)

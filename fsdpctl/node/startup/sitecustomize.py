@@ -24,6 +24,8 @@ import threading
 
 DUMP_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 OWNER_VARIABLE = "FSDPCTL_RANK_HOOK_PID"
+RANKS_LINE = "fsdpctl: global ranks "
+"""How local rank 0's line naming its node's global ranks starts (``fsdpctl.rundir.lines`` reads it)."""
 FLIGHT_KINDS = (("nccl", "_dump_nccl_trace"), ("cpu", "_dump_fr_trace"))
 
 
@@ -67,15 +69,29 @@ def _serve_flight_dumps(trigger, rank):
             return
 
 
+def _say_ranks(rank):
+    """Local rank 0 names the global ranks its node holds: torchrun's rendezvous decides them (c10d
+    sorts the nodes by address), and ``status`` shows the map from this line."""
+    if os.environ.get("LOCAL_RANK") != "0" or not os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+        return
+    first, count = int(rank), int(os.environ["LOCAL_WORLD_SIZE"])
+    sys.stderr.write(f"{RANKS_LINE}{first}-{first + count - 1} on node {os.environ.get('FSDPCTL_NODE_RANK', '?')} "
+                     f"(torchrun group rank {os.environ.get('GROUP_RANK', '?')})\n")
+    sys.stderr.flush()
+
+
 def _install():
     faulthandler.enable(all_threads=True)
     rank, run_dir = os.environ.get("RANK"), os.environ.get("FSDPCTL_RUN_DIR")
-    if rank is None or not run_dir or DUMP_SIGNAL is None:
+    if rank is None or not run_dir or not rank.isdigit():
         return
     owner = os.environ.get(OWNER_VARIABLE)
     if owner and owner != str(os.getpid()):
         return  # a child of the rank (a data loader, a compile worker): the rank's files are the rank's
     os.environ[OWNER_VARIABLE] = str(os.getpid())
+    _say_ranks(rank)
+    if DUMP_SIGNAL is None:
+        return
     stacks = os.path.join(run_dir, "stacks")
     os.makedirs(stacks, exist_ok=True)
     # Kept open for the life of the process: the handler writes to its descriptor.

@@ -1,0 +1,150 @@
+"""Fail-fast teardown at N nodes on the namespace testbed: when one rank dies, how long the other
+nodes go on running.
+
+  A: `fsdpctl launch` of a small program on N hosts (one rank each: gloo, a barrier every 0.1 s);
+     once every rank is in its loop, the rank on node N/2 is killed (SIGKILL, by PID); timed from
+     the kill to (1) the last process of the run gone from every node and (2) the launcher's exit
+  B (baseline): the floor of tearing the same run down by hand once the failure is known: the
+     same run, and `ssh HOST kill -KILL PIDS` to every node at once; timed from the first ssh to
+     the last process gone
+Goal: A(1) <= 5 s at 16 nodes. Interleaved. Run as root:
+  .venv/bin/python bench/teardown.py --nodes 16 [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import fsdpctl_env, interleaved, report, start_lab, summarize  # noqa: E402
+from restart import Lines  # noqa: E402
+
+PROGRAM = """import time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, beats = dist.get_rank(), 0
+while True:
+    dist.barrier()
+    beats += 1
+    if rank == 0 and beats % 10 == 0:
+        print(f"beat {beats}", flush=True)
+    time.sleep(0.1)
+"""
+GOAL_SECONDS = 5.0
+
+
+def run_processes(run_id: str, node_rank: int | None = None) -> list[int]:
+    """Every process of the run on this machine (the namespaces share its PIDs), by its environment."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"FSDPCTL_RUN_ID={run_id}".encode() in env and (
+                node_rank is None or f"FSDPCTL_NODE_RANK={node_rank}".encode() in env):
+            found.append(int(proc.name))
+    return found
+
+
+def wait_empty(run_id: str, since: float, timeout: float = 120.0) -> float:
+    """Seconds from ``since`` until no process of the run is left."""
+    deadline = time.monotonic() + timeout
+    while run_processes(run_id):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"processes of {run_id} still running {timeout:.0f} s after the failure")
+        time.sleep(0.05)
+    return time.perf_counter() - since
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    names = tuple(f"n{i}" for i in range(1, args.nodes + 1))
+    root, lab = start_lab(f"teardown_{args.nodes}", names)
+    try:
+        profile = root / "many.yaml"
+        profile.write_text(lab.profile_yaml(list(names), python=sys.executable, name="many"))
+        code = root / "code"
+        code.mkdir()
+        (code / "beat.py").write_text(PROGRAM)
+        env = fsdpctl_env(root)
+        victim = args.nodes // 2
+        launcher_exit: list[float] = []
+
+        def start() -> tuple[subprocess.Popen, Lines, str]:
+            before = set((root / "runs").glob("*")) if (root / "runs").exists() else set()
+            process = subprocess.Popen(lab.in_client([sys.executable, "-m", "fsdpctl", "launch", "-p", str(profile),
+                                                      "--no-preflight", "--", "beat.py"]),
+                                       cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            lines = Lines(process)
+            lines.wait_for(r"beat 20\b")
+            run_id = next(iter(set((root / "runs").glob("*")) - before)).name
+            return process, lines, run_id
+
+        def killed_rank() -> float:
+            process, lines, run_id = start()
+            workers = [pid for pid in run_processes(run_id, victim)
+                       if b"beat.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                       and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            if not workers:
+                raise SystemExit(f"no rank process on node {victim}")
+            killed = time.perf_counter()
+            for pid in workers:
+                os.kill(pid, signal.SIGKILL)
+            empty = wait_empty(run_id, killed)
+            process.wait(timeout=120)
+            launcher_exit.append(time.perf_counter() - killed)
+            return empty
+
+        def by_hand() -> float:
+            process, lines, run_id = start()
+            per_node = {rank: run_processes(run_id, rank) for rank in range(args.nodes)}
+            key = str(lab.client_key)
+
+            def kill(rank: int) -> None:
+                host = lab.hosts[names[rank]]
+                command = f"kill -KILL {' '.join(map(str, per_node[rank]))} 2>/dev/null; true"
+                subprocess.run(lab.in_client(["ssh", "-i", key, "-o", f"UserKnownHostsFile={lab.known_hosts}",
+                                              "-o", "BatchMode=yes", "-p", str(host.port), f"root@{host.address}",
+                                              command]), capture_output=True, timeout=60)
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=args.nodes) as pool:
+                list(pool.map(kill, range(args.nodes)))
+            empty = wait_empty(run_id, started)
+            process.send_signal(signal.SIGINT)  # the launcher: nothing left to stop
+            process.wait(timeout=120)
+            return empty
+
+        case = f"fsdpctl: {args.nodes} nodes, a rank killed -> the last process of the run gone"
+        baseline = "by hand: ssh kill -KILL to every node at once -> the last process gone"
+        samples = interleaved({case: killed_rank, baseline: by_hand}, repeats=args.repeats, warmup=1)
+        del launcher_exit[0]  # the warm-up's
+        ours = statistics.median(samples[case])
+        report(f"teardown_{args.nodes}", baseline, summarize(samples, baseline),
+               {"goal": f"the other nodes empty <= {GOAL_SECONDS} s after a rank dies", "empty_median_s": ours,
+                "launcher_exit_median_s": statistics.median(launcher_exit), "launcher_exit_s": launcher_exit})
+        print(f"  other nodes empty {ours:.2f} s after the kill (goal <= {GOAL_SECONDS} s); launcher exits after "
+              f"{statistics.median(launcher_exit):.2f} s")
+    finally:
+        lab.down()
+
+
+if __name__ == "__main__":
+    main()
