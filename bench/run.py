@@ -31,6 +31,7 @@ BENCHMARKS = {
     "stacks": ["stacks.py"],
     "restart": ["restart.py"],
     "spares": ["spare_recovery.py --nodes 2", "spare_recovery.py --nodes 8"],
+    "teardown": ["teardown.py --nodes 16"],
     "gpu": ["gpu_workload.py"],
     "estimate": ["estimate_time.py"],
     "timing": ["rank_timing.py"],
@@ -131,6 +132,13 @@ def rows() -> list[tuple[str, str, str, str]]:
             out.append((f"spare, {nodes}+1 nodes: (link cut -> first step on the spare - node timeout) / fresh start",
                         f"{spared['beyond_node_timeout_over_fresh']:.2f} ({ours['median_s']:.1f} s: {phases})",
                         "<= 1.2", "PASS" if spared["beyond_node_timeout_over_fresh"] <= 1.2 else "FAIL"))
+    teardown = load("teardown_16")
+    if teardown:
+        floor = next(row for name, row in teardown["cases"].items() if name.startswith("by hand"))
+        ours = teardown["empty_median_s"]
+        out.append(("teardown, 16 nodes: a rank killed -> every other node empty, seconds (/ ssh kill -KILL to all "
+                    "16 at once)", f"{ours:.2f} ({ours / floor['median_s']:.2f} x the by-hand floor, "
+                    f"{floor['median_s']:.2f} s)", "<= 5 s", "PASS" if ours <= 5.0 else "FAIL"))
     for ranks in (4, 32):
         stacks = load(f"stacks_{ranks}_ranks").get("cases", {})
         ours = stacks.get("fsdpctl stacks", {})

@@ -96,12 +96,12 @@ def supervise(tmp_path: Path, agents: list[ScriptedAgent], node_timeout: float =
 
 def test_a_monitoring_thread_that_raises_makes_its_node_lost_and_stops_the_others(tmp_path):
     broken, healthy = ScriptedAgent(fail_with=RuntimeError("unexpected reply")), ScriptedAgent()
-    # The healthy node ends when told to stop (its agent's TERM is enough here); another node having
-    # failed, it is told so: its agent's grace is the short one.
-    healthy.send = lambda data, agent=healthy: (agent.received.append(data), agent.end(143))
+    # The healthy node ends when told to; another node being lost, it is told to KILL at once: its
+    # ranks wait on the lost peer in a collective and would never reach a handler in a grace period.
+    healthy.send = lambda data, agent=healthy: (agent.received.append(data), agent.end(137))
     result, runs, _, took = supervise(tmp_path, [broken, healthy])
     assert runs[0].state == "lost" and runs[0].lost_reason == "RuntimeError: unexpected reply"
-    assert healthy.received[:1] == [b"fail\n"]
+    assert healthy.received[:1] == [b"kill\n"]
     assert result.exit_code == NODE_LOST_EXIT and result.first_failure.node_rank == 0
     assert result.first_failure.kind == "lost" and result.first_failure.detail == "RuntimeError: unexpected reply"
     assert took < 5, took

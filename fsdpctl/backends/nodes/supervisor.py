@@ -271,7 +271,9 @@ class Supervisor:
         for other in others:
             other.stopped = True
         if others:
-            self.feed.stop(self, others, hurry=False, peer_failed=True)
+            # A lost node's peers wait in a collective on it: their ranks never reach a handler, so a
+            # grace period only delays the next attempt. Any other failure: a short one.
+            self.feed.stop(self, others, hurry=run.state == NodeState.LOST, peer_failed=True)
 
     def _result(self, signum: int | None) -> RunResult:
         ends = [NodeEnd(node_rank=r.rank, host=r.node.host, state=r.state, exit_code=r.exit_code, stopped=r.stopped,
