@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal as _signal
 from collections.abc import Sequence
 
-from ..hostcheck.checks import DoctorReport
+from ..hostcheck.checks import Check, DoctorReport
 from ..rundir.state import NodeState, signal_name
 from ..rundir.status import NodeStatus
 
@@ -37,15 +37,26 @@ def nodes_to_blame(nodes: Sequence[NodeStatus]) -> dict[str, str]:
     return blamed
 
 
+def _reaching_the_master(check: Check) -> bool:
+    return check.name == "port" and check.detail.startswith("cannot reach the master")
+
+
 def unfit_hosts(report: DoctorReport, trusted: Sequence[str] = ()) -> dict[str, str]:
     """The hosts a check failed on, with the first failure (host -> why). A fact that differs between
     hosts (torch, NCCL, Python...) is held against the hosts that differ from the ``trusted`` ones
     (those the run already ran on), else from the most of them."""
     unfit: dict[str, str] = {}
+    victims = set()
     for host in report.hosts:
         failed = [c for c in host.checks if c.status == "fail"]
         if failed:
             unfit[host.host] = f"{failed[0].name}: {failed[0].detail}"
+            if all(_reaching_the_master(c) for c in failed):
+                victims.add(host.host)
+    if any(host not in victims for host in unfit):
+        # Hosts that only could not reach the master, beside a host that failed on its own (the master
+        # gone, say): the fault is that host's, theirs is its consequence.
+        unfit = {host: why for host, why in unfit.items() if host not in victims}
     for entry in report.parity:
         if entry.status != "fail":
             continue

@@ -124,6 +124,18 @@ def test_unfit_hosts_are_those_a_check_failed_on_and_those_differing_from_the_tr
     assert list(unfit_hosts(found, trusted=["n3"])) == ["n2", "n1"]
 
 
+def test_a_host_that_only_cannot_reach_a_master_which_failed_itself_is_not_held_unfit():
+    ok = [Check("reachable", "pass", "connected")]
+    victim = [Check("reachable", "pass", "connected"), Check("port", "fail", "cannot reach the master at n1:25 (timed "
+                                                                              "out)")]
+    gone = report(HostReport("n1", 0, checks=[Check("reachable", "fail", "timed out connecting")]),
+                  HostReport("n2", 1, checks=victim), HostReport("n3", 2, checks=ok))
+    assert unfit_hosts(gone, trusted=["n1", "n2"]) == {"n1": "reachable: timed out connecting"}
+    # the master answers and only n2 cannot reach it: n2's own link is the suspect
+    alone = report(HostReport("n1", 0, checks=ok), HostReport("n2", 1, checks=victim))
+    assert list(unfit_hosts(alone, trusted=["n1", "n2"])) == ["n2"]
+
+
 def test_a_launch_uses_a_spare_in_the_place_of_a_remembered_exclusion_and_names_it():
     add_exclusions("sp", [Exclusion("n1", "lost: nothing heard", "sp-1", "2026-11-25T10:00:00")])
     choice = place_hosts(profile())

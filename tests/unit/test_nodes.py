@@ -175,3 +175,38 @@ def test_the_poll_reply_is_read_in_one_place_and_never_raises():
     assert parse_poll("exit") == Exited(255) and parse_poll("exit 1x") == Exited(255)  # a garbled exit file
     assert parse_poll("running") == Running()
     assert parse_poll("") == Gone() and parse_poll("gone") == Gone()
+
+
+def test_a_stale_attempts_wrapper_never_writes_the_next_attempts_exit_file(tmp_path, monkeypatch):
+    """On a shared run directory a host that lost its link lives on; when its node script ends after
+    the next attempt's node 1 started (on a spare, same file names), its end is not taken for the
+    new node's: only the wrapper node1.pid names writes node1.exit."""
+    from fsdpctl.backends.nodes.agent import start
+
+    monkeypatch.chdir(tmp_path)
+    # Each script takes its exit code when it starts, then waits for the file of that code.
+    (tmp_path / "node1.sh").write_text(f'code=$(cat {tmp_path}/next); while [ ! -e {tmp_path}/end.$code ]; '
+                                       f'do sleep 0.05; done; exit $code\n')
+    deadline = time.monotonic() + 20
+    pid_file = tmp_path / "node1.pid"
+
+    def started(code: int) -> int:
+        (tmp_path / "next").write_text(str(code))
+        pid = start(1, {})
+        while not (pid_file.exists() and pid_file.read_text().strip() == str(pid)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the script has read its code
+        return pid
+
+    def ended(pid: int, code: int) -> None:
+        (tmp_path / f"end.{code}").touch()
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:  # started here: reaped here
+            time.sleep(0.02)
+
+    stale = started(7)
+    fresh = started(0)  # the next attempt's wrapper takes the names over
+    ended(stale, 7)
+    assert not (tmp_path / "node1.exit").exists(), "the stale script's end was written as the new node's"
+    ended(fresh, 0)
+    assert (tmp_path / "node1.exit").read_text().strip() == "0"
+    assert sorted(p.name for p in tmp_path.glob("node1.exit*")) == ["node1.exit"]

@@ -182,8 +182,12 @@ def start(rank, secrets):
                   % (mask, rank, mask, rank))
     else:
         output = "> node%d.log 2>&1; echo $?" % rank
-    wrapper = ("echo $$ > node%d.pid; bash node%d.sh %s > node%d.exit.tmp; mv node%d.exit.tmp node%d.exit"
-               % (rank, rank, output, rank, rank, rank))
+    # The exit file is written only while node<R>.pid still names this wrapper: on a run directory
+    # the nodes share, a host that lost its link lives on, and when its script ends, the next
+    # attempt's node R (on a spare) owns these names and must not read this attempt's end as its own.
+    wrapper = ('echo $$ > node{r}.pid; bash node{r}.sh {out} > node{r}.exit.$$; '
+               'if [ "$(cat node{r}.pid 2>/dev/null)" = "$$" ]; then mv node{r}.exit.$$ node{r}.exit; '
+               'else rm -f node{r}.exit.$$; fi').format(r=rank, out=output)
     for name in ("node%d.pid" % rank, "node%d.exit" % rank):
         if os.path.exists(name):
             os.remove(name)
@@ -197,34 +201,41 @@ def start(rank, secrets):
     return process.pid
 
 
-def run_processes(run_id):
+def run_processes(run_id, node_rank=None, attempt=None):
     """Every process whose environment says it belongs to the run (torchrun puts its workers in
-    sessions of their own: only the environment finds them all)."""
-    mark = ("FSDPCTL_RUN_ID=%s" % run_id).encode()
+    sessions of their own: only the environment finds them all); with ``node_rank`` and ``attempt``,
+    to that node and attempt of it only: an agent left from an earlier attempt must not end the next
+    one's ranks on the same host, nor one node's agent another's where nodes share a machine."""
+    marks = [("FSDPCTL_RUN_ID=%s" % run_id).encode()]
+    for name, value in (("FSDPCTL_NODE_RANK", node_rank), ("FSDPCTL_ATTEMPT", attempt)):
+        if value is not None:
+            marks.append(("%s=%s" % (name, value)).encode())
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open("/proc/%s/environ" % name, "rb") as handle:
-                    if mark in handle.read().split(b"\0"):
-                        found.append(int(name))
+                    env = handle.read().split(b"\0")
             except OSError:
                 continue
+            if all(mark in env for mark in marks):
+                found.append(int(name))
     return found
 
 
-def end_run(run_id, grace):
-    """TERM every process of the run, KILL what is left after ``grace`` seconds; the pids left."""
+def end_run(run_id, grace, node_rank=None, attempt=None):
+    """TERM every process of the run (of its node ``node_rank`` in ``attempt``), KILL what is left
+    after ``grace`` seconds; the pids left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in run_processes(run_id):
+        for pid in run_processes(run_id, node_rank, attempt):
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
         deadline = time.time() + (grace if sig == signal.SIGTERM else 1.0)
-        while run_processes(run_id) and time.time() < deadline:
+        while run_processes(run_id, node_rank, attempt) and time.time() < deadline:
             time.sleep(0.1)
-    return run_processes(run_id)
+    return run_processes(run_id, node_rank, attempt)
 
 
 class Watch:
@@ -237,8 +248,9 @@ class Watch:
     that a node ended, and fails fast. After ``!exit`` the rest of the log follows, then the agent
     closes its output: the launcher's end of the log."""
 
-    def __init__(self, run_id, rank, node_timeout, inp):
+    def __init__(self, run_id, rank, node_timeout, inp, attempt=None):
         self.run_id, self.rank, self.timeout, self.inp = run_id, rank, node_timeout, inp
+        self.attempt = attempt
         self.control = []  # messages that go before any log data still waiting
         self.data = collections.deque()  # frames of log data, then the exit
         self.queued = 0  # bytes in ``data``
@@ -276,7 +288,7 @@ class Watch:
     def end(self, why, grace=GRACE_SECONDS):
         if self.ending is None:
             self.ending = why
-            left = end_run(self.run_id, grace)
+            left = end_run(self.run_id, grace, self.rank, self.attempt)
             self.ended_at = time.time()
             self.say("%s %s%s" % (STOPPED, why, " left: %s" % left if left else ""))
 
@@ -376,7 +388,7 @@ def agent(args):
     sys.stdout.flush()
     node_timeout = float(word[1]) if len(word) > 1 else 0.0
     if node_timeout > 0:
-        return Watch(args["run_id"], args["rank"], node_timeout, inp).run()
+        return Watch(args["run_id"], args["rank"], node_timeout, inp, args.get("attempt")).run()
     return 0
 
 

@@ -39,7 +39,7 @@ class NodeStarter:
     def _agent(self, rank: int, probe: dict[str, Any] | None, timeout: float) -> Session:
         """The node's agent, its payload sent; what a chatty shell rc printed before it is read past."""
         secrets = self.payload.secret_blob()
-        args = {"run_id": self.plan.run_id, "run_dir": self.plan.run_dir, "rank": rank,
+        args = {"run_id": self.plan.run_id, "run_dir": self.plan.run_dir, "rank": rank, "attempt": self.plan.attempt,
                 "bytes": len(self.payload.files),  # the tar's size, known before it is made
                 "secret_bytes": len(secrets), "probe": probe, "go_timeout": GO_TIMEOUT}
         if self.plan.attempt > 1:  # the last attempt's node files move aside when this one starts
