@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import fsdpctl_env, interleaved, report, start_lab, summarize  # noqa: E402
 from restart import Lines  # noqa: E402
 
+from tests.testbed.lab import processes_of  # noqa: E402
+
 PROGRAM = """import time
 import torch.distributed as dist
 
@@ -44,28 +46,12 @@ while True:
 GOAL_SECONDS = 5.0
 
 
-def run_processes(run_id: str, node_rank: int | None = None) -> list[int]:
-    """Every process of the run on this machine (the namespaces share its PIDs), by its environment."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"FSDPCTL_RUN_ID={run_id}".encode() in env and (
-                node_rank is None or f"FSDPCTL_NODE_RANK={node_rank}".encode() in env):
-            found.append(int(proc.name))
-    return found
-
-
 def wait_empty(run_id: str, since: float, nodes: int, timeout: float = 120.0) -> tuple[float, list[float]]:
     """Seconds from ``since`` until no process of the run is left, and until each node was empty."""
     deadline = time.monotonic() + timeout
     emptied: dict[int, float] = {}
     while True:
-        left = {rank for pid in run_processes(run_id) if (rank := node_of(pid)) is not None}
+        left = {rank for pid in processes_of(run_id) if (rank := node_of(pid)) is not None}
         now = time.perf_counter() - since
         for rank in range(nodes):
             if rank not in left:
@@ -118,7 +104,7 @@ def main() -> None:
 
         def killed_rank() -> float:
             process, lines, run_id = start()
-            workers = [pid for pid in run_processes(run_id, victim)
+            workers = [pid for pid in processes_of(run_id, victim)
                        if b"beat.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
                        and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
             if not workers:
@@ -138,7 +124,7 @@ def main() -> None:
 
         def by_hand() -> float:
             process, lines, run_id = start()
-            per_node = {rank: run_processes(run_id, rank) for rank in range(args.nodes)}
+            per_node = {rank: processes_of(run_id, rank) for rank in range(args.nodes)}
             key = str(lab.client_key)
 
             def kill(rank: int) -> None:

@@ -8,13 +8,12 @@ import re
 from collections.abc import Sequence
 from typing import Optional
 
+from ..node.torchrun_summary import EXITCODE, SUMMARY, summary_block
 from ..rundir.state import Failure, shell_exit_code
 
 TAIL_LINES = 30
 """The failing rank's (else the node's) last lines kept with the failure."""
-_SUMMARY = "Root Cause (first observed failure)"
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _ERROR_FILE = re.compile(r"error_file\s*:\s*(\S+)")
 _FAILED_AT = re.compile(r"time\s*:\s*(\S+)")
 # What a rank says when another one died under it: such a failure is a consequence, not the cause.
@@ -27,7 +26,7 @@ _PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|rem
 
 def has_summary(lines: Sequence[str]) -> bool:
     """torchrun printed its failure summary among these lines."""
-    return any(_SUMMARY in line for line in lines)
+    return any(SUMMARY in line for line in lines)
 
 
 def torchrun_failure(lines: Sequence[str], *, host: Optional[str], node_rank: Optional[int],
@@ -39,12 +38,11 @@ def torchrun_failure(lines: Sequence[str], *, host: Optional[str], node_rank: Op
     rank = local_rank = error_file = None
     code = exit_code
     text = "\n".join(lines)
-    cause = text.rfind(_SUMMARY)
-    if cause >= 0:
-        block = text[cause:cause + 2000]
+    block = summary_block(text)
+    if block is not None:
         if match := _ROOT_CAUSE.search(block):
             rank, local_rank = int(match.group(1)), int(match.group(2))
-        if match := _EXITCODE.search(block):
+        if match := EXITCODE.search(block):
             code = int(match.group(1))
         if match := _ERROR_FILE.search(block):
             error_file = None if match.group(1) == "<N/A>" else match.group(1)

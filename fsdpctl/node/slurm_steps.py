@@ -24,12 +24,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+from fsdpctl.node.torchrun_summary import summary_signal
+from fsdpctl.workload.layout import complete_steps
 
 EVENTS_FILE = "slurm-steps.jsonl"
 PROBE_SECONDS = 120.0
 LOG_TAIL_BYTES = 256 * 1024
-_SUMMARY = "Root Cause (first observed failure)"
-_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _OUR_STOP = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM: a stop (Slurm's, srun's or a user's), never a node's fault
 
 
@@ -87,14 +89,6 @@ def recheck(host, python, gpus, timeout=PROBE_SECONDS):
     return f"failed the re-check: {why}"
 
 
-def summary_signal(text):
-    """The signal torchrun's failure summary says a rank died by (None: an exit code, or no summary)."""
-    cause = text.rfind(_SUMMARY)
-    match = _EXITCODE.search(text[cause:cause + 2000]) if cause >= 0 else None
-    code = int(match.group(1)) if match else 0
-    return -code if code < 0 else None
-
-
 def last_train_step(run_dir):
     """(step, time) of the newest training line in metrics.jsonl (None, None: none yet)."""
     for line in reversed(_log_tail(os.path.join(run_dir, "metrics.jsonl")).splitlines()):
@@ -109,12 +103,6 @@ def last_train_step(run_dir):
 
 def newest_checkpoint(run_dir):
     """The step of the newest complete checkpoint (the next step resumes from it), None: none."""
-    try:
-        from fsdpctl.workload.layout import complete_steps
-    except ImportError:  # the run's own package is not on the path: say nothing rather than guess
-        return None
-    from pathlib import Path
-
     steps = complete_steps(Path(run_dir))
     return steps[-1] if steps else None
 

@@ -26,9 +26,10 @@ MAX_LINE_BYTES = 16 * 1024
 HEAD_BYTES = 12 * 1024
 TAIL_BYTES = 2 * 1024
 _EMBEDDED = re.compile(rb"\[rank\d+\]:")
-_RANKS = re.compile(r"^fsdpctl: global ranks (\d+-\d+) on node ")
+_RANKS_TEXT = r"fsdpctl: global ranks (\d+-\d+) on node "
 """Local rank 0's line naming its node's global ranks (``fsdpctl.node.startup.sitecustomize``)."""
-_RANKS_IN_LOG = re.compile(rb"\[rank\d+\]:fsdpctl: global ranks (\d+-\d+) on node ")
+_RANKS = re.compile(_RANKS_TEXT)
+_RANKS_IN_LOG = re.compile(rb"\[rank\d+\]:" + _RANKS_TEXT.encode())
 RANKS_HEAD_BYTES = 256 * 1024
 """Of a node's log, what is read for that line: a rank says it before its program starts."""
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.testbed.lab import processes_of
 
 pytestmark = pytest.mark.integration
 
@@ -61,22 +62,6 @@ class Started:
 
 def start(lab, tmp_path: Path, *args: str) -> Started:
     return Started(lab, tmp_path, *args)
-
-
-def processes_of(run_id: str, node_rank: int | None = None) -> list[int]:
-    """Every process on this machine (all namespaces share its PIDs) that belongs to the run."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"FSDPCTL_RUN_ID={run_id}".encode() in env and (
-                node_rank is None or f"FSDPCTL_NODE_RANK={node_rank}".encode() in env):
-            found.append(int(proc.name))
-    return found
 
 
 def run_dir_of(tmp_path: Path, timeout: float = 60) -> Path:

@@ -256,6 +256,23 @@ class Lab:
                 f"  known_hosts: {known_hosts or self.known_hosts}\n  connect_timeout: 3\n{extra}")
 
 
+def processes_of(run_id: str, node_rank: int | None = None) -> list[int]:
+    """Every process on this machine (all namespaces share its PIDs) that belongs to the run (of its
+    node ``node_rank``), found by the environment fsdpctl gives it."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"FSDPCTL_RUN_ID={run_id}".encode() in env and (
+                node_rank is None or f"FSDPCTL_NODE_RANK={node_rank}".encode() in env):
+            found.append(int(proc.name))
+    return found
+
+
 def _is_ours(pid: int, marker: str) -> bool:
     try:
         return marker in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

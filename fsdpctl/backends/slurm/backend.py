@@ -33,7 +33,7 @@ from .follow import SlurmFollower, batch_output
 from .logs import NodeLogs
 from .plan import OPTIONS, SlurmPlan, finish_slurm_plan, slurm_placement
 from .scripts import SUBMITIT_SETUP_SCRIPT, slurm_scripts
-from .steps import json_lines, read_events, recovery_of, replacements_of
+from .steps import metrics_text, spare_changes
 from .submit import submit_slurm, submitit_job
 from .tasks import split_tasks
 
@@ -111,20 +111,18 @@ class SlurmBackend(Backend):
             exit_code = slurm.exit_code
             state = states.run_state(slurm.state, exit_code) if slurm.finished else states.live_state(slurm.state)
             job.update(slurm_state=slurm.state, restarts=slurm.restarts)  # requeued by Slurm (--requeue)
-        logs = NodeLogs(Path(plan.run_dir).expanduser(), plan.num_nodes)
+        run_dir = Path(plan.run_dir).expanduser()
+        logs = NodeLogs(run_dir, plan.num_nodes)
         logs.read_new(lambda line: None)
         node_state = NodeState.PENDING if state is RunState.SUBMITTED else NodeState.RUNNING if not state.is_over \
             else NodeState.SUCCEEDED if state is RunState.SUCCEEDED else NodeState.STOPPED \
             if state is RunState.STOPPED else NodeState.FAILED
         nodes = tuple(NodeStatus(node_rank=rank, host=logs.hosts[rank], state=node_state, exit_code=exit_code,
                                  ranks=logs.ranks[rank]) for rank in range(plan.num_nodes))
-        run_dir = Path(plan.run_dir).expanduser()
-        metrics = run_dir / "metrics.jsonl"
-        text = metrics.read_text(encoding="utf-8") if metrics.exists() else ""
-        events = read_events(run_dir)  # a job with spares: which node failed, which took its place
+        metrics = metrics_text(run_dir)
         return record.status(state=state, exit_code=exit_code, nodes=nodes, job=job,
-                             last_metrics=last_metrics([text] if text else []),
-                             replacements=replacements_of(events), recovery=recovery_of(events, json_lines(text)))
+                             last_metrics=last_metrics([metrics] if metrics else []),
+                             **spare_changes(run_dir, metrics))  # which node failed, which spare took its place
 
     def ask(self, run: RunDir, command: str) -> str:
         """Run here: the run directory is on storage this machine shares with the nodes."""

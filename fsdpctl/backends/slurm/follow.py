@@ -21,7 +21,7 @@ from ..torchrun import has_summary, torchrun_failure
 from . import client, states
 from .logs import NodeLogs, follow
 from .plan import SlurmPlan
-from .steps import json_lines, read_events, recovery_of, replacements_of
+from .steps import metrics_text, spare_changes
 
 BATCH_TAIL_LINES = 20
 TAIL_BYTES = 256 * 1024
@@ -82,11 +82,9 @@ class SlurmFollower:
             code = failure.exit_code if failure is not None else code
         notes = () if outcome_state is RunState.SUCCEEDED else tuple(
             batch_output(run.record, f"job {job_id} ended {state.state}"))
-        events = read_events(Path(plan.run_dir).expanduser())  # spares: the nodes replaced on the way
-        metrics = Path(plan.run_dir).expanduser() / "metrics.jsonl"
-        recovery = recovery_of(events, json_lines(metrics.read_text(encoding="utf-8"))) if metrics.exists() else None
+        run_dir = Path(plan.run_dir).expanduser()
         run.change(state=outcome_state, exit_code=code, finished_at=now(), first_failure=failure,
-                   job={"slurm_state": state.state}, replacements=replacements_of(events), recovery=recovery)
+                   job={"slurm_state": state.state}, **spare_changes(run_dir, metrics_text(run_dir)))
         return Outcome(exit_code=code, state=outcome_state, first_failure=failure,
                        message=f"Slurm job {job_id} {state.state} (exit {code})", notes=notes)
 

@@ -12,6 +12,20 @@ from ...node.slurm_steps import EVENTS_FILE
 from ...rundir.status import Recovery, Replacement
 
 
+def metrics_text(run_dir: Path) -> str:
+    """The run's metrics.jsonl ("" before rank 0 wrote one)."""
+    path = run_dir / "metrics.jsonl"
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def spare_changes(run_dir: Path, metrics: str) -> dict[str, Any]:
+    """What a job with spares changed on the way, as run.json and ``status`` keep it: the spares in
+    failed nodes' places (``replacements``) and what the newest one cost (``recovery``); ``metrics``
+    is metrics.jsonl's text."""
+    events = read_events(run_dir)
+    return {"replacements": replacements_of(events), "recovery": recovery_of(events, json_lines(metrics))}
+
+
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     """The job's step events, oldest first (a line cut short by a crash is skipped)."""
     try:
