@@ -52,6 +52,8 @@ class JobOptions:
     on_hang: Optional[str] = None
     """``stop`` (end the run, exit 124) or ``keep`` (report and let it run)."""
     max_restarts: Optional[int] = None
+    allow_busy_gpus: Optional[bool] = None
+    """Start even when other processes already use a GPU (default: the profile's ``health.allow_busy_gpus``)."""
     exclude: tuple[str, ...] = ()
     """Hosts of the profile this launch leaves out (a spare takes each one's place)."""
     nodes: Optional[int] = None

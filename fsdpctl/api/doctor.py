@@ -1,12 +1,13 @@
-"""``doctor``: check every host of a profile and diff them, before a job hangs on it; with
-``collectives``, time all-reduce and all-gather over every node through the launch path."""
+"""``doctor``: check every host of a profile and diff them, before a job hangs on it; with ``health``,
+their hardware in full; with ``collectives``, ``compute`` and ``links``, measured runs through the
+launch path (``doctor_runs``)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from .events import Emitter, EventHandler, HostChecked
 from .options import PathLike
@@ -20,17 +21,27 @@ if TYPE_CHECKING:
 
 def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, concurrency: int = 32,
            port_check: bool = True, requirements: Union[PathLike, Sequence[str], None] = None,
-           collectives: bool = False, on_event: Optional[EventHandler] = None,
-           runs_dir: Optional[PathLike] = None) -> DoctorReport:
+           collectives: bool = False, health: bool = False, allow_busy_gpus: Optional[bool] = None,
+           exclude_unhealthy: bool = False, compute: bool = False, links: bool = False,
+           on_event: Optional[EventHandler] = None, runs_dir: Optional[PathLike] = None) -> DoctorReport:
     """Probe every host of ``profile`` (over SSH; for a Slurm profile, the controller and partition,
     then nodes allocated with srun) and diff them: Python, torch, CUDA, NCCL, driver, GPUs, the
-    interface, InfiniBand, the rendezvous port, disk. The report has ``.ok``, ``.hosts`` (each
-    host's facts and checks), ``.parity`` and ``.to_json()``. ``deep``: import torch on every host.
-    ``requirements``: a requirements.txt path, or requirement lines, every node must meet.
-    ``collectives``: when the checks pass, also time collectives over every node, as a short run of
-    its own (``report.collectives``). Each host's verdict reaches ``on_event`` as it arrives."""
+    interface, InfiniBand, the rendezvous port, disk, and (unless the profile's ``health.preflight``
+    is off) every GPU's faults and the processes already on it. The report has ``.ok``, ``.hosts``
+    (each host's facts and checks), ``.parity`` and ``.to_json()``. ``deep``: import torch on every
+    host. ``requirements``: a requirements.txt path, or requirement lines, every node must meet.
+    ``health``: the hardware in full (nvidia-smi's faults and limits, XID errors in the kernel log,
+    ``dcgmi diag -r 1`` where DCGM is installed, InfiniBand error counters); ``allow_busy_gpus``:
+    another process on a GPU only warns (default: the profile's ``health.allow_busy_gpus``);
+    ``exclude_unhealthy``: a host with a hardware fault is excluded from the profile's runs (as
+    ``fsdpctl hosts --exclude``; a spare takes its place). When the checks pass, as short runs of
+    their own through the launch path: ``collectives`` times all-reduce and all-gather over every
+    node (``report.collectives``); ``compute`` times a matmul on every rank at once and names the
+    slow ones (``report.compute``); ``links`` measures every pair of nodes and names the slow link
+    (``report.links``). Each host's verdict reaches ``on_event`` as it arrives."""
     from ..backends import backend_for
     from ..backends.base import DoctorRequest
+    from ..hostcheck.fanout import health_args
     from ..hostcheck.requirements import read_requirements
     from ..plan.make import auto_port
     from ..rundir.paths import new_run_id
@@ -45,41 +56,62 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
         lines = tuple(requirements or ())
     port = prof.rendezvous.port if isinstance(prof.rendezvous.port, int) else auto_port(new_run_id(prof.name))
     nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else None
-    request = DoctorRequest(port=port, deep=deep, timeout=timeout, concurrency=concurrency, port_check=port_check,
-                            nproc=nproc, requirements=(*REQUIREMENTS, *lines))
+    busy = prof.health.allow_busy_gpus if allow_busy_gpus is None else allow_busy_gpus
+    request = DoctorRequest(port=port, deep=deep, timeout=max(timeout, HEALTH_TIMEOUT) if health else timeout,
+                            concurrency=concurrency, port_check=port_check, nproc=nproc,
+                            requirements=(*REQUIREMENTS, *lines),
+                            extra=health_args(health, busy) if health or prof.health.preflight else {})
     backend = backend_for(prof)
     try:
         report = backend.doctor(request, on_host=lambda host: emit(HostChecked(host)))
-        if collectives:
-            report.collectives = (run_collectives(loaded, backend, emit, runs_dir) if report.ok
-                                  else {"skipped": "the checks above failed"})
+        if exclude_unhealthy:
+            exclude_faulty_hosts(prof, report, emit)
+        measured_checks(loaded, backend, emit, report, runs_dir,
+                        [n for n, wanted in (("collectives", collectives), ("compute", compute), ("links", links))
+                         if wanted])
     finally:
         backend.close()
     return report
 
 
-def run_collectives(loaded: LoadedProfile, backend: Backend, emit: Emitter,
-                    runs_dir: Optional[PathLike] = None) -> dict[str, Any]:
-    """The collective smoke test through the launch path, as a run of its own; its figures (or why not)."""
-    from ..bundle import Payload, node_payload
-    from ..hostcheck.collectives import COLLECTIVES_ENV, COLLECTIVES_MODULE, collectives_result
-    from ..plan.types import Overrides
-    from ..rundir.rundir import create_run
-    from .prepare import build_plan
+HEALTH_TIMEOUT = 180.0
+"""Seconds a host's probe may take with ``health``: ``dcgmi diag -r 1`` alone may take a minute."""
+HARDWARE_CHECKS = ("gpu-health", "xid", "dcgm")
+"""The checks whose failure is the host's hardware (a busy GPU is not: it frees up)."""
+
+
+def exclude_faulty_hosts(profile, report: DoctorReport, emit: Emitter) -> None:
+    """Exclude every host whose hardware failed a check from the profile's runs; say what and why."""
+    from ..errors import UsageError
+    from .hosts import exclude_host
+
+    for host in report.hosts:
+        faults = [c for c in host.checks if c.status == "fail" and c.name in HARDWARE_CHECKS]
+        if not faults:
+            continue
+        reason = f"doctor --health: {faults[0].detail}" + (f" (and {len(faults) - 1} more)" if len(faults) > 1 else "")
+        try:
+            exclude_host(profile, host.host, reason)
+        except UsageError as exc:
+            emit.notice(f"doctor: {host.host} not excluded: {exc}", "warning")
+        else:
+            emit.notice(f"doctor: {host.host} excluded from profile {profile.name} ({reason}); "
+                        f"`fsdpctl hosts --restore {host.host}` puts it back once fixed", "warning")
+
+
+def measured_checks(loaded: LoadedProfile, backend: Backend, emit: Emitter, report: DoctorReport,
+                    runs_dir: Optional[PathLike], names: Sequence[str]) -> None:
+    """Each measured check asked for, as a run of its own, once the checks above pass."""
+    from .doctor_runs import add_compute_checks, add_link_checks, measured_run, run_measured
 
     device = "cpu" if backend.profile.device == "cpu" else backend.profile.device
-    overrides = Overrides(entry_module=COLLECTIVES_MODULE, entry_args=("--device", device),
-                          extra_env=COLLECTIVES_ENV)
-    plan = build_plan(loaded, overrides, backend=backend.name,
-                      runs_dir=Path(runs_dir) if runs_dir is not None else None)
-    scripts = backend.scripts(plan)
-    lines: list[str] = []
-    emit.notice(f"doctor: collective smoke test as run {plan.run_id}")
-    run = create_run(plan, loaded.profile, scripts, loaded.text)
-    follower = backend.start(run, Payload(node_payload(scripts)), detached=False)
-    outcome = follower.follow(lambda line: lines.append(line.text))
-    found = collectives_result(lines)
-    if outcome.exit_code or found is None:
-        return {"run_id": plan.run_id, "error": f"the smoke test exited {outcome.exit_code}",
-                "last_lines": lines[-15:]}
-    return {"run_id": plan.run_id, **found}
+    for name in names:
+        if not report.ok:
+            setattr(report, name, {"skipped": "the checks above failed"})
+            continue
+        found = run_measured(loaded, backend, emit, measured_run(name, device), runs_dir)
+        setattr(report, name, found)
+        if name == "compute" and "ranks" in found:
+            add_compute_checks(report, found)
+        elif name == "links" and "pairs" in found:
+            add_link_checks(report, found)

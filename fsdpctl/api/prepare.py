@@ -147,6 +147,7 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         nproc_per_node=options.nproc_per_node if options.nproc_per_node is not None else job.nproc_per_node,
         master_port=options.master_port, debug=options.debug, node_timeout=options.node_timeout,
         hang_timeout=options.hang_timeout, on_hang=options.on_hang, max_restarts=options.max_restarts,
+        allow_busy_gpus=options.allow_busy_gpus,
         backend_options=backend_options(placer, options, job))
     if placer.queued and overrides.max_restarts:
         raise UsageError(f"--max-restarts: {placer.name} requeues a job itself", "use requeue=True (--requeue) instead")

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..errors import UsageError
 from .options import ProfileOpt
 
 
@@ -25,8 +26,24 @@ def doctor(
                                      "all-reduce and all-gather over every node (bus bandwidth per size)."),
     requirements: Optional[Path] = typer.Option(None, "--requirements", help="Also check this requirements.txt "
                                                 "on every node: installed, matching, the same versions everywhere."),
+    health: bool = typer.Option(False, "--health", help="Check the hardware in full: every GPU's ECC errors, row "
+                                "remaps, clock slowdowns, power and PCIe limits, compute mode, heat; XID errors in "
+                                "the kernel log; dcgmi diag -r 1 where DCGM is installed; InfiniBand error counters."),
+    allow_busy_gpus: Optional[bool] = typer.Option(None, "--allow-busy-gpus/--no-allow-busy-gpus",
+                                                   help="Another process on a GPU only warns (default: the "
+                                                        "profile's health.allow_busy_gpus)."),
+    exclude_unhealthy: bool = typer.Option(False, "--exclude-unhealthy", help="Exclude every host with a hardware "
+                                           "fault from the profile's runs (a spare takes its place; `fsdpctl "
+                                           "hosts --restore HOST` puts it back)."),
+    compute: bool = typer.Option(False, "--compute", help="Then, through the launch path, time a matmul on every "
+                                 "rank at once and name the ranks and nodes below 0.8x the median."),
+    links: bool = typer.Option(False, "--links", help="Then, through the launch path, measure every pair of nodes "
+                               "(rounds of disjoint pairs at once) and name the slow link."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="With --links: also draw the link matrix as "
+                                        "DIR/links.png (needs matplotlib)."),
 ) -> None:
-    """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs, interface, InfiniBand, ports, disk.
+    """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs and their faults, interface,
+    InfiniBand, ports, disk; with --health the hardware in full, with --compute and --links measured.
 
     For a Slurm profile: the controller and partition, then the same checks on allocated nodes (srun)."""
     import fsdpctl
@@ -34,19 +51,57 @@ def doctor(
     from .doctor_table import print_report
     from .events import EventPrinter
 
+    if plot is not None and not links:
+        raise UsageError("--plot: it draws the link matrix", "add --links, or drop --plot")
     loaded = fsdpctl.load_profile(profile)
     typer.echo(f"doctor: checking the nodes of {loaded.name} ({loaded.profile.backend})", err=True)
     report = fsdpctl.doctor(loaded, deep=deep, timeout=timeout, concurrency=concurrency,
                             port_check=not no_port_check, requirements=requirements, collectives=collectives,
-                            on_event=EventPrinter(quiet_progress=True))
+                            health=health, allow_busy_gpus=allow_busy_gpus, exclude_unhealthy=exclude_unhealthy,
+                            compute=compute, links=links, on_event=EventPrinter(quiet_progress=True))
+    if plot is not None and "pairs" in (report.links or {}):
+        from ..hostcheck.links import plot_matrix
+
+        report.links["plot"] = str(plot_matrix(report.links, plot))
     if as_json:
         typer.echo(json.dumps(report.to_json(strict), indent=2))
     else:
         print_report(report, strict)
         if collectives:
             _print_collectives(report.collectives or {})
-    failed = collectives and "results" not in (report.collectives or {})
+        if compute:
+            _print_measured("compute", report.compute or {}, "ranks")
+        if links:
+            _print_measured("links", report.links or {}, "pairs")
+    failed = [name for name, wanted, key in (("collectives", collectives, "results"), ("compute", compute, "ranks"),
+                                             ("links", links, "pairs"))
+              if wanted and key not in (getattr(report, name) or {})]
     raise typer.Exit(0 if report.passes(strict) and not failed else 1)
+
+
+def _print_measured(name: str, data: dict, key: str) -> None:
+    """The compute table or the link matrix, then the verdict's lines."""
+    if key not in data:
+        typer.secho(f"{name}: {data.get('skipped') or data.get('error')}", fg="red")
+        for line in data.get("last_lines", []):
+            typer.echo(f"  {line}")
+        return
+    if name == "compute":
+        from ..hostcheck.compute import table_lines
+
+        typer.echo(f"compute: {data['dtype']} matmul {data['size']}x{data['size']} on {data['device']}, "
+                   f"{data['seconds']} s per rank (run {data['run_id']})")
+        shown = table_lines(data)
+    else:
+        from ..hostcheck.links import matrix_lines
+
+        typer.echo(f"links: {data['backend']}, {len(data['nodes'])} node(s), {len(data['pairs'])} pair(s) in "
+                   f"{data['rounds']} round(s), {data['seconds']:.1f} s (run {data['run_id']}); GB/s each way")
+        shown = matrix_lines(data)
+    for line in [*shown, *data.get("verdict", [])]:
+        typer.echo(f"  {line}")
+    if data.get("plot"):
+        typer.echo(f"  figure: {data['plot']}")
 
 
 def _print_collectives(data: dict) -> None:

@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+_SLURM_CHECKS = ("controller", "partition", "allocation")
 _MARK = {"pass": ("ok", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
 
 
@@ -23,7 +24,8 @@ def print_report(report, strict: bool = False) -> None:
     console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     for check in report.cluster:
         word, colour = _MARK[check.status]
-        console.print(f"[{colour}]{word}[/] slurm {check.name}: {check.detail}", highlight=False)
+        scope = "slurm " if check.name in _SLURM_CHECKS else ""
+        console.print(f"[{colour}]{word}[/] {scope}{check.name}: {check.detail}", highlight=False)
         if check.status != "pass" and check.hint:
             console.print(f"     hint: {check.hint}", highlight=False)
     if report.hosts:

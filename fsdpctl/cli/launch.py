@@ -28,6 +28,9 @@ def launch(
                                                "the profile's max_restarts, 0). Not with --detach."),
     exclude: Optional[list[str]] = typer.Option(None, "--exclude", help="Leave this host of the profile out of "
                                                 "this launch; a spare takes its place (repeatable)."),
+    allow_busy_gpus: Optional[bool] = typer.Option(None, "--allow-busy-gpus/--no-allow-busy-gpus", help="Start even "
+                                                   "when other processes already use a GPU (the preflight then "
+                                                   "only warns; default: the profile's health.allow_busy_gpus)."),
 ) -> None:
     """Start your program (after --) or the bundled FSDP/FSDP2 GPT training on every node of PROFILE.
 
@@ -42,14 +45,15 @@ def launch(
     from .show import print_dry_run
 
     if flags.resume is not None:
-        flags.refuse_with_resume(exclude=exclude)
+        flags.refuse_with_resume(exclude=exclude, allow_busy_gpus=allow_busy_gpus)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
         printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"))
         run.resume(steps=flags.steps, epochs=flags.epochs, detach=detach, preflight=not no_preflight,
                    fetch=tuple(fetch or ()), node_timeout=node_timeout, hang_timeout=flags.hang_timeout,
                    on_hang=flags.on_hang, max_restarts=max_restarts, on_event=printer, handle_signals=True)
         raise typer.Exit(exit_code_of(printer))
-    options = flags.job_options(node_timeout=node_timeout, max_restarts=max_restarts, exclude=tuple(exclude or ()))
+    options = flags.job_options(node_timeout=node_timeout, max_restarts=max_restarts, exclude=tuple(exclude or ()),
+                                allow_busy_gpus=allow_busy_gpus)
     if flags.dry_run:
         prepared = fsdpctl.prepare(flags.profile, options=options)
         print_dry_run(prepared.plan, prepared.previews(), flags.as_json, prepared.warnings)

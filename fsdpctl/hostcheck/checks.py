@@ -28,6 +28,9 @@ class Check:
     status: Status
     detail: str
     hint: Optional[str] = None
+    gpu: Optional[int] = None
+    """The GPU's index a hardware finding is about (``doctor --health``), with its PCI ``bus_id``."""
+    bus_id: Optional[str] = None
 
 
 @dataclass
@@ -71,6 +74,12 @@ class DoctorReport:
     collectives: Optional[dict[str, Any]] = None
     """With ``collectives=True``: the smoke test's figures (``results``: op, bytes, seconds, algbw and
     busbw per size), or why there are none (``skipped``, ``error``)."""
+    compute: Optional[dict[str, Any]] = None
+    """With ``compute=True``: each rank's matmul figures (``ranks``: rank, host, local_rank, node,
+    device_name, tflops), the verdict's lines (``verdict``), or why there are none."""
+    links: Optional[dict[str, Any]] = None
+    """With ``links=True``: every pair of nodes' bandwidth (``nodes``, ``pairs``: a, b, round, gbps),
+    the rounds, the verdict's lines (``verdict``), or why there are none."""
 
     def status(self, strict: bool = False) -> Status:
         worst = _worst([h.status for h in self.hosts] + [p.status for p in self.parity]
@@ -91,11 +100,18 @@ class DoctorReport:
             "ok": self.passes(strict), "status": self.status(strict), "profile": self.profile,
             "seconds": round(self.seconds, 3),
             "hosts": [{"host": h.host, "node_rank": h.node_rank, "status": h.status, "seconds": round(h.seconds, 3),
-                       "facts": h.facts, "checks": [asdict(c) for c in h.checks]} for h in self.hosts],
+                       "facts": h.facts, "checks": [_check_json(c) for c in h.checks]} for h in self.hosts],
             "parity": [asdict(p) for p in self.parity],
             "cluster": [asdict(c) for c in self.cluster],
-            **({"collectives": self.collectives} if self.collectives is not None else {}),
+            **{name: value for name in ("collectives", "compute", "links")
+               if (value := getattr(self, name)) is not None},
         }
+
+
+def _check_json(check: Check) -> dict[str, Any]:
+    """A check as JSON: ``gpu`` and ``bus_id`` only on the hardware findings that have them."""
+    data = asdict(check)
+    return {k: v for k, v in data.items() if v is not None or k not in ("gpu", "bus_id")}
 
 
 def _worst(statuses) -> Status:
@@ -112,7 +128,8 @@ def _gib(value: int) -> str:
 def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int],
                requirements: Sequence[str] = (), interface: Optional[str] = None) -> list[Check]:
     """The verdicts on one host's probe facts; ``requirements``: what the job needs installed;
-    ``interface``: the host's own card (``hosts[].interface``), default the profile's."""
+    ``interface``: the host's own card (``hosts[].interface``), default the profile's. The
+    hardware's (``facts["health"]``) are ``health.judge_health``'s."""
     checks = [Check("python", "pass", f"{facts['python']['path']} {facts['python']['version']}")]
     torch = facts.get("torch") or {}
     deep = facts.get("deep")

@@ -17,17 +17,25 @@ _NCCL_TRANSPORT = re.compile(r"via (NET/IB|NET/Socket|P2P|SHM|NVLS|CollNet)")
 COLLECTIVES_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 
-def collectives_result(lines: Sequence[str]) -> dict[str, Any] | None:
-    """Rank 0's result line of the collective smoke test, with the transports NCCL reported."""
+def result_line(lines: Sequence[str], prefix: str, key: str) -> dict[str, Any] | None:
+    """The last result line of one of doctor's measured checks (``<prefix>{json}``, wherever it
+    sits in a line: torchrun's ``[rank0]:`` prefix and the like are skipped) whose object has ``key``."""
     result = None
-    transports: set[str] = set()
     for line in lines:
-        if (at := line.find(COLLECTIVES_PREFIX)) >= 0:
+        if (at := line.find(prefix)) >= 0:
             try:
-                result = json.loads(line[at + len(COLLECTIVES_PREFIX):])
+                found = json.loads(line[at + len(prefix):])
             except ValueError:
                 continue
-        transports.update(_NCCL_TRANSPORT.findall(line))
+            if isinstance(found, dict) and key in found:
+                result = found
+    return result
+
+
+def collectives_result(lines: Sequence[str]) -> dict[str, Any] | None:
+    """Rank 0's result line of the collective smoke test, with the transports NCCL reported."""
+    result = result_line(lines, COLLECTIVES_PREFIX, "results")
+    transports = {t for line in lines for t in _NCCL_TRANSPORT.findall(line)}
     if result is not None:
         if result.get("backend") == "gloo":
             result["transport"] = ["gloo/TCP"]

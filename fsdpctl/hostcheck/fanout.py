@@ -16,6 +16,7 @@ from typing import Any, Optional
 from ..errors import HostError
 from ..profiles.schema import ClusterProfile
 from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
+from .health import judge_health
 from .probe import ProbeOutputError, parse_probe_output, probe_command
 from .requirements import requirement_name
 
@@ -35,6 +36,12 @@ def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str])
     """What every node's probe is asked, besides the port check."""
     return {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep,
             "packages": [requirement_name(r) for r in requirements]}
+
+
+def health_args(full: bool, allow_busy: bool) -> dict[str, Any]:
+    """What the probe's hardware part is asked: the GPUs (the preflight), and with ``full`` (doctor
+    --health) the kernel log's XIDs, DCGM and InfiniBand too; ``allow_busy`` is for the judge."""
+    return {"health": {"xid": full, "dcgm": full, "ib": full, "allow_busy": allow_busy}}
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,8 @@ def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfil
             facts["_received"] = time.time()
             report.facts = facts
             report.checks = [Check("reachable", "pass", "connected"),
-                             *judge_host(profile, facts, nproc, job.requirements, job.args.get("interface"))]
+                             *judge_host(profile, facts, nproc, job.requirements, job.args.get("interface")),
+                             *judge_health(profile.device, facts, job.args.get("health"))]
     except HostError as exc:
         report.checks = [Check(_CAUSE_CHECK.get(exc.cause, "reachable"), "fail", exc.detail, exc.hint)]
     except ProbeOutputError as exc:

@@ -1,13 +1,11 @@
 """The probe that runs on every node (sent as ``python -c``): collects facts, prints JSON between sentinels.
 
-Standard library only, and Python 3.8-compatible: it runs with whatever interpreter the profile
-names on the node, before anything of fsdpctl is installed there. It must stay fast: the default
-probe reads torch's and NCCL's versions from installed files instead of importing torch
-(``import torch`` costs ~1.5 s); ``deep`` imports it for device counts and NCCL's own version.
-
-Argument (argv[1], JSON): workdir, interface, deep, and optionally ``listen`` (on the master:
-hold the rendezvous port open until the other nodes connected) or ``connect`` (on the others:
-connect to the master's port), both bounded by a window in seconds.
+Standard library only, Python 3.8-compatible: it runs with whatever interpreter the profile names on
+the node, before anything of fsdpctl is installed there. It must stay fast: it reads torch's and
+NCCL's versions from installed files (``import torch`` costs ~1.5 s); ``deep`` imports it.
+Argument (argv[1], JSON): workdir, interface, deep, and optionally ``listen`` (on the master: hold the
+rendezvous port open until the other nodes connected) or ``connect`` (on the others: connect to the
+master's port), both bounded by a window in seconds; ``health``: the hardware (``health_script``).
 """
 
 import glob
@@ -376,8 +374,10 @@ def collect(args):
         facts["listen"] = listen(args["listen"])
     if args.get("connect"):
         facts["connect"] = connect(args["connect"])
-    if args.get("init"):  # fsdpctl init: discover() comes with this source (discover_script.py)
+    if args.get("init"):  # discover() comes with this source (discover_script.py)
         facts["init"] = discover(args, facts)  # noqa: F821
+    if args.get("health"):  # health() comes with this source (health_script.py)
+        facts["health"] = health(args["health"])  # noqa: F821
     if args.get("shared_file"):  # written by the submitting machine: is this node's view the same?
         facts["shared_file"] = os.path.isfile(os.path.expanduser(args["shared_file"]))
     facts["probe_seconds"] = round(time.time() - started, 3)

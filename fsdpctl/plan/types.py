@@ -61,6 +61,8 @@ class Overrides:
     """``--node-timeout`` (over ``node_timeout``)."""
     hang_timeout: Optional[int] = None
     """``--hang-timeout`` (over ``hang_timeout``; 0 turns the watchdog off)."""
+    allow_busy_gpus: Optional[bool] = None
+    """``--allow-busy-gpus`` (over ``health.allow_busy_gpus``)."""
     on_hang: Optional[str] = None
     """``--on-hang`` (over ``on_hang``)."""
     max_restarts: Optional[int] = None
@@ -256,6 +258,10 @@ class LaunchPlan:
     ``FSDPCTL_ATTEMPT``."""
     max_restarts: int = 0
     """How often a foreground launch starts the run again after a failure."""
+    gpu_health: bool = True
+    """The preflight asks every GPU for faults and other processes (the profile's ``health.preflight``)."""
+    allow_busy_gpus: bool = False
+    """Other processes on a GPU only warn in the preflight."""
     entry: tuple[str, ...] = ()
     """What torchrun runs on every rank: ``-m fsdpctl.workload.train ARGS``, or the user's program."""
     backend_plan: Mapping[str, Any] = field(default_factory=dict)

@@ -19,6 +19,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("hosts[]", schema.HostSpec),
     ("network", schema.NetworkSpec),
     ("rendezvous", schema.RendezvousSpec),
+    ("health", schema.HealthSpec),
     ("ssh", schema.SSHSpec),
     ("slurm", schema.SlurmSpec),
 ]

@@ -112,6 +112,20 @@ class NetworkSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HealthSpec:
+    """What the preflight checks of the nodes' hardware before every launch (``doctor --health``
+    checks more: the kernel log's XID errors, DCGM, InfiniBand counters)."""
+
+    preflight: bool = True
+    """Ask every GPU (nvidia-smi) before a launch: uncorrectable ECC errors, pending or failed row
+    remaps, hardware clock slowdowns, power caps, compute mode, and processes already on a GPU.
+    A fault or another process on a GPU stops the launch. Hosts without nvidia-smi are not asked."""
+    allow_busy_gpus: bool = False
+    """Start even when other processes already use a GPU (``--allow-busy-gpus``): they share it and
+    slow the run; the preflight then only warns."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RendezvousSpec:
     """Where and how the torchrun agents on the nodes find each other."""
 
@@ -247,6 +261,8 @@ class ClusterProfile:
     """Interface and InfiniBand settings."""
     rendezvous: RendezvousSpec = field(default_factory=RendezvousSpec)
     """torchrun rendezvous settings."""
+    health: HealthSpec = field(default_factory=HealthSpec)
+    """The GPU health checks of the preflight."""
     python: Optional[str] = None
     """Python on the nodes that has torch; default: ``python3`` (local: the Python running fsdpctl)."""
     setup: tuple[str, ...] = ()

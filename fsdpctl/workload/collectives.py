@@ -80,13 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=10, help="timed repetitions per size")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     args, _ = parser.parse_known_args(argv)  # the launcher may pass training flags too: ignored here
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    backend = process_group_backend(use_cuda)
-    dist.init_process_group(backend)
+    device = join_group(args.device)
+    use_cuda = device.type == "cuda"
     world, rank = dist.get_world_size(), dist.get_rank()
     default = "1K,64K,1M,16M,64M" if use_cuda else "1K,64K,1M,4M"
     try:
@@ -103,10 +98,26 @@ def main(argv: list[str] | None = None) -> None:
             algbw = size / seconds / 1e9
             results.append({"op": kind, "bytes": size, "seconds": seconds, "algbw_gbps": algbw,
                             "busbw_gbps": algbw * factor})
+    finish(PREFIX, rank, {"backend": "nccl" if use_cuda else "gloo", "world_size": world, "device": device.type,
+                          "results": results})
+
+
+def join_group(choice: str) -> torch.device:
+    """This rank's device for ``--device`` (``auto``: CUDA when there is one; each rank its
+    LOCAL_RANK's GPU), with the process group joined on it."""
+    use_cuda = choice == "cuda" or (choice == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(process_group_backend(use_cuda))
+    return torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+
+
+def finish(prefix: str, rank: int, summary: dict) -> None:
+    """Rank 0 prints the check's one result line; every rank leaves the group and exits 0 (the checks
+    doctor runs: collectives, compute, links)."""
     if rank == 0:
-        summary = {"backend": "nccl" if use_cuda else "gloo", "world_size": world, "device": device.type,
-                   "results": results}
-        print(f"{PREFIX}: {json.dumps(summary)}", flush=True)
+        print(f"{prefix}: {json.dumps(summary)}", flush=True)
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # gloo can abort at interpreter exit (see train.py)

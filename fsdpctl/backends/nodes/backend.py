@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Optional, Protocol
 from ...bundle import Payload
 from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport
-from ...hostcheck.fanout import NodeProbe, ProbeRunner, make_jobs, run_doctor
+from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, make_jobs, run_doctor
 from ...node.stacks import answer_of
 from ...plan.types import LaunchPlan, Overrides, PlanContext
 from ...profiles.schema import ClusterProfile, HostSpec
@@ -116,7 +116,8 @@ class NodesBackend(Backend):
         that also stage the payload; they wait for ``start`` (one command per node for both)."""
         nproc = int(plan.nproc_per_node) if plan.nproc_per_node.isdigit() else None
         request = DoctorRequest(port=plan.master_port, timeout=PREFLIGHT_TIMEOUT, nproc=nproc,
-                                port_check=plan.num_nodes > 1, requirements=plan.requirements)
+                                port_check=plan.num_nodes > 1, requirements=plan.requirements,
+                                extra=health_args(False, plan.allow_busy_gpus) if plan.gpu_health else {})
         starter = NodeStarter(plan, payload, self.connection, plan.python)
         nodes = [NodeProbe(n.node_rank, self.connection(n), n.interface) for n in plan.nodes]
         master = next(n.node_rank for n in plan.nodes if n.host == plan.master_host)

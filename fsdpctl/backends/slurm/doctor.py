@@ -18,6 +18,7 @@ from typing import Optional
 
 from ...hostcheck.checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
 from ...hostcheck.fanout import probe_args
+from ...hostcheck.health import judge_health
 from ...hostcheck.probe import ProbeOutputError, parse_probe_output, probe_source
 from ...hostcheck.probe_script import BEGIN, END
 from ...profiles.schema import ClusterProfile, slurm_directive_name
@@ -164,6 +165,7 @@ def _probe_allocation(profile: ClusterProfile, request: DoctorRequest, python: s
             report.host = facts.get("hostname") or report.host
             report.checks = [Check("reachable", "pass", "srun task ran"),
                              *judge_host(profile, facts, request.nproc, request.requirements),
+                             *judge_health(profile.device, facts, request.extra.get("health")),
                              storage_check(facts, str(workdir))]
             facts.pop("_received", None)
             report.facts = facts
