@@ -91,7 +91,7 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
         return started
     profile = run.profile
     before = excluded_hosts(profile, tuple((read_json(run.root / INPUTS) or {}).get("exclude") or ()))
-    suspects = nodes_to_blame(run.record.nodes)
+    suspects = nodes_to_blame(run.record.nodes, hardware_faults(run))
     blamed: dict[str, str] = {}
     for host, why in suspects.items():
         if choose_hosts(profile, {**before, **blamed, host: why}).missing:
@@ -127,6 +127,22 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     replacements = choice.replacements
     return start_attempt(backend, plan, payload, emit, detached=False, checked=checked,
                          open_run=lambda: _begun(begin_attempt(run, plan, scripts, attempt.from_step), replacements))
+
+
+def hardware_faults(run: RunDir) -> dict[str, str]:
+    """The hardware faults each node's GPU watcher said in the attempt's log (host -> what), from
+    the node logs kept here."""
+    from ..node.gpu_watch import fault_in_log
+
+    faults = {}
+    for node in run.record.nodes:
+        try:
+            text = (run.paths.logs / f"node{node.node_rank}.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if (fault := fault_in_log(text)) is not None:
+            faults[node.host] = fault
+    return faults
 
 
 def _begun(run: RunDir, replacements) -> RunDir:

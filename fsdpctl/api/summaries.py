@@ -22,7 +22,9 @@ def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
         except (FsdpctlError, OSError) as exc:  # nodes gone: what was fetched before still reports
             notes.append(f"{name} not fetched again ({exc}); reporting what was fetched before")
             continue
-        found[name] = sorted(Path(f) for files in fetched.values() for f in files if Path(f).name == name)
+        # (a folder comes back as the files in it: gpu/node<R>.jsonl)
+        found[name] = sorted({Path(f) if Path(f).name == name else Path(f).parent for files in fetched.values()
+                              for f in files if name in Path(f).parts})
     for name in _FILES:
         # Not fetched now: what an earlier fetch brought, or the run directory itself where it is on
         # this machine (a local run's, a shared Slurm directory): where fetch names them.
@@ -34,15 +36,28 @@ def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
     series = read_run_files(found["metrics.jsonl"], run.run_id, next(iter(found["summary.json"]), None))
     summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
     summary_.notes = [*run.info.recoveries, *notes]
+    _gpu_findings(summary_, found["gpu"])
     return series, summary_
 
 
-_FILES = ("metrics.jsonl", "summary.json")
+_FILES = ("metrics.jsonl", "summary.json", "gpu")
+
+
+def _gpu_findings(summary_: RunSummary, files: list[Path]) -> None:
+    """Each node's GPUs over the run, and the straggler's cause where its GPU's samples show one."""
+    from ..metrics.gpu_samples import gpu_cause, read_files, run_lines
+
+    samples = read_files(f for path in files for f in (sorted(path.glob("node*.jsonl")) if path.is_dir() else [path]))
+    summary_.gpus = run_lines(samples)
+    if summary_.straggler and samples:
+        cause = gpu_cause(samples, str(summary_.straggler.get("host")), summary_.straggler.get("local_ranks") or [])
+        if cause:
+            summary_.straggler["cause"] = cause
 
 
 def _already_here(run: Any, name: str) -> list[Path]:
     here = Path(run.plan.run_dir).expanduser() / name
-    return sorted(run.path.glob(f"fetched/node*/{name}")) or ([here] if here.is_file() else [])
+    return sorted(run.path.glob(f"fetched/node*/{name}")) or ([here] if here.exists() else [])
 
 
 def report_of(runs: list[Any], *, plot: Optional[PathLike] = None, fetch: bool = True) -> Report:

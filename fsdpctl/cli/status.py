@@ -14,6 +14,7 @@ def status(
 ) -> None:
     """Per node: running, succeeded or failed, exit codes, and the last step and loss."""
     import fsdpctl
+    from fsdpctl.metrics.gpu_samples import gpu_cause, latest_by_node, now_text
     from fsdpctl.rundir.status import attempt_changes
 
     with fsdpctl.get_run(run_id) as run:
@@ -37,10 +38,13 @@ def status(
         typer.echo(f"  attempt {earlier.attempt}{start}: {earlier.state}{code}{ended}{changes}")
     if info.replacements or info.recovery:
         typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery)}")
+    latest = latest_by_node(info.gpu_samples)
     for node in info.nodes:
         code = "" if node.exit_code is None else f" (exit {node.exit_code})"
         ranks = "" if not node.ranks else f" (global rank{'s' if '-' in node.ranks else ''} {node.ranks})"
         typer.echo(f"  node {node.node_rank} {node.host}{ranks}: {node.state}{code}")
+        if node.node_rank in latest:
+            typer.echo(f"    GPUs: {now_text(latest[node.node_rank])}")
     failure = info.first_failure
     if failure is not None and failure.kind == "hang":
         typer.echo(f"  {failure.headline()}")
@@ -49,6 +53,10 @@ def status(
         typer.echo(f"  first failure: {failure.headline()}")
     if last.get("straggler"):
         typer.echo(f"  {last['straggler']}")
+        where = last.get("straggler_at") or {}
+        cause = gpu_cause(info.gpu_samples, str(where.get("host")), where.get("local_ranks") or []) if where else None
+        if cause:
+            typer.echo(f"  cause, from its GPU's samples: {cause}")
 
 
 def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).")) -> None:

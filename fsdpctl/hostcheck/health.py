@@ -1,5 +1,5 @@
-"""Judge one host's hardware facts (``health_script``): GPU faults, limits and busy GPUs, XID errors,
-DCGM's quick diagnostic, InfiniBand error counters. Pure: facts in, verdicts out.
+"""Judge one host's hardware facts (``fsdpctl.node.health_probe``): GPU faults, limits and busy GPUs,
+XID errors, DCGM's quick diagnostic, InfiniBand error counters. Pure: facts in, verdicts out.
 
 Every finding names the GPU (index and PCI bus id) and says what to do or whom to call. A fact the
 driver does not give is skipped, never failed. What fails: what breaks or corrupts a run (an

@@ -18,14 +18,15 @@ from .probe_script import BEGIN, END
 @functools.lru_cache(maxsize=1)
 def probe_source() -> str:
     """The probe program's source, sent to the node with ``python -c``: the probe's functions, init's
-    discovery functions (``discover_script``), the hardware checks (``health_script``), then the probe's main guard."""
+    discovery functions (``discover_script``), the hardware checks (``fsdpctl.node.health_probe``,
+    also run by the GPU watcher beside the ranks), then the probe's main guard."""
     here = Path(__file__).resolve().parent
     probe, guard, main = (here / "probe_script.py").read_text(encoding="utf-8").rpartition(
         '\nif __name__ == "__main__":')
     if not guard:
         raise AssertionError("the probe script lost its main guard")
     discover = (here / "discover_script.py").read_text(encoding="utf-8")
-    health = (here / "health_script.py").read_text(encoding="utf-8")
+    health = (here.parent / "node" / "health_probe.py").read_text(encoding="utf-8")
     return probe + "\n\n" + discover + "\n\n" + health + "\n" + guard + main
 
 

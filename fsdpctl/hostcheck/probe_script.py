@@ -5,7 +5,7 @@ the node, before anything of fsdpctl is installed there. It must stay fast: it r
 NCCL's versions from installed files (``import torch`` costs ~1.5 s); ``deep`` imports it.
 Argument (argv[1], JSON): workdir, interface, deep, and optionally ``listen`` (on the master: hold the
 rendezvous port open until the other nodes connected) or ``connect`` (on the others: connect to the
-master's port), both bounded by a window in seconds; ``health``: the hardware (``health_script``).
+master's port), both bounded by a window in seconds; ``health``: the hardware (``node/health_probe``).
 """
 
 import glob
@@ -376,7 +376,7 @@ def collect(args):
         facts["connect"] = connect(args["connect"])
     if args.get("init"):  # discover() comes with this source (discover_script.py)
         facts["init"] = discover(args, facts)  # noqa: F821
-    if args.get("health"):  # health() comes with this source (health_script.py)
+    if args.get("health"):  # health() comes with this source (node/health_probe.py)
         facts["health"] = health(args["health"])  # noqa: F821
     if args.get("shared_file"):  # written by the submitting machine: is this node's view the same?
         facts["shared_file"] = os.path.isfile(os.path.expanduser(args["shared_file"]))

@@ -2,6 +2,8 @@
 
 The rule (README's "When a node dies: spare hosts" says it in the same words): a node is to blame
 when it was lost (nothing heard from it for the node timeout, before any other node failed), when
+its GPU watcher said a hardware fault during the attempt (a new uncorrectable ECC error, a pending
+row remap, a hardware XID: the CUDA error the ranks then raise looks like a program's own), when
 its ranks died by a signal the other nodes' ranks did not get (a SIGKILL, SIGBUS, SIGSEGV... there
 alone, not fsdpctl's own stop), or when it fails the re-check before the next attempt. A program's
 own error (an exception or an exit code, on one rank or on all of them, on a node that answers and
@@ -11,7 +13,8 @@ passes its checks) blames no node: the run restarts on the same hosts, or ends a
 from __future__ import annotations
 
 import signal as _signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 from ..hostcheck.checks import Check, DoctorReport
 from ..rundir.state import NodeState, signal_name
@@ -20,9 +23,10 @@ from ..rundir.status import NodeStatus
 _OUR_STOP = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 
 
-def nodes_to_blame(nodes: Sequence[NodeStatus]) -> dict[str, str]:
-    """The hosts of an attempt's nodes that are to blame for its failure, with why (host -> why)."""
-    blamed: dict[str, str] = {}
+def nodes_to_blame(nodes: Sequence[NodeStatus], faults: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """The hosts of an attempt's nodes that are to blame for its failure, with why (host -> why);
+    ``faults``: the hardware faults their GPU watchers said during the attempt (host -> what)."""
+    blamed: dict[str, str] = {host: f"hardware fault during the run: {what}" for host, what in (faults or {}).items()}
     for node in nodes:
         # One that went quiet while fsdpctl was stopping it, after another node had failed, is not
         # held to it: a loaded launcher or node can miss heartbeats during a teardown.

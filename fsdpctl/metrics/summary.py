@@ -36,6 +36,8 @@ class RunSummary:
     skipped_lines: int = 0
     notes: list[str] = field(default_factory=list)
     """What could not be done (metrics not fetched again from nodes that are gone)."""
+    gpus: list[str] = field(default_factory=list)
+    """Each node's GPUs over the run, from its samples (clocks, heat, utilisation, slowdowns seen)."""
 
     @property
     def restarts(self) -> int:
@@ -115,10 +117,13 @@ def render(summaries: list[RunSummary]) -> str:
         prefix = f"{s.name}: " if len(summaries) > 1 else ""
         if s.straggler:
             lines.append(f"{prefix}{s.straggler['text']}")
+            if s.straggler.get("cause"):
+                lines.append(f"{prefix}  cause, from its GPU's samples: {s.straggler['cause']}")
         elif s.ranks_text:
             lines.append(f"{prefix}no straggler: {s.ranks_text}")
         else:
             lines.append(f"{prefix}no per-rank timings in its metrics: no straggler verdict")
+        lines += [f"{prefix}{line}" for line in s.gpus]
         for note in s.notes:
             lines.append(f"{prefix}{note}")
         if s.skipped_lines:

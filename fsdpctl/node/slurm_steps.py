@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from fsdpctl.node.gpu_watch import fault_in_log
 from fsdpctl.node.torchrun_summary import summary_signal
 from fsdpctl.workload.layout import complete_steps
 
@@ -199,6 +200,10 @@ class Steps:
             blamed = {h: why for h, why in self.recheck_all(active).items() if why}
             for host, why in signalled_alone(active, self.run_dir).items():
                 blamed.setdefault(host, why)
+            for rank, host in enumerate(active):  # a GPU fault the node's watcher said during the step
+                fault = fault_in_log(_log_tail(os.path.join(self.run_dir, f"node{rank}.log")))
+                if fault:
+                    blamed.setdefault(host, f"hardware fault during the step: {fault}")
             if not blamed:
                 self.record("failed", step=number, exit=status, blamed={})
                 self.say(f"step {number} failed (exit {status}) and no node is to blame: a program error ends "

@@ -245,7 +245,7 @@ def make_plan(
         node_timeout=overrides.node_timeout or profile.node_timeout,
         hang_timeout=(overrides.hang_timeout if overrides.hang_timeout is not None else profile.hang_timeout) or None,
         on_hang=overrides.on_hang or profile.on_hang, attempt=overrides.attempt,
-        gpu_health=profile.health.preflight,
+        gpu_health=profile.health.preflight, gpu_sample_seconds=profile.health.sample_seconds,
         allow_busy_gpus=bool(overrides.allow_busy_gpus if overrides.allow_busy_gpus is not None
                              else profile.health.allow_busy_gpus),
         max_restarts=placement.max_restarts if placement.max_restarts is not None

@@ -262,6 +262,8 @@ class LaunchPlan:
     """The preflight asks every GPU for faults and other processes (the profile's ``health.preflight``)."""
     allow_busy_gpus: bool = False
     """Other processes on a GPU only warn in the preflight."""
+    gpu_sample_seconds: float = 0.0
+    """How often every node's GPUs are sampled during the run (``fsdpctl.node.gpu_watch``); 0: never."""
     entry: tuple[str, ...] = ()
     """What torchrun runs on every rank: ``-m fsdpctl.workload.train ARGS``, or the user's program."""
     backend_plan: Mapping[str, Any] = field(default_factory=dict)

@@ -47,6 +47,13 @@ def _rendezvous_rules(rdzv: schema.RendezvousSpec):
     return _port_problem("port", rdzv.port if isinstance(rdzv.port, int) else None)
 
 
+def _health_rules(health: schema.HealthSpec):
+    if health.sample_seconds != 0 and not 1 <= health.sample_seconds <= 3600:
+        return ("sample_seconds", f"{health.sample_seconds} is outside 1-3600",
+                "give seconds between samples, e.g. 5, or 0 to sample nothing")
+    return None
+
+
 def _ssh_rules(ssh: schema.SSHSpec):
     if ssh.user is not None and not schema.USER_PATTERN.match(ssh.user):
         return "user", f"{ssh.user!r} is not a valid user name", "use a plain login name"
@@ -174,6 +181,7 @@ RULES: dict[type, tuple] = {
     HostSpec: (_host_rules,),
     schema.NetworkSpec: (_network_rules,),
     schema.RendezvousSpec: (_rendezvous_rules,),
+    schema.HealthSpec: (_health_rules,),
     schema.SSHSpec: (_ssh_rules,),
     schema.SlurmSpec: (_slurm_rules,),
     ClusterProfile: (_profile_rules, _backend_rules),

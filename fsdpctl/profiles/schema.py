@@ -123,6 +123,11 @@ class HealthSpec:
     allow_busy_gpus: bool = False
     """Start even when other processes already use a GPU (``--allow-busy-gpus``): they share it and
     slow the run; the preflight then only warns."""
+    sample_seconds: float = 5.0
+    """During a run, sample every GPU (clocks and their slowdown reasons, temperature, power,
+    utilisation, memory, ECC errors) this often into ``gpu/node<R>.jsonl``, shown by ``status`` and
+    ``report``; a new uncorrectable ECC error or hardware XID is said at once in the node's log and
+    makes it the node a spare replaces. 0: no sampling. Nodes without nvidia-smi are not sampled."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -162,6 +162,8 @@ class RunStatus:
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend says of its job (Slurm: ``job_id``, ``slurm_state``, ``restarts``, how often it
     requeued the job), shown in ``--json`` beside the common fields."""
+    gpu_samples: tuple[Mapping[str, Any], ...] = ()
+    """The newest GPU samples of the run's nodes (``gpu/node<R>.jsonl``; none where no node has nvidia-smi)."""
 
     @property
     def job_id(self) -> Optional[str]:
@@ -179,6 +181,7 @@ class RunStatus:
             "attempts": [a.to_json() for a in self.attempts],
             "replacements": [r.to_json() for r in self.replacements],
             "recovery": self.recovery.to_json() if self.recovery else None,
+            "gpu_samples": list(self.gpu_samples),
         }
         data.update({k: v for k, v in self.job.items() if k not in data and v is not None})
         return data

@@ -91,9 +91,11 @@ class Tally:
                else f"rank {worst}{place}{node_text}")
         text = (f"straggler: {who} computed {ratio:.2f}x the other ranks' median in {len(self.slow[worst])} "
                 f"of {self.seen} windows; every rank waits for it at each collective. Usually {WHY}.")
+        local = [self.where[r].get("local_rank") for r in named
+                 if self.where.get(r, {}).get("host") == info.get("host")]
         return {"rank": worst, "node": info.get("node"), "host": info.get("host"), "ratio": round(ratio, 3),
                 "windows_slow": len(self.slow[worst]), "windows": self.seen, "ranks": named,
-                "whole_node": whole_node, "text": text}
+                "local_ranks": [r for r in local if r is not None], "whole_node": whole_node, "text": text}
 
 
 def verdict(windows: Iterable[Sequence[Mapping[str, Any]]]) -> Optional[dict[str, Any]]:

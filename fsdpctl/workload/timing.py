@@ -136,7 +136,8 @@ class RankWindows:
     def __init__(self, rt, timer: RankTimer):
         self.rt, self.timer, self.tally = rt, timer, Tally()
         me = {"host": os.environ.get("FSDPCTL_HOST") or socket.gethostname(),
-              "node": int(os.environ.get("GROUP_RANK", rt.rank // max(1, rt.local_world)))}
+              "node": int(os.environ.get("GROUP_RANK", rt.rank // max(1, rt.local_world))),
+              "local_rank": int(os.environ.get("LOCAL_RANK", rt.rank % max(1, rt.local_world)))}
         self.places: list[dict] = [{} for _ in range(rt.world)]
         dist.all_gather_object(self.places, me)
 

@@ -303,7 +303,9 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                 log.train_line(train_sampler.epoch + 1, step, train_loss, lr, tok_s, meter.mfu(tok_s),
                                peak_memory_mb(rt.device), None if grad_norm is None else float(grad_norm),
                                extra={"step_time_s": step_time, "ranks": ranks,
-                                      "straggler": straggler["text"] if straggler else None})
+                                      "straggler": straggler["text"] if straggler else None,
+                                      "straggler_at": {"host": straggler["host"], "local_ranks":
+                                                       straggler["local_ranks"]} if straggler else None})
             if cfg.eval_interval and step % cfg.eval_interval == 0 and step < total_steps:
                 meter.close_window()
                 val_loss, val_ppl = evaluate(model, cfg, rt, val_sampler)

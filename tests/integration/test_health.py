@@ -9,10 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.integration.conftest import doctor_json, require_netns, run_in_client
+from tests.integration.test_launch import run_dir_of, start
 from tests.testbed import fake_gpu
 from tests.testbed.lab import Lab
 
@@ -125,6 +127,55 @@ def test_a_host_with_a_fault_is_excluded_and_a_spare_takes_its_place(gpu_lab, tm
     shown = run_in_client(gpu_lab, tmp_path, "hosts", "-p", str(tmp_path / "lab.yaml"), "--json")
     roles = {h["host"]: h["role"] for h in json.loads(shown.stdout)}
     assert roles == {gpu_lab.hosts["g1"].address: "active", spare.address: "active", g2: "excluded"}
+
+
+# ---- during a run -------------------------------------------------------------------------------
+
+FAULTED = """\
+import os, sys, time
+from pathlib import Path
+attempt, node = int(os.environ["FSDPCTL_ATTEMPT"]), int(os.environ["FSDPCTL_NODE_RANK"])
+print(f"attempt {attempt} node {node} on {os.environ['FSDPCTL_HOST']}", flush=True)
+deadline = time.time() + 90
+while attempt == 1 and not Path(sys.argv[1]).exists() and time.time() < deadline:
+    time.sleep(0.2)
+if attempt == 1 and node == 1:  # what a rank raises when its GPU fell off the bus: a program error to torch
+    raise SystemExit("CUDA error: unspecified launch failure")
+print(f"done on {os.environ['FSDPCTL_HOST']}", flush=True)
+"""
+
+
+def test_a_hardware_xid_during_a_run_is_said_at_once_and_its_host_is_replaced(gpu_lab, tmp_path):
+    healthy(gpu_lab)
+    g1, g2, g3 = (gpu_lab.hosts[n] for n in ("g1", "g2", "g3"))
+    code, flag = tmp_path / "code", tmp_path / "fail-now"
+    code.mkdir()
+    (code / "faulted.py").write_text(FAULTED)
+    path = tmp_path / "lab.yaml"
+    path.write_text(profile(gpu_lab, ["g1", "g2"], extra=f"spares:\n  - host: {g3.address}\n    port: {g3.port}\n"
+                                                        "max_restarts: 1\nhealth:\n  sample_seconds: 1\n"))
+    launched = start(gpu_lab, tmp_path, "launch", "-p", str(path), "--code", str(code), "--", "faulted.py", str(flag))
+    try:
+        samples = run_dir_of(tmp_path) / "gpu" / "node1.jsonl"
+        deadline = time.monotonic() + 60
+        while not samples.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        fake_gpu.write_scenario(g2.dir / "gpu.json", [fake_gpu.gpu(0x18), fake_gpu.gpu(0x3B)], dmesg=[
+            "[ 812.1] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."])
+        time.sleep(3)  # the watcher samples every second
+        flag.touch()
+        rc, out, err = launched.finish(timeout=240)
+    finally:
+        healthy(gpu_lab)
+    assert rc == 0, (out[-3000:], err[-3000:])
+    said = f"fsdpctl: hardware fault: XID 79 on PCI 0000:3b:00 of {g2.address}: pid=1234, name=python, GPU has " \
+           "fallen off the bus."
+    assert said in out, out[-3000:]
+    assert f"{g3.address} replaces {g2.address} for attempt 2: hardware fault during the run: XID 79" in err
+    assert f"done on {g1.address}" in out and f"done on {g3.address}" in out
+    shown = run_in_client(gpu_lab, tmp_path, "hosts", "-p", str(path), "--json")
+    excluded = {h["host"]: h.get("reason") for h in json.loads(shown.stdout) if h["role"] == "excluded"}
+    assert list(excluded) == [g2.address] and "XID 79" in excluded[g2.address]
 
 
 # ---- measured: compute and links ------------------------------------------------------------------

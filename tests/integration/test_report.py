@@ -1,8 +1,10 @@
 """Per-rank timings, the straggler named and `fsdpctl report`, on a namespace testbed of its own:
-two hosts whose sshd (and so every process a run starts there) is pinned to a core of its own. One
-run is made slow for real on s2: a busy process shares s2's core, and rank 1 is held off the CPU half
-of the time (SIGSTOP/SIGCONT by its PID); the same run without them names nobody. Then `fsdpctl
-report` on both runs, and on a program of the user's that writes metrics."""
+two hosts whose sshd (and so every process a run starts there) is pinned to a core of its own, each
+with a fake nvidia-smi first on its PATH (one GPU). One run is made slow for real on s2: a busy
+process shares s2's core, and rank 1 is held off the CPU half of the time (SIGSTOP/SIGCONT by its
+PID); while it runs, s2's GPU reports a HW slowdown, which `status` shows and the straggler's cause
+names. The same run without them names nobody. Then `fsdpctl report` on both runs, and on a program
+of the user's that writes metrics."""
 
 from __future__ import annotations
 
@@ -13,16 +15,19 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import require_netns
-from tests.integration.test_launch import run
+from tests.integration.test_launch import run, start
+from tests.testbed import fake_gpu
 from tests.testbed.lab import Lab
 from tests.unit.test_report import png_chunks
 
 pytestmark = pytest.mark.integration
+GPU_SAID = "fsdpctl: GPU clocks:"
 
 TRAIN = ["--preset", "tiny", "--steps", "24", "--batch-size", "8", "--set", "seq_len=128", "--set", "eval_interval=0",
          "--set", "vocab_size=2000", "--set", "no_checkpoint=true"]
@@ -96,7 +101,11 @@ def pinned_lab(tmp_path_factory):
     lab = Lab(tmp_path_factory.mktemp("reportlab"), ["s1", "s2"]).up()
     try:
         for core, name in enumerate(("s1", "s2")):
-            lab.start_sshd(name, setup=f"taskset -p -c {core} $$ >/dev/null && ")
+            scenario = lab.hosts[name].dir / "gpu.json"
+            bin_dir = fake_gpu.install(lab.hosts[name].dir / "bin", scenario)
+            fake_gpu.write_scenario(scenario, [fake_gpu.gpu(0x18, **{"clocks.sm": 1980})])
+            lab.start_sshd(name, f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n",
+                           setup=f"taskset -p -c {core} $$ >/dev/null && ")
         yield lab
     finally:
         lab.down()
@@ -104,7 +113,8 @@ def pinned_lab(tmp_path_factory):
 
 def profile(lab: Lab, tmp_path: Path) -> Path:
     path = tmp_path / "pinned.yaml"
-    path.write_text(lab.profile_yaml(["s1", "s2"], python=sys.executable, name="pinned"))
+    path.write_text(lab.profile_yaml(["s1", "s2"], python=sys.executable, name="pinned",
+                                     extra="health:\n  sample_seconds: 1\n"))
     return path
 
 
@@ -121,23 +131,44 @@ def test_the_slow_rank_is_named_and_an_even_run_names_nobody_then_both_are_repor
     # as a throttled device or a noisy neighbour would): slow whatever else loads this machine.
     busy = subprocess.Popen(["taskset", "-c", "1", "sh", "-c", "while :; do :; done"])
     throttle = Throttle(lab.root, rank=1)
+    s2_gpu = lab.hosts["s2"].dir / "gpu.json"
     try:
-        slow = run(lab, tmp_path, "launch", "-p", str(path), *TRAIN)
+        launched = start(lab, tmp_path, "launch", "-p", str(path), *TRAIN)
+        deadline = time.monotonic() + 120
+        while throttle.pid is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # Its clock drops while the run goes on: the watcher on s2 samples it, status shows it.
+        fake_gpu.write_scenario(s2_gpu, [fake_gpu.gpu(0x18, **{
+            "clocks.sm": 1095, "clocks_event_reasons.hw_slowdown": "Active", "clocks_event_reasons.gpu_idle":
+            "Not Active"})])
+        shown = ""
+        while "HW slowdown" not in shown and time.monotonic() < deadline and launched.process.poll() is None:
+            shown = run(lab, tmp_path, "status").stdout
+        code, out, err = launched.finish(timeout=300)
     finally:
+        fake_gpu.write_scenario(s2_gpu, [fake_gpu.gpu(0x18, **{"clocks.sm": 1980})])
         throttle.stop()
         busy.kill()
         busy.wait()
+    slow = subprocess.CompletedProcess([], code, out, err)
     assert throttle.pid is not None, "rank 1 was never found to slow down"
     assert slow.returncode == 0, slow.stderr[-3000:]
     s2 = lab.hosts["s2"].address
     assert f"straggler: rank 1 on {s2} (node 1) computed" in slow.stdout, slow.stdout[-3000:]
+    print(f"\n--- fsdpctl status during the slow run ---\n{shown}")
+    assert "GPU 0 (00000000:18:00.0) HW slowdown at 1,095 MHz of 1,980" in shown.split(f"node 1 {s2}")[1]
+    assert "slowdown" not in shown.split(f"node 1 {s2}")[0], "s1's GPU is named"
+    assert f"{GPU_SAID} GPU 0 (00000000:18:00.0) on {s2} at 1095 MHz of 1980: HW slowdown" in slow.stdout
 
     slow_id, even_id = run_id_of(slow.stdout + slow.stderr), run_id_of(even.stdout + even.stderr)
     report = run(lab, tmp_path, "report", slow_id, even_id, "--plot", str(tmp_path / "plots"))
     assert report.returncode == 0, report.stderr[-3000:]
     print(f"\n--- fsdpctl report {slow_id} {even_id} --plot plots ---\n{report.stdout}")
     assert f"{slow_id}: straggler: rank 1 on {s2} (node 1)" in report.stdout
+    assert re.search(rf"{slow_id}:   cause, from its GPU's samples: GPU 0 on {s2} at 1,095 MHz of 1,980: HW slowdown "
+                     r"\(in \d+ of \d+ samples\)", report.stdout), report.stdout
     assert f"{even_id}: no straggler" in report.stdout
+    assert re.search(rf"{even_id}: GPUs on {s2}: \d+ samples, SM median 1,980 MHz \(lowest 1,980\)", report.stdout)
     metrics = [json.loads(line) for line in
                (tmp_path / "runs" / slow_id / "fetched" / "node0" / "metrics.jsonl").read_text().splitlines()]
     train = [row for row in metrics if row.get("kind") == "train"]

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from fsdpctl.hostcheck import health_script
 from fsdpctl.hostcheck.health import health_checks
+from fsdpctl.node import health_probe
 from tests.testbed import fake_gpu
 
 FULL = {"xid": True, "dcgm": True, "ib": True}
@@ -24,7 +24,7 @@ def node(tmp_path, monkeypatch):
 
 
 def judged(spec=FULL, allow_busy=False, device="cuda"):
-    facts = health_script.health(spec)
+    facts = health_probe.health(spec)
     return facts, health_checks(facts, device, allow_busy, full=bool(spec.get("xid")))
 
 
@@ -121,7 +121,7 @@ def test_xid_errors_since_boot_are_named_on_their_gpu(node):
 def test_an_unreadable_kernel_log_says_so_without_failing(node, tmp_path, monkeypatch):
     scenario, _ = node
     fake_gpu.write_scenario(scenario, [fake_gpu.gpu(0x3B)], dmesg_refused=True)
-    monkeypatch.setattr(health_script, "KMSG", str(tmp_path / "no-kmsg"))
+    monkeypatch.setattr(health_probe, "KMSG", str(tmp_path / "no-kmsg"))
     facts, checks = judged()
     assert facts["xid"]["readable"] is False
     xid = next(c for c in checks if c.name == "xid")
@@ -133,7 +133,7 @@ def test_without_dmesg_the_kernel_record_device_is_read(node, tmp_path, monkeypa
     fake_gpu.write_scenario(scenario, [fake_gpu.gpu(0x3B)], dmesg_refused=True)
     kmsg = tmp_path / "kmsg"  # /dev/kmsg's record format: "prio,seq,usec,flags;text"
     kmsg.write_text("6,1,100,-;NVRM: loading\n3,2,200,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, DBE\n")
-    monkeypatch.setattr(health_script, "KMSG", str(kmsg))
+    monkeypatch.setattr(health_probe, "KMSG", str(kmsg))
     facts, checks = judged()
     assert facts["xid"]["source"] == str(kmsg)
     assert bad(checks) == [("xid", "fail", 0, "GPU 0 (00000000:3B:00.0): XID 48 (double-bit ECC error) x1 since boot")]
@@ -152,7 +152,7 @@ def test_dcgm_diag_failure_is_a_failure(tmp_path, monkeypatch):
 
 def test_no_nvidia_smi_warns_on_a_gpu_profile_and_is_silent_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert health_script.health({})["gpus"] is None
+    assert health_probe.health({})["gpus"] is None
     assert [c.status for c in health_checks({"gpus": None}, "cuda", full=False)] == ["warn"]
     assert health_checks({"gpus": None}, "cpu", full=False) == []
 
@@ -173,7 +173,7 @@ def test_infiniband_error_counters_from_sysfs(tmp_path):
         (base / "rate").write_text("400 Gb/sec (4X NDR)\n")
         for name, value in errors.items():
             (base / "counters" / name).write_text(value + "\n")
-    ports = health_script.ib_ports(str(tmp_path))
+    ports = health_probe.ib_ports(str(tmp_path))
     assert ports["mlx5_1/1"]["counters"] == {"symbol_error": 17, "link_downed": 2, "port_rcv_errors": 0}
     checks = health_checks({"gpus": None, "ib": ports}, "cpu")
     assert [(c.name, c.status, c.detail) for c in checks] == [

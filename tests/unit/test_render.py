@@ -67,6 +67,9 @@ FAKE_PYTHON = """\
 #!/usr/bin/env python3
 import json, os, sys
 out = os.environ["FAKE_OUT"]
+if sys.argv[1:3] == ["-m", "fsdpctl.node.gpu_watch"]:  # the GPU watcher beside torchrun: its own record
+    open(os.path.join(out, "watch%s.json" % os.environ.get("FSDPCTL_NODE_RANK", "x")), "w").write(json.dumps(sys.argv))
+    sys.exit(0)
 record = {"argv": sys.argv[1:], "cwd": os.getcwd(),
           "env": {k: v for k, v in os.environ.items()
                   if k.startswith(("FSDPCTL_", "NASTY", "NCCL_", "GLOO_", "PYTHONPATH"))}}

@@ -19,6 +19,7 @@ from ...bundle import Payload
 from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport
 from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, make_jobs, run_doctor
+from ...metrics.gpu_samples import GPU_SAMPLES_SHOWN, newest_samples
 from ...node.stacks import answer_of
 from ...plan.types import LaunchPlan, Overrides, PlanContext
 from ...profiles.schema import ClusterProfile, HostSpec
@@ -158,15 +159,22 @@ class NodesBackend(Backend):
             nodes = self._parallel(lambda node: node.replace(**self._poll_node(plan.run_dir, node)), nodes)
             state = settle([NodeEnd(node_rank=n.node_rank, host=n.host, state=n.state, exit_code=n.exit_code)
                             for n in nodes]).state
-        texts = [_read_local(Path(plan.run_dir).expanduser() / "metrics.jsonl")]
+        here = Path(plan.run_dir).expanduser()
+        texts = [_read_local(here / "metrics.jsonl")]
+        gpus = [_read_local(path) for path in sorted(here.glob("gpu/node*.jsonl"))]
         tail = "tail -n 1 metrics.jsonl 2>/dev/null"
-        if live:
-            texts += self._parallel(lambda node: self._quietly(node, plan.run_dir, tail), list(plan.nodes))
+        if live:  # and each node's newest GPU samples (a straggler's cause needs a few)
+            answers = self._parallel(lambda node: self._quietly(
+                node, plan.run_dir, f"{tail}; echo {_GPU_MARK}; tail -n {GPU_SAMPLES_SHOWN} "
+                                    f"gpu/node{node.node_rank}.jsonl 2>/dev/null"), list(plan.nodes))
+            texts += [answer.partition(_GPU_MARK)[0] for answer in answers]
+            gpus = gpus or [answer.partition(_GPU_MARK)[2] for answer in answers]
         elif not texts[0] and plan.nodes:  # an ended run whose directory is not here: node 0's rank 0 wrote it
             texts.append(self._quietly(plan.nodes[0], plan.run_dir, tail, timeout=10))
         nodes = [n if n.ranks else n.replace(ranks=ranks_in_log(run.paths.logs / f"node{n.node_rank}.log"))
                  for n in nodes]  # the global ranks each node's rank 0 said it holds, in the copy kept here
-        return record.status(state=state, last_metrics=last_metrics(texts), nodes=tuple(nodes))
+        return record.status(state=state, last_metrics=last_metrics(texts), nodes=tuple(nodes),
+                             gpu_samples=newest_samples(gpus))
 
     def ask(self, run: RunDir, command: str) -> str:
         """Asked of the nodes in turn (node 0 first: its rank 0 completes every checkpoint) until one answers."""
@@ -270,6 +278,9 @@ class NodesBackend(Backend):
         except HostError:
             return ""
         return after_mark(out)
+
+
+_GPU_MARK = "--fsdpctl-gpu-samples--"
 
 
 def _read_local(path: Path) -> str:

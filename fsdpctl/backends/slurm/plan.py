@@ -116,7 +116,8 @@ def finish_slurm_plan(profile: ClusterProfile, overrides: Overrides, plan: Launc
     """The plan with its Slurm part: every node runs the same step, its rank expanded on the node."""
     step_args = torchrun_args(plan, node_rank=NODE_RANK, nproc=plan.nproc_per_node, master_addr=HEAD_ADDR)
     slurm_plan = make_slurm_plan(profile, overrides, plan.run_id, plan.run_dir, plan.num_nodes, step_args,
-                                 requeues(profile.slurm, overrides), plan.profile_source, plan.chdir, plan.secrets)
+                                 requeues(profile.slurm, overrides), plan.profile_source, plan.chdir, plan.secrets,
+                                 plan.gpu_sample_seconds)
     return dataclasses.replace(plan, backend_plan=slurm_plan.to_json())
 
 
@@ -162,7 +163,7 @@ def _check_slurm_submission(profile: ClusterProfile, source: str, time_limit: Op
 
 def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
                     num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str,
-                    chdir: str = ".", secrets: tuple[str, ...] = ()) -> SlurmPlan:
+                    chdir: str = ".", secrets: tuple[str, ...] = (), sample_seconds: float = 0.0) -> SlurmPlan:
     slurm = profile.slurm
     assert slurm is not None
     spares = spares_of(slurm, overrides)
@@ -199,6 +200,10 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
                 f'Slurm start $((${{SLURM_RESTART_COUNT:-0}} + 1))'
                 f'${{FSDPCTL_SLURM_STEP:+, step $FSDPCTL_SLURM_STEP}}"; ')  # a job with spares runs steps
     torchrun = f'"$FSDPCTL_PYTHON" {shell_join(step_args)}'
+    # Every GPU sampled beside the ranks (fsdpctl.node.gpu_watch; nothing on a node without nvidia-smi).
+    announce += ('"$FSDPCTL_PYTHON" -m fsdpctl.node.gpu_watch --out "$FSDPCTL_RUN_DIR/gpu/node$SLURM_NODEID.jsonl" '
+                 f'--every {sample_seconds:g} --parent $$ --node "$SLURM_NODEID" --host "$(hostname)" </dev/null & '
+                 if sample_seconds else "")
     if secrets:
         # What the ranks print passes the node's mask on its way to the log; torchrun's own per-rank
         # copies are masked once it ends (so it is not exec'd: the shell waits for it).

@@ -22,5 +22,7 @@ export FSDPCTL_RUN_ID=local-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
 export FSDPCTL_NODE_RANK=0
 export FSDPCTL_HOST=localhost  # how fsdpctl names this node (per-rank timings say it)
+# Every GPU sampled beside the ranks (nothing on a node without nvidia-smi); a fault is said at once in this log.
+/opt/venv/bin/python -m fsdpctl.node.gpu_watch --out "$FSDPCTL_RUN_DIR/gpu/node0.jsonl" --every 5.0 --parent $$ --node 0 --host localhost </dev/null &
 echo "fsdpctl: node 0 of 1 on $(hostname) in $PWD"
 exec /opt/venv/bin/python -m torch.distributed.run --nnodes 1 --nproc-per-node 2 --rdzv-id local-20261121-120000-abcd --standalone --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node0 --tee 3 -m fsdpctl.workload.train --device cpu --cache-dir ../../cache --preset tiny --steps 60 --batch-size 8 --seq-len 128 --eval-interval 20 --log-interval 5 --run-dir .

@@ -23,5 +23,7 @@ export FSDPCTL_RUN_ID=two-node-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
 export FSDPCTL_NODE_RANK=1
 export FSDPCTL_HOST=node2  # how fsdpctl names this node (per-rank timings say it)
+# Every GPU sampled beside the ranks (nothing on a node without nvidia-smi); a fault is said at once in this log.
+"$HOME"/venv/bin/python -m fsdpctl.node.gpu_watch --out "$FSDPCTL_RUN_DIR/gpu/node1.jsonl" --every 5.0 --parent $$ --node 1 --host node2 </dev/null &
 echo "fsdpctl: node 1 of 2 on $(hostname) in $PWD"
 exec "$HOME"/venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node gpu --rdzv-id two-node-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:23981 --local-addr 10.0.0.2 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node1 --tee 3 -m fsdpctl.workload.train --device cuda --cache-dir ../../cache --preset small --fsdp 2 --steps 500 --batch-size 16 --seq-len 256 --mixed-precision bf16 --run-dir .
