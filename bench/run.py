@@ -32,6 +32,7 @@ BENCHMARKS = {
     "restart": ["restart.py"],
     "spares": ["spare_recovery.py --nodes 2", "spare_recovery.py --nodes 8"],
     "teardown": ["teardown.py --nodes 16"],
+    "health": ["health_checks.py"],
     "gpu": ["gpu_workload.py"],
     "estimate": ["estimate_time.py"],
     "timing": ["rank_timing.py"],
@@ -139,6 +140,24 @@ def rows() -> list[tuple[str, str, str, str]]:
         out.append(("teardown, 16 nodes: a rank killed -> every other node empty, seconds (/ ssh kill -KILL to all "
                     "16 at once)", f"{ours:.2f} ({ours / floor['median_s']:.2f} x the by-hand floor, "
                     f"{floor['median_s']:.2f} s)", "<= 5 s", "PASS" if ours <= 5.0 else "FAIL"))
+    for size in (8, 32):
+        cases = load(f"health_doctor_{size}").get("cases", {})
+        add(f"doctor --health, {size} hosts x 8 fake GPUs / doctor without the GPU part",
+            cases.get("doctor --health", {}).get("ratio_to_baseline"), 1.5,
+            note=f" (default doctor, GPU part: {cases['doctor (GPU part, default)']['ratio_to_baseline']:.3f})"
+            if cases else "")
+    for size in (4, 8, 16):
+        links = load(f"health_links_{size}")
+        if links:
+            seconds = links["cases"]["links"]["median_s"]
+            out.append((f"doctor --links, {size} hosts: seconds (rounds, pairs; the check run itself)",
+                        f"{seconds:.1f} ({links['rounds']}, {links['pairs']}; {links['check_seconds']:.1f} s)",
+                        "< 60 s at 8 hosts" if size == 8 else "-",
+                        ("met" if seconds < 60 else "MISSED") if size == 8 else "-"))
+    sampling = load("health_sampling").get("cases", {})
+    for every in ("5 s (default)", "1 s"):
+        add(f"workload step, GPUs sampled every {every} / not sampled (2 hosts, fake nvidia-smi)",
+            sampling.get(f"GPUs sampled every {every}", {}).get("ratio_to_baseline"), 1.05)
     for ranks in (4, 32):
         stacks = load(f"stacks_{ranks}_ranks").get("cases", {})
         ours = stacks.get("fsdpctl stacks", {})

@@ -292,6 +292,10 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
     }
     for name in sorted({n for f in facts.values() for n in (f.get("packages") or {}) if n != "torch"}):
         values[name] = {h: (f.get("packages") or {}).get(name) for h, f in facts.items()}
+    ib = {h: sorted({p.get("rate") for p in ((f.get("health") or {}).get("ib") or {}).values() if p.get("rate")})
+          for h, f in facts.items()}
+    if any(ib.values()):  # doctor --health: every host's InfiniBand ports at the same rate
+        values["ib_rate"] = {h: ", ".join(rates) or None for h, rates in ib.items()}
     cards = {r.host: r.interface or profile.network.interface for r in reports if r.facts is not None}
     if any(cards.values()):
         values["mtu"] = {h: (f["interfaces"].get(cards[h] or "") or {}).get("mtu") for h, f in facts.items()}
@@ -300,6 +304,10 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
 
 def _shown(value: Any) -> str:
     return "not installed" if value is None else str(value)
+
+
+_PARITY_HINTS = {"ib_rate": "a port trained to a lower rate (a bad cable or transceiver) slows every collective "
+                           "through it: check ibstat and the cable on that host; ask the network administrator"}
 
 
 def judge_parity(profile: ClusterProfile, reports: Sequence[HostReport]) -> list[ParityEntry]:
@@ -317,6 +325,6 @@ def judge_parity(profile: ClusterProfile, reports: Sequence[HostReport]) -> list
         odd = sorted(h for h, v in values.items() if v != majority)
         shown = ", ".join(f"{h}={_shown(values[h])}" for h in odd)
         entries.append(ParityEntry(fact, "fail", values, f"differs on {shown} (others: {_shown(majority)})",
-                                   f"install the same {fact.replace('_', ' ')} on every host; mismatches hang "
-                                   f"or corrupt collectives"))
+                                   _PARITY_HINTS.get(fact) or f"install the same {fact.replace('_', ' ')} on every "
+                                   f"host; mismatches hang or corrupt collectives"))
     return entries

@@ -122,8 +122,9 @@ def watch(out, every, parent, node, host):
     xids = health_probe.xid_errors()
     seen = xids.get("count", 0) if xids.get("readable") else 0
     before = None
-    while alive(parent):
-        rows = health_probe.query("gpu", SAMPLE_FIELDS)
+    known = health_probe.known_fields("gpu")  # once: the driver does not change under a run
+    while alive(parent) and known is not None:
+        rows = health_probe.query("gpu", SAMPLE_FIELDS, known)
         if "rows" in rows:
             gpus = [sample_gpu(r) for r in rows["rows"]]
             seen, faults = new_xids(seen, where)

@@ -82,10 +82,10 @@ def value(text):
     return None if text in NOT_A_VALUE else text
 
 
-def query(switch, wanted):
+def query(switch, wanted, known=None):
     """Rows of ``nvidia-smi --query-<switch>`` as dicts keyed by the wanted names, with the names the
-    driver lacks; or an error."""
-    known = known_fields(switch)
+    driver lacks; or an error. ``known``: the fields the driver lists, when already asked."""
+    known = known_fields(switch) if known is None else known
     if known is None:
         return {"error": "nvidia-smi --help-query-%s failed" % switch}
     asked, missing = pick_fields(wanted, known)

@@ -37,7 +37,7 @@ ALIASES = {"clocks_throttle_reasons." + k.split(".", 1)[1]: k for k in HEALTHY_G
            if k.startswith("clocks_event_reasons.")}
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_bus_id", "gpu_uuid", "gpu_name")
 
-_NVIDIA_SMI = r'''#!{python}
+_NVIDIA_SMI = r'''#!{python} -S
 """A fake nvidia-smi (tests/testbed/fake_gpu.py) answering from {scenario}."""
 import json, sys
 try:
@@ -78,7 +78,7 @@ for i, row in enumerate(rows):
     print(", ".join(str(full.get(aliases.get(f, f), "[N/A]")) for f in fields))
 '''
 
-_DMESG = '''#!{python}
+_DMESG = '''#!{python} -S
 import json, sys
 try:
     with open({scenario!r}) as f:

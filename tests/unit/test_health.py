@@ -178,3 +178,18 @@ def test_infiniband_error_counters_from_sysfs(tmp_path):
     checks = health_checks({"gpus": None, "ib": ports}, "cpu")
     assert [(c.name, c.status, c.detail) for c in checks] == [
         ("ib-health", "warn", "mlx5_1/1 (400 Gb/sec (4X NDR)): link_downed=2, symbol_error=17")]
+
+
+def test_infiniband_rates_are_compared_across_hosts():
+    from fsdpctl.hostcheck.checks import HostReport, judge_parity
+    from fsdpctl.profiles.schema import ClusterProfile
+
+    def host(name, rate):
+        facts = {"torch": {}, "python": {"version": "3.11.7"}, "gpus": {}, "interfaces": {},
+                 "health": {"ib": {"mlx5_0/1": {"rate": rate, "counters": {}}}}}
+        return HostReport(host=name, node_rank=0, facts=facts)
+
+    entries = {e.fact: e for e in judge_parity(ClusterProfile(name="p"), [
+        host("n1", "400 Gb/sec (4X NDR)"), host("n2", "400 Gb/sec (4X NDR)"), host("n3", "200 Gb/sec (4X HDR)")])}
+    assert entries["ib_rate"].status == "fail"
+    assert entries["ib_rate"].detail == "differs on n3=200 Gb/sec (4X HDR) (others: 400 Gb/sec (4X NDR))"
