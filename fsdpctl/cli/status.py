@@ -12,7 +12,8 @@ def status(
     run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
-    """Per node: running, succeeded or failed, exit codes, and the last step and loss."""
+    """Per node: running, succeeded or failed, exit codes, its GPUs now (clocks, slowdowns, heat), and
+    the last step and loss; the straggler, with its cause when its GPU's samples show one."""
     import fsdpctl
     from fsdpctl.metrics.gpu_samples import gpu_cause, latest_by_node, now_text
     from fsdpctl.rundir.status import attempt_changes

@@ -1,7 +1,8 @@
 """Health before a run, on the namespace testbed: every host's GPUs through a fake nvidia-smi on its
 own PATH (faults named on their host and nowhere else, busy GPUs refusing a launch), hosts with a
-fault excluded, a node slowed by busy loops on its core named by the compute check, and a link
-slowed with tc named by the link check; even hosts and links name nobody, run after run."""
+fault excluded, a node slowed by busy loops on its core (and its rank held off the CPU half the time)
+named by the compute check, and a link slowed with tc named by the link check; even hosts and links
+name nobody, run after run."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.integration.conftest import doctor_json, require_netns, run_in_client
 from tests.integration.test_launch import run_dir_of, start
 from tests.testbed import fake_gpu
 from tests.testbed.lab import Lab
+from tests.testbed.throttle import Throttle
 
 NAMES = ["g1", "g2", "g3", "g4"]
 pytestmark = pytest.mark.integration
@@ -127,6 +129,12 @@ def test_a_host_with_a_fault_is_excluded_and_a_spare_takes_its_place(gpu_lab, tm
     shown = run_in_client(gpu_lab, tmp_path, "hosts", "-p", str(tmp_path / "lab.yaml"), "--json")
     roles = {h["host"]: h["role"] for h in json.loads(shown.stdout)}
     assert roles == {gpu_lab.hosts["g1"].address: "active", spare.address: "active", g2: "excluded"}
+    # Put back only once its GPUs pass: the re-check asks them too.
+    refused = run_in_client(gpu_lab, tmp_path, "hosts", "-p", str(tmp_path / "lab.yaml"), "--restore", g2)
+    assert refused.returncode != 0 and "row remapping failed" in refused.stderr, refused.stderr[-2000:]
+    healthy(gpu_lab)
+    restored = run_in_client(gpu_lab, tmp_path, "hosts", "-p", str(tmp_path / "lab.yaml"), "--restore", g2)
+    assert restored.returncode == 0, restored.stderr[-2000:]
 
 
 # ---- during a run -------------------------------------------------------------------------------
@@ -204,7 +212,14 @@ def test_a_node_slowed_by_busy_loops_on_its_core_is_named_by_the_compute_check(g
                 ["pass", "pass"], data["compute"]
         loops = [subprocess.Popen(["taskset", "-c", str(second), sys.executable, "-c", "while True: pass"])
                  for _ in range(2)]
-        rc, data, err = doctor_json(gpu_lab, tmp_path, text, "--compute")
+        # The other tests of a parallel session load both cores too: g2's rank (global rank 1: c10d
+        # orders the nodes by address) is also held off the CPU half of the time, as a throttled GPU is.
+        throttle = Throttle(gpu_lab.root, rank=1, module="fsdpctl.workload.compute_check")
+        try:
+            rc, data, err = doctor_json(gpu_lab, tmp_path, text, "--compute")
+        finally:
+            throttle.stop()
+        assert throttle.pid is not None, "g2's rank was never found to slow down"
         assert rc == 1, data.get("compute")
         verdict = {h["host"]: next(c for c in h["checks"] if c["name"] == "compute") for h in data["hosts"]}
         assert verdict[g1.address]["status"] == "pass"

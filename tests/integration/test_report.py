@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from tests.integration.conftest import require_netns
 from tests.integration.test_launch import run, start
 from tests.testbed import fake_gpu
 from tests.testbed.lab import Lab
+from tests.testbed.throttle import Throttle
 from tests.unit.test_report import png_chunks
 
 pytestmark = pytest.mark.integration
@@ -43,54 +42,6 @@ with open(os.path.join(run_dir, "metrics.jsonl"), "a") as out:
         out.flush()
 print("wrote metrics", rank)
 """
-
-
-class Throttle:
-    """Holds one rank of this lab's runs off the CPU half of the time, by its PID (SIGSTOP for 30 ms,
-    SIGCONT for 30 ms) until it exits; always leaves it running."""
-
-    def __init__(self, lab_root: Path, rank: int):
-        self.marks = (f"RANK={rank}".encode(), f"FSDPCTL_RUN_DIR={lab_root}".encode())
-        self.pid: int | None = None
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _find(self) -> int | None:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"fsdpctl.workload.train" in cmdline and self.marks[0] in environ and any(
-                    e.startswith(self.marks[1]) for e in environ):
-                return int(entry.name)
-        return None
-
-    def _run(self) -> None:
-        while not self.done.is_set() and self.pid is None:
-            self.pid = self._find()
-            self.done.wait(0.1)
-        while self.pid is not None and not self.done.is_set():
-            try:
-                os.kill(self.pid, signal.SIGSTOP)
-                self.done.wait(0.03)
-                os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                return
-            self.done.wait(0.03)
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join(timeout=5)
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture(scope="module")

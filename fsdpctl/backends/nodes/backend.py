@@ -108,7 +108,9 @@ class NodesBackend(Backend):
                                     rendezvous=dataclasses.replace(self.profile.rendezvous, host=None))
         placed = self.placement(alone, Overrides(), PlanContext.here("check"))
         nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
-        request = DoctorRequest(port=0, timeout=PREFLIGHT_TIMEOUT, port_check=False)
+        health = self.profile.health  # a spare, or an excluded host put back, has its GPUs asked too
+        request = DoctorRequest(port=0, timeout=PREFLIGHT_TIMEOUT, port_check=False,
+                                extra=health_args(False, health.allow_busy_gpus) if health.preflight else {})
         return self.doctor(request, on_host, nodes=nodes, master=(0, placed.master_addr), python=placed.python)
 
     def preflight(self, plan: LaunchPlan, payload: Payload,
