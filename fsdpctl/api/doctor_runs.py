@@ -96,7 +96,8 @@ def add_compute_checks(report: DoctorReport, result: dict[str, Any]) -> None:
 
 
 def add_link_checks(report: DoctorReport, result: dict[str, Any]) -> None:
-    """The link verdict on each host: a node named as the slow link fails; a slow pair warns on both."""
+    """The link verdict on each host: a node named as the slow link fails; a slow pair that no named
+    node explains warns on both of its ends (the named node's partners are not held to it)."""
     from ..hostcheck.checks import Check
     from ..hostcheck.links import judge_links
 
@@ -105,7 +106,7 @@ def add_link_checks(report: DoctorReport, result: dict[str, Any]) -> None:
     nodes = {int(n["node"]): n for n in result.get("nodes") or []}
     named = dict(verdict.slow_nodes)
     for index, node in nodes.items():
-        pairs = [p for p in verdict.slow_pairs if index in p[:2]]
+        pairs = [p for p in verdict.slow_pairs if index in p[:2] and not set(p[:2]) & set(named)]
         figures = sorted(float(p["gbps"]) for p in result.get("pairs") or [] if index in (p["a"], p["b"]))
         shown = f"{figures[0]:.3g}-{figures[-1]:.3g} GB/s" if figures else "no pair"
         if index in named:
