@@ -38,6 +38,17 @@ def read_samples(texts: Iterable[str]) -> list[dict[str, Any]]:
     return sorted(samples, key=lambda s: s.get("t") or 0)
 
 
+def newest_text(path: Path, limit: int = 256 << 10) -> str:
+    """The end of a node's samples file (``status`` needs its newest lines; a day's file is tens of
+    MB); "" when there is none. The first line, likely cut, is skipped by ``read_samples``."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def newest_samples(texts: Sequence[str]) -> tuple[dict[str, Any], ...]:
     """The last ``GPU_SAMPLES_SHOWN`` samples of each node in ``texts``, oldest first."""
     by_node: dict[Any, list[dict[str, Any]]] = {}

@@ -106,14 +106,24 @@ def fault_in_log(text):
     return text[at + len(HARDWARE_FAULT):].split("\n", 1)[0].strip()
 
 
-def alive(pid):
+def started_at(pid):
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), None where unknown:
+    with it, a PID the kernel gave to another process since is not taken for the parent."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid, started=None):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return started is None or started_at(pid) == started
 
 
 def watch(out, every, parent, node, host):
@@ -123,7 +133,8 @@ def watch(out, every, parent, node, host):
     seen = xids.get("count", 0) if xids.get("readable") else 0
     before = None
     known = health_probe.known_fields("gpu")  # once: the driver does not change under a run
-    while alive(parent) and known is not None:
+    started = started_at(parent)
+    while alive(parent, started) and known is not None:
         rows = health_probe.query("gpu", SAMPLE_FIELDS, known)
         if "rows" in rows:
             gpus = [sample_gpu(r) for r in rows["rows"]]
@@ -134,7 +145,7 @@ def watch(out, every, parent, node, host):
             with open(out, "a") as handle:
                 handle.write(json.dumps({"t": round(time.time(), 3), "node": node, "host": host, "gpus": gpus}) + "\n")
         deadline = time.time() + every
-        while time.time() < deadline and alive(parent):
+        while time.time() < deadline and alive(parent, started):
             time.sleep(min(0.5, every))
 
 

@@ -9,7 +9,15 @@ import sys
 import time
 
 from fsdpctl.hostpool.blame import nodes_to_blame
-from fsdpctl.metrics.gpu_samples import gpu_cause, latest_by_node, now_text, read_samples, run_lines
+from fsdpctl.metrics.gpu_samples import (
+    gpu_cause,
+    latest_by_node,
+    newest_samples,
+    newest_text,
+    now_text,
+    read_samples,
+    run_lines,
+)
 from fsdpctl.node.gpu_watch import CLOCKS, HARDWARE_FAULT, changes, fault_in_log, sample_gpu
 from fsdpctl.rundir.state import NodeState
 from fsdpctl.rundir.status import NodeStatus
@@ -128,3 +136,11 @@ def test_each_node_now_and_over_the_run():
         "GPUs on n2: 10 samples, SM median 1,980 MHz (lowest 1,095), hottest 60 C, util median 99 %; "
         "GPU 1 HW slowdown in 7"]
     assert read_samples(["not json\n" + json.dumps(samples[0])[:20], json.dumps(samples[0])]) == [samples[0]]
+
+
+def test_status_reads_the_newest_samples_of_a_long_file(tmp_path):
+    path = tmp_path / "node1.jsonl"
+    path.write_text("".join(json.dumps(sample(t, "n2", 1, gpu(0))) + "\n" for t in range(3000)))
+    newest = newest_samples([newest_text(path, limit=8 << 10)])
+    assert [s["t"] for s in newest] == list(range(2976, 3000))
+    assert newest_text(tmp_path / "none.jsonl") == ""

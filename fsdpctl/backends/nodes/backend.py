@@ -19,7 +19,7 @@ from ...bundle import Payload
 from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport
 from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, make_jobs, run_doctor
-from ...metrics.gpu_samples import GPU_SAMPLES_SHOWN, newest_samples
+from ...metrics.gpu_samples import GPU_SAMPLES_SHOWN, newest_samples, newest_text
 from ...node.stacks import answer_of
 from ...plan.types import LaunchPlan, Overrides, PlanContext
 from ...profiles.schema import ClusterProfile, HostSpec
@@ -163,7 +163,7 @@ class NodesBackend(Backend):
                             for n in nodes]).state
         here = Path(plan.run_dir).expanduser()
         texts = [_read_local(here / "metrics.jsonl")]
-        gpus = [_read_local(path) for path in sorted(here.glob("gpu/node*.jsonl"))]
+        gpus = [newest_text(path) for path in sorted(here.glob("gpu/node*.jsonl"))]
         tail = "tail -n 1 metrics.jsonl 2>/dev/null"
         if live:  # and each node's newest GPU samples (a straggler's cause needs a few)
             answers = self._parallel(lambda node: self._quietly(

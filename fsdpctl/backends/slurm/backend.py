@@ -13,7 +13,7 @@ from typing import Any, Optional
 from ...bundle import Payload
 from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport
-from ...metrics.gpu_samples import newest_samples
+from ...metrics.gpu_samples import newest_samples, newest_text
 from ...node.stacks import BEGIN as STACKS_BEGIN
 from ...node.stacks import END as STACKS_END
 from ...node.stacks import answer_of
@@ -121,7 +121,7 @@ class SlurmBackend(Backend):
         nodes = tuple(NodeStatus(node_rank=rank, host=logs.hosts[rank], state=node_state, exit_code=exit_code,
                                  ranks=logs.ranks[rank]) for rank in range(plan.num_nodes))
         metrics = metrics_text(run_dir)
-        gpus = [path.read_text(encoding="utf-8", errors="replace") for path in sorted(run_dir.glob("gpu/node*.jsonl"))]
+        gpus = [newest_text(path) for path in sorted(run_dir.glob("gpu/node*.jsonl"))]
         return record.status(state=state, exit_code=exit_code, nodes=nodes, job=job,
                              last_metrics=last_metrics([metrics] if metrics else []), gpu_samples=newest_samples(gpus),
                              **spare_changes(run_dir, metrics))  # which node failed, which spare took its place
