@@ -60,7 +60,7 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
     request = DoctorRequest(port=port, deep=deep, timeout=max(timeout, HEALTH_TIMEOUT) if health else timeout,
                             concurrency=concurrency, port_check=port_check, nproc=nproc,
                             requirements=(*REQUIREMENTS, *lines),
-                            extra=health_args(health, busy) if health or prof.health.preflight else {})
+                            extra=health_args(health, busy, prof.health.preflight))
     backend = backend_for(prof)
     try:
         report = backend.doctor(request, on_host=lambda host: emit(HostChecked(host)))
@@ -104,7 +104,7 @@ def measured_checks(loaded: LoadedProfile, backend: Backend, emit: Emitter, repo
     """Each measured check asked for, as a run of its own, once the checks above pass."""
     from .doctor_runs import add_compute_checks, add_link_checks, measured_run, run_measured
 
-    device = "cpu" if backend.profile.device == "cpu" else backend.profile.device
+    device = backend.profile.device
     for name in names:
         if not report.ok:
             setattr(report, name, {"skipped": "the checks above failed"})

@@ -38,9 +38,12 @@ def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str])
             "packages": [requirement_name(r) for r in requirements]}
 
 
-def health_args(full: bool, allow_busy: bool) -> dict[str, Any]:
-    """What the probe's hardware part is asked: the GPUs (the preflight), and with ``full`` (doctor
-    --health) the kernel log's XIDs, DCGM and InfiniBand too; ``allow_busy`` is for the judge."""
+def health_args(full: bool, allow_busy: bool, gpus: bool = True) -> dict[str, Any]:
+    """What the probe's hardware part is asked: the GPUs (the preflight; nothing when ``gpus`` is off
+    and not ``full``), and with ``full`` (doctor --health) the kernel log's XIDs, DCGM and InfiniBand
+    too; ``allow_busy`` is for the judge."""
+    if not (gpus or full):
+        return {}
     return {"health": {"xid": full, "dcgm": full, "ib": full, "allow_busy": allow_busy}}
 
 

@@ -110,7 +110,7 @@ class NodesBackend(Backend):
         nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
         health = self.profile.health  # a spare, or an excluded host put back, has its GPUs asked too
         request = DoctorRequest(port=0, timeout=PREFLIGHT_TIMEOUT, port_check=False,
-                                extra=health_args(False, health.allow_busy_gpus) if health.preflight else {})
+                                extra=health_args(False, health.allow_busy_gpus, health.preflight))
         return self.doctor(request, on_host, nodes=nodes, master=(0, placed.master_addr), python=placed.python)
 
     def preflight(self, plan: LaunchPlan, payload: Payload,
@@ -120,7 +120,7 @@ class NodesBackend(Backend):
         nproc = int(plan.nproc_per_node) if plan.nproc_per_node.isdigit() else None
         request = DoctorRequest(port=plan.master_port, timeout=PREFLIGHT_TIMEOUT, nproc=nproc,
                                 port_check=plan.num_nodes > 1, requirements=plan.requirements,
-                                extra=health_args(False, plan.allow_busy_gpus) if plan.gpu_health else {})
+                                extra=health_args(False, plan.allow_busy_gpus, plan.gpu_health))
         starter = NodeStarter(plan, payload, self.connection, plan.python)
         nodes = [NodeProbe(n.node_rank, self.connection(n), n.interface) for n in plan.nodes]
         master = next(n.node_rank for n in plan.nodes if n.host == plan.master_host)
