@@ -54,6 +54,8 @@ class JobOptions:
     max_restarts: Optional[int] = None
     allow_busy_gpus: Optional[bool] = None
     """Start even when other processes already use a GPU (default: the profile's ``health.allow_busy_gpus``)."""
+    container: Optional[str] = None
+    """The image the ranks run in on every node (over the profile's ``container.image``)."""
     exclude: tuple[str, ...] = ()
     """Hosts of the profile this launch leaves out (a spare takes each one's place)."""
     nodes: Optional[int] = None
@@ -131,6 +133,8 @@ class Job:
     """The program's model for the memory check before a launch (with ``wrap`` and ``input_shape``)."""
     wrap: Optional[str] = None
     input_shape: tuple[Union[int, str], ...] = ()
+    container: Optional[str] = None
+    """The image the ranks run in (``--container``, else the job file's)."""
 
 
 def parse_env_items(items: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -216,7 +220,8 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
             raise UsageError(f"{misplaced[0]}: goes with a command of your own; the bundled workload ships itself",
                              "add your program after --, e.g. -- train.py --epochs 3")
         requirements = read_requirements(flags.requirements) if flags.requirements else ()
-        return Job(env=dict(flags.env), secrets=flags.secrets, requirements=requirements)
+        return Job(env=dict(flags.env), secrets=flags.secrets, requirements=requirements,
+                   container=flags.container or (spec.container if spec else None))
     from .bundle import DEFAULT_CODE_LIMIT_MB, collect_code
 
     limit = (flags.code_limit_mb or (spec.code_limit_mb if spec else DEFAULT_CODE_LIMIT_MB)) * 1_000_000
@@ -246,4 +251,5 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
                nodes=spec.nodes if spec else None, time=spec.time if spec else None,
                spares=spec.spares if spec else None,
                fetch=spec.fetch if spec else (), model=flags.model, wrap=flags.wrap,
+               container=flags.container or (spec.container if spec else None),
                input_shape=tuple(flags.input_shape))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 from .events import Emitter, EventHandler, HostChecked
 from .options import PathLike
-from .prepare import ProfileLike, load_profile
+from .prepare import ProfileLike, load_profile, with_container
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -23,7 +23,8 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
            port_check: bool = True, requirements: Union[PathLike, Sequence[str], None] = None,
            collectives: bool = False, health: bool = False, allow_busy_gpus: Optional[bool] = None,
            exclude_unhealthy: bool = False, compute: bool = False, links: bool = False,
-           on_event: Optional[EventHandler] = None, runs_dir: Optional[PathLike] = None) -> DoctorReport:
+           container: Optional[str] = None, on_event: Optional[EventHandler] = None,
+           runs_dir: Optional[PathLike] = None) -> DoctorReport:
     """Probe every host of ``profile`` (over SSH; for a Slurm profile, the controller and partition,
     then nodes allocated with srun) and diff them: Python, torch, CUDA, NCCL, driver, GPUs, the
     interface, InfiniBand, the rendezvous port, disk, and (unless the profile's ``health.preflight``
@@ -38,16 +39,18 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
     their own through the launch path: ``collectives`` times all-reduce and all-gather over every
     node (``report.collectives``); ``compute`` times a matmul on every rank at once and names the
     slow ones (``report.compute``); ``links`` measures every pair of nodes and names the slow link
-    (``report.links``). Each host's verdict reaches ``on_event`` as it arrives."""
+    (``report.links``). ``container``: the image to probe inside (over the profile's
+    ``container.image``). Each host's verdict reaches ``on_event`` as it arrives."""
     from ..backends import backend_for
     from ..backends.base import DoctorRequest
+    from ..container.runtime import probe_timeout
     from ..hostcheck.fanout import health_args
     from ..hostcheck.requirements import read_requirements
-    from ..plan.make import auto_port
+    from ..plan.make import auto_port, container_plan
     from ..rundir.paths import new_run_id
     from ..workload import REQUIREMENTS
 
-    loaded = load_profile(profile)
+    loaded = with_container(load_profile(profile), container)
     prof = loaded.profile
     emit = Emitter(on_event)
     if isinstance(requirements, (str, os.PathLike)):
@@ -57,7 +60,8 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
     port = prof.rendezvous.port if isinstance(prof.rendezvous.port, int) else auto_port(new_run_id(prof.name))
     nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else None
     busy = prof.health.allow_busy_gpus if allow_busy_gpus is None else allow_busy_gpus
-    request = DoctorRequest(port=port, deep=deep, timeout=max(timeout, HEALTH_TIMEOUT) if health else timeout,
+    timeout = probe_timeout(container_plan(prof), max(timeout, HEALTH_TIMEOUT) if health else timeout)
+    request = DoctorRequest(port=port, deep=deep, timeout=timeout,
                             concurrency=concurrency, port_check=port_check, nproc=nproc,
                             requirements=(*REQUIREMENTS, *lines),
                             extra=health_args(health, busy, prof.health.preflight))

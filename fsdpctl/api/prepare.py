@@ -120,6 +120,23 @@ def backend_options(placer: type[Backend], options: JobOptions, job: Job) -> dic
             if (value := given.get(name) if given.get(name) is not None else from_job.get(name)) is not None}
 
 
+def with_container(loaded: LoadedProfile, image: Optional[str]) -> LoadedProfile:
+    """The profile with ``image`` (``--container``) over its ``container.image`` (a container section
+    of the default runtime when it has none)."""
+    if not image:
+        return loaded
+    import dataclasses
+
+    from ..profiles.schema import ContainerSpec
+
+    if not ContainerSpec.image_ok(image):
+        raise UsageError(f"--container: {image!r} is not an image name",
+                         "give a reference such as nvcr.io/nvidia/pytorch:25.01-py3, or a .sif path for apptainer")
+    current = loaded.profile.container
+    container = dataclasses.replace(current, image=image) if current else ContainerSpec(image=image)
+    return dataclasses.replace(loaded, profile=dataclasses.replace(loaded.profile, container=container))
+
+
 def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend: Optional[str] = None,
             runs_dir: Optional[Path] = None) -> Prepared:
     """Resolve the job, refuse workload settings next to a command of the user's, build and render
@@ -147,8 +164,9 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         nproc_per_node=options.nproc_per_node if options.nproc_per_node is not None else job.nproc_per_node,
         master_port=options.master_port, debug=options.debug, node_timeout=options.node_timeout,
         hang_timeout=options.hang_timeout, on_hang=options.on_hang, max_restarts=options.max_restarts,
-        allow_busy_gpus=options.allow_busy_gpus,
+        allow_busy_gpus=options.allow_busy_gpus, container_image=job.container,
         backend_options=backend_options(placer, options, job))
+    loaded = with_container(loaded, job.container)  # the backend's probes ask inside the same image
     if placer.queued and overrides.max_restarts:
         raise UsageError(f"--max-restarts: {placer.name} requeues a job itself", "use requeue=True (--requeue) instead")
     from ..hostpool.placing import place_hosts

@@ -41,6 +41,9 @@ def doctor(
                                "(rounds of disjoint pairs at once) and name the slow link."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="With --links: also draw the link matrix as "
                                         "DIR/links.png (needs matplotlib)."),
+    container: Optional[str] = typer.Option(None, "--container", metavar="IMAGE", help="Probe inside this image "
+                                            "on every node (over the profile's container.image): the runtime, the "
+                                            "image's digest on every node, its Python, torch, CUDA and NCCL."),
 ) -> None:
     """Check every host: SSH, Python, torch/CUDA/NCCL parity, GPUs and their faults, interface,
     InfiniBand, ports, disk; with --health the hardware in full, with --compute and --links measured.
@@ -58,7 +61,8 @@ def doctor(
     report = fsdpctl.doctor(loaded, deep=deep, timeout=timeout, concurrency=concurrency,
                             port_check=not no_port_check, requirements=requirements, collectives=collectives,
                             health=health, allow_busy_gpus=allow_busy_gpus, exclude_unhealthy=exclude_unhealthy,
-                            compute=compute, links=links, on_event=EventPrinter(quiet_progress=True))
+                            compute=compute, links=links, container=container,
+                            on_event=EventPrinter(quiet_progress=True))
     if plot is not None and "pairs" in (report.links or {}):
         from ..hostcheck.links import plot_matrix
 

@@ -58,6 +58,9 @@ CLUSTER = {
                                                 "(overrides the profile).")),
     "debug": (bool, typer.Option(False, "--debug", help="Add NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=ALL, "
                                  "TORCH_DISTRIBUTED_DEBUG=DETAIL.")),
+    "container": (Optional[str], typer.Option(None, "--container", metavar="IMAGE", help="Run the ranks inside "
+                                              "this image on every node (over the profile's container.image; "
+                                              "runtime and mounts from its container section).")),
 }
 RUN = {
     "model": (Optional[str], typer.Option(None, "--model", metavar="MODULE:FACTORY",
@@ -122,6 +125,7 @@ class Flags:
                  "secrets": secrets, "requirements": self.values.get("requirements"), "workload": self.workload(),
                  "nproc_per_node": self.values.get("nproc_per_node"), "master_port": self.values.get("master_port"),
                  "debug": self.values.get("debug", False), "hang_timeout": self.values.get("hang_timeout"),
+                 "container": self.values.get("container"),
                  "on_hang": self.values.get("on_hang"), "model": self.values.get("model"),
                  "wrap": self.values.get("wrap"), "input_shape": input_shape(self.values.get("input_shape")), **extra}
         return JobOptions(**given)

@@ -129,7 +129,11 @@ def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[i
                requirements: Sequence[str] = (), interface: Optional[str] = None) -> list[Check]:
     """The verdicts on one host's probe facts; ``requirements``: what the job needs installed;
     ``interface``: the host's own card (``hosts[].interface``), default the profile's. The
-    hardware's (``facts["health"]``) are ``health.judge_health``'s."""
+    hardware's (``facts["health"]``) are ``health.judge_health``'s; with a container, the image's
+    Python answers for the Python's checks (the container's own are ``container.judge``'s)."""
+    if facts.get("container") is not None and not facts["python"].get("version"):
+        # the probe could not run inside the image (its checks say why): the host's own facts only
+        return _network_checks(profile, facts, interface or profile.network.interface) + _storage_checks(facts)
     checks = [Check("python", "pass", f"{facts['python']['path']} {facts['python']['version']}")]
     torch = facts.get("torch") or {}
     deep = facts.get("deep")
@@ -288,6 +292,9 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
         "nccl": {h: (f.get("deep") or {}).get("nccl") or (f["torch"].get("nccl") or {}).get("version")
                  for h, f in facts.items()},
         "python": {h: _major_minor(f["python"]["version"]) for h, f in facts.items()},
+        # the image's id as the runtimes show it (sha256: and 12 hex digits)
+        "image": {h: ((f["container"] or {}).get("digest") or "")[:19] or None for h, f in facts.items()
+                  if "container" in f},
         "driver_major": {h: (f["gpus"].get("driver") or "").split(".")[0] or None for h, f in facts.items()},
     }
     for name in sorted({n for f in facts.values() for n in (f.get("packages") or {}) if n != "torch"}):
@@ -306,7 +313,9 @@ def _shown(value: Any) -> str:
     return "not installed" if value is None else str(value)
 
 
-_PARITY_HINTS = {"ib_rate": "a port trained to a lower rate (a bad cable or transceiver) slows every collective "
+_PARITY_HINTS = {"image": "another build of the same tag on some hosts: pull the image again there "
+                          "(container.pull: always), or push one build and pull it everywhere",
+                 "ib_rate": "a port trained to a lower rate (a bad cable or transceiver) slows every collective "
                            "through it: check ibstat and the cable on that host; ask the network administrator"}
 
 

@@ -13,11 +13,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..container.judge import container_checks
 from ..errors import HostError
+from ..plan.make import container_plan
 from ..profiles.schema import ClusterProfile
 from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
 from .health import judge_health
-from .probe import ProbeOutputError, parse_probe_output, probe_command
+from .probe import ProbeOutputError, container_probe_args, parse_probe_output, probe_command
 from .requirements import requirement_name
 
 
@@ -33,9 +35,18 @@ class HostJob:
 
 
 def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str]) -> dict[str, Any]:
-    """What every node's probe is asked, besides the port check."""
-    return {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep,
+    """What every node's probe is asked, besides the port check (with a container: inside the image too)."""
+    args = {"workdir": profile.workdir, "interface": profile.network.interface, "deep": deep,
             "packages": [requirement_name(r) for r in requirements]}
+    container = container_plan(profile)
+    if container is not None:
+        args["container"] = container_probe_args(container, profile.python or "python3")
+    return args
+
+
+def host_python(profile: ClusterProfile, python: str) -> str:
+    """The Python that runs the probe on the hosts: ``python``, or with a container the hosts' own."""
+    return profile.container.host_python if profile.container else python
 
 
 def health_args(full: bool, allow_busy: bool, gpus: bool = True) -> dict[str, Any]:
@@ -108,6 +119,8 @@ def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfil
             facts["_received"] = time.time()
             report.facts = facts
             report.checks = [Check("reachable", "pass", "connected"),
+                             *(container_checks(facts["container"], profile.network.ib) if "container" in facts
+                               else ()),
                              *judge_host(profile, facts, nproc, job.requirements, job.args.get("interface")),
                              *judge_health(profile.device, facts, job.args.get("health"))]
     except HostError as exc:

@@ -11,23 +11,28 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..plan.types import ContainerPlan
 from ..shell import command_line
 from .probe_script import BEGIN, END
 
 
 @functools.lru_cache(maxsize=1)
 def probe_source() -> str:
-    """The probe program's source, sent to the node with ``python -c``: the probe's functions, init's
+    """The probe program's source, sent to the node with ``python -c``: the probe's functions, the
+    rendezvous-port check (``port_probe``), init's
     discovery functions (``discover_script``), the hardware checks (``fsdpctl.node.health_probe``,
-    also run by the GPU watcher beside the ranks), then the probe's main guard."""
+    also run by the GPU watcher beside the ranks), the container part (``fsdpctl.container.probe_part``),
+    then the probe's main guard."""
     here = Path(__file__).resolve().parent
     probe, guard, main = (here / "probe_script.py").read_text(encoding="utf-8").rpartition(
         '\nif __name__ == "__main__":')
     if not guard:
         raise AssertionError("the probe script lost its main guard")
     discover = (here / "discover_script.py").read_text(encoding="utf-8")
+    ports = (here / "port_probe.py").read_text(encoding="utf-8")
     health = (here.parent / "node" / "health_probe.py").read_text(encoding="utf-8")
-    return probe + "\n\n" + discover + "\n\n" + health + "\n" + guard + main
+    inside = (here.parent / "container" / "probe_part.py").read_text(encoding="utf-8")
+    return probe + "\n\n" + ports + "\n\n" + discover + "\n\n" + health + "\n\n" + inside + "\n" + guard + main
 
 
 def probe_command(python: str, args: dict[str, Any]) -> str:
@@ -52,3 +57,21 @@ def parse_probe_output(stdout: str) -> dict[str, Any]:
     if not isinstance(facts, dict):
         raise ProbeOutputError("the probe answer is not a JSON object")
     return facts
+
+
+def container_probe_args(container: ContainerPlan, python: str) -> dict[str, Any]:
+    """What the probe's container part is asked: the runtime and image, the image's ``python``, the
+    runtime's words that run it (as a run would), and the probe's own source to run in there."""
+    from ..container import runtime
+
+    return {"runtime": container.runtime, "image": container.image, "pull": container.pull, "python": python,
+            "run": runtime.probe_words(container), "gpus": container.gpus, "gpu_flags": list(runtime.GPU_FLAGS.get(
+                container.runtime, ())), "ib": container.ib, "source": _packed_source()}
+
+
+@functools.lru_cache(maxsize=1)
+def _packed_source() -> str:
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(probe_source().encode("utf-8"), 9)).decode("ascii")

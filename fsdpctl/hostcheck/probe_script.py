@@ -32,8 +32,7 @@ def read(path, limit=65536):
 
 
 def os_name():
-    text = read("/etc/os-release") or ""
-    match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
+    match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', read("/etc/os-release") or "", re.M)
     return match.group(1) if match else platform.system()
 
 
@@ -297,55 +296,6 @@ def stack_tools():
             "ptrace_scope": int(scope) if scope.isdigit() else None, "root": os.geteuid() == 0}
 
 
-def listen(spec):
-    """On the master: bind the rendezvous port (is it free?) and accept the other nodes' connects."""
-    result = {"port": spec["port"], "free": False, "peers": []}
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        server.bind((spec.get("addr") or "0.0.0.0", spec["port"]))
-    except OSError as exc:
-        result["error"] = exc.strerror or str(exc)
-        server.close()
-        return result
-    result["free"] = True
-    server.listen(64)
-    deadline = time.time() + spec["window"]
-    while len(result["peers"]) < spec["expect"] and time.time() < deadline:
-        server.settimeout(max(0.01, deadline - time.time()))
-        try:
-            conn, addr = server.accept()
-        except socket.timeout:
-            break
-        result["peers"].append(addr[0])
-        # Let the peer close first, then reset: no TIME_WAIT may stay on the rendezvous port, or
-        # torchrun could not bind its store there a moment later.
-        conn.settimeout(1.0)
-        try:
-            conn.recv(1)
-        except (socket.timeout, OSError):
-            pass
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        conn.close()
-    server.close()
-    return result
-
-
-def connect(spec):
-    """On the others: connect to the master's port, retrying until the master's probe listens."""
-    deadline = time.time() + spec["window"]
-    last = None
-    while time.time() < deadline:
-        try:
-            conn = socket.create_connection((spec["addr"], spec["port"]), timeout=max(0.1, deadline - time.time()))
-            conn.close()
-            return {"addr": spec["addr"], "port": spec["port"], "reached": True}
-        except OSError as exc:
-            last = exc.strerror or str(exc)
-            time.sleep(0.05)
-    return {"addr": spec["addr"], "port": spec["port"], "reached": False, "error": last or "timed out"}
-
-
 def collect(args):
     """Every fact about this node that ``args`` asks for."""
     started = time.time()
@@ -370,14 +320,16 @@ def collect(args):
         facts["packages"] = packages(args["packages"])
     if args.get("deep"):
         facts["deep"] = deep_torch()
-    if args.get("listen"):
-        facts["listen"] = listen(args["listen"])
+    if args.get("listen"):  # listen() and connect() come with this source (port_probe.py)
+        facts["listen"] = listen(args["listen"])  # noqa: F821
     if args.get("connect"):
-        facts["connect"] = connect(args["connect"])
+        facts["connect"] = connect(args["connect"])  # noqa: F821
     if args.get("init"):  # discover() comes with this source (discover_script.py)
         facts["init"] = discover(args, facts)  # noqa: F821
     if args.get("health"):  # health() comes with this source (node/health_probe.py)
         facts["health"] = health(args["health"])  # noqa: F821
+    if args.get("container"):
+        container_into(facts, args)  # noqa: F821 - comes with this source (container/probe_part.py)
     if args.get("shared_file"):  # written by the submitting machine: is this node's view the same?
         facts["shared_file"] = os.path.isfile(os.path.expanduser(args["shared_file"]))
     facts["probe_seconds"] = round(time.time() - started, 3)

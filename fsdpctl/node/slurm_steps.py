@@ -151,8 +151,9 @@ def choose(active, spares, blamed, allocation, passes):
 class Steps:
     """The job's steps, their failures and replacements, recorded in the run directory."""
 
-    def __init__(self, run_dir, nodes, python, gpus, command):
+    def __init__(self, run_dir, nodes, python, gpus, command, srun_flags=()):
         self.run_dir, self.nodes, self.python, self.gpus, self.command = run_dir, nodes, python, gpus, command
+        self.srun_flags = list(srun_flags)
         self.job = os.environ.get("SLURM_JOB_ID", "")
         self.start = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
 
@@ -185,7 +186,7 @@ class Steps:
         env = dict(os.environ, FSDPCTL_HEAD_ADDR=node_address(hosts[0]), FSDPCTL_SLURM_STEP=str(number))
         self.record("step", step=number, hosts=hosts)
         argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={self.nodes}", f"--ntasks={self.nodes}",
-                "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", *self.command]
+                "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", *self.srun_flags, *self.command]
         return subprocess.call(argv, env=env)
 
     def run(self, allocation):
@@ -238,6 +239,7 @@ def main(argv=None):
     parser.add_argument("--nodes", type=int, required=True, help="nodes each step runs on")
     parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs the re-check expects on a node")
     parser.add_argument("--python", default=sys.executable, help="the nodes' Python (the re-check runs it)")
+    parser.add_argument("--srun-flag", action="append", default=[], help="a flag for every step's srun (Pyxis's)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then what srun runs on every node")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -248,7 +250,7 @@ def main(argv=None):
         print(f"fsdpctl: the job holds {len(allocation)} node(s) and a step needs {args.nodes}", file=sys.stderr)
         return 1
     run_dir = os.environ.get("FSDPCTL_RUN_DIR") or os.getcwd()
-    steps = Steps(run_dir, args.nodes, args.python, args.gpus_per_node, command)
+    steps = Steps(run_dir, args.nodes, args.python, args.gpus_per_node, command, args.srun_flag)
     return steps.run(allocation)
 
 

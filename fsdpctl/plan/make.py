@@ -16,11 +16,11 @@ from typing import Any, Optional
 
 from .. import __version__
 from ..errors import UsageError
-from ..profiles.schema import ClusterProfile
+from ..profiles.schema import ClusterProfile, ContainerSpec
 from ..shell import NodeExpr, join_path, quote_path
 from ..workload import REQUIREMENTS
 from ..workload import config as train_config
-from .types import LaunchPlan, NodeSpec, Overrides, Placement, Placer, PlanContext
+from .types import ContainerPlan, LaunchPlan, NodeSpec, Overrides, Placement, Placer, PlanContext
 
 WORKLOAD_MODULE = "fsdpctl.workload.train"
 SHIPPED_PACKAGE_DIR = "pkg"
@@ -208,6 +208,19 @@ def _nodes(plan: LaunchPlan, profile: ClusterProfile, overrides: Overrides, plac
     return tuple(nodes)
 
 
+def container_plan(profile: ClusterProfile, image: str | None = None) -> ContainerPlan | None:
+    """The image the ranks run in: the profile's ``container`` with ``image`` (``--container``) over its
+    own; None without either."""
+    spec = profile.container
+    if spec is None and image is None:
+        return None
+    if spec is None:
+        spec = ContainerSpec(image=image or "")
+    return ContainerPlan(runtime=spec.runtime, image=image or spec.image, mounts=spec.mounts, options=spec.options,
+                         pull=spec.pull, workdir=spec.workdir, host_python=spec.host_python, memlock=spec.memlock,
+                         gpus=profile.device != "cpu", ib=profile.network.ib)
+
+
 def make_plan(
     profile: ClusterProfile,
     *,
@@ -225,6 +238,9 @@ def make_plan(
     overrides = overrides or Overrides()
     placement = placer.placement(profile, overrides, PlanContext(run_id=run_id, local_python=local_python,
                                                                  home=home, local_cwd=local_cwd))
+    container = container_plan(profile, overrides.container_image)
+    if container is not None:  # ``python`` is the image's; the hosts' own runs fsdpctl's helpers
+        placement = dataclasses.replace(placement, python=profile.python or "python3")
     train, entry, chdir, requirements = _job(profile, overrides, placement)
     env = _env(profile, overrides.debug, run_id, chdir, overrides.attempt)
     env.update(overrides.extra_env)
@@ -250,7 +266,7 @@ def make_plan(
                              else profile.health.allow_busy_gpus),
         max_restarts=placement.max_restarts if placement.max_restarts is not None
         else overrides.max_restarts if overrides.max_restarts is not None else profile.max_restarts,
-        entry=entry,
+        entry=entry, container=container,
     )
     nodes = _nodes(plan, profile, overrides, placement)
     counts = [n.nproc for n in nodes] or [nproc] * plan.num_nodes

@@ -56,9 +56,29 @@ def render_template(name: str, plan: LaunchPlan, template_dir: Path | None = Non
     return render_text(name, template_dir, **_context(plan), **context)
 
 
+def container_context(plan: LaunchPlan, node: NodeSpec) -> dict[str, Any] | None:
+    """What the node script needs to start its second half inside the image (None: no container)."""
+    container = plan.container
+    if container is None:
+        return None
+    from ..container import runtime
+
+    names = [*plan.env, *node.env, "FSDPCTL_RUN_DIR", "FSDPCTL_NODE_RANK", "FSDPCTL_HOST", *plan.secrets]
+    name = runtime.container_name(plan.run_id, node.node_rank, plan.attempt)
+    labels = {runtime.LABEL_RUN: plan.run_id, runtime.LABEL_NODE: str(node.node_rank)}
+    chdir = None if container.workdir else plan.chdir
+    return {"runtime": container.runtime, "image": container.image, "name": name,
+            "run": runtime.run_words(container, name=name, labels=labels, env_names=list(dict.fromkeys(names)),
+                                     chdir=chdir),
+            "gpu": runtime.gpu_flags(container), "ib": runtime.ib_flags(container),
+            "memlock": container.memlock and container.runtime in runtime.DAEMON_RUNTIMES,
+            "user": runtime.user_flags(container), "workdir": container.workdir}
+
+
 def render_node_script(plan: LaunchPlan, node: NodeSpec, template_dir: Path | None = None) -> str:
-    """The bash script one node runs: environment, then ``exec`` torchrun for the workload."""
-    return render_template(NODE_TEMPLATE, plan, template_dir, node=node)
+    """The bash script one node runs: environment, then ``exec`` torchrun for the workload (with a
+    container: the host's half starts the image, whose half runs torchrun)."""
+    return render_template(NODE_TEMPLATE, plan, template_dir, node=node, container=container_context(plan, node))
 
 
 def render_node_scripts(plan: LaunchPlan, template_dir: Path | None = None) -> dict[str, str]:

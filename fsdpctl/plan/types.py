@@ -70,6 +70,8 @@ class Overrides:
     attempt: int = 1
     """Which attempt of the run this plan starts: 2 and on continue it in the same run directory (the
     bundled workload from its newest complete checkpoint)."""
+    container_image: Optional[str] = None
+    """``--container IMAGE`` (over ``container.image``; with no ``container`` section, the runtime's default)."""
 
 
 _LEGACY_OPTION_PREFIX = "slurm_"
@@ -97,6 +99,34 @@ def overrides_from_json(data: dict[str, Any]) -> Overrides:
 def _code_plan(data: dict[str, Any]) -> CodePlan:
     return CodePlan(**{**data, "largest": tuple(map(tuple, data["largest"])),
                        "skipped_links": tuple(data.get("skipped_links", ()))})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerPlan:
+    """The image every node's ranks run in (the profile's ``container`` with ``--container``)."""
+
+    runtime: str
+    image: str
+    mounts: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+    pull: str = "missing"
+    workdir: Optional[str] = None
+    """Where the ranks start inside; None: where they would start without a container."""
+    host_python: str = "python3"
+    """The hosts' own Python: the node agent, the probe's host part and the GPU sampler."""
+    memlock: bool = True
+    gpus: bool = False
+    """Give the container the host's GPUs (where the host has them): the device is not ``cpu``."""
+    ib: bool = False
+    """Give it the InfiniBand devices (where the host has them): ``network.ib``."""
+
+
+def container_from_json(data: Optional[Mapping[str, Any]]) -> Optional[ContainerPlan]:
+    """A ContainerPlan from its JSON (None stays None)."""
+    if not data:
+        return None
+    return ContainerPlan(**{**data, "mounts": tuple(data.get("mounts", ())),
+                            "options": tuple(data.get("options", ()))})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,10 +294,18 @@ class LaunchPlan:
     """Other processes on a GPU only warn in the preflight."""
     gpu_sample_seconds: float = 0.0
     """How often every node's GPUs are sampled during the run (``fsdpctl.node.gpu_watch``); 0: never."""
+    container: Optional[ContainerPlan] = None
+    """The image the ranks run in on every node; None: the nodes' own Python."""
     entry: tuple[str, ...] = ()
     """What torchrun runs on every rank: ``-m fsdpctl.workload.train ARGS``, or the user's program."""
     backend_plan: Mapping[str, Any] = field(default_factory=dict)
     """The backend's own part of the plan, as JSON (Slurm: its batch directives and step command)."""
+
+    @property
+    def host_python(self) -> str:
+        """The Python on the hosts that runs fsdpctl's own helpers there (the node agent, the probe, the
+        GPU sampler, the stack reader): the ranks' own, or with a container the hosts' ``host_python``."""
+        return self.container.host_python if self.container else self.python
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the plan (``--json``, ``plan.json``)."""
@@ -289,7 +327,8 @@ def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
                          "command": tuple(data.get("command", ())),
                          "secrets": tuple(data.get("secrets", ())),
                          "entry": tuple(data.get("entry", ())),
-                         "code": _code_plan(data["code"]) if data.get("code") else None})
+                         "code": _code_plan(data["code"]) if data.get("code") else None,
+                         "container": container_from_json(data.get("container"))})
 
 
 _LEGACY_PLAN_KEY = "slurm"

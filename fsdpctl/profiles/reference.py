@@ -20,6 +20,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("network", schema.NetworkSpec),
     ("rendezvous", schema.RendezvousSpec),
     ("health", schema.HealthSpec),
+    ("container", schema.ContainerSpec),
     ("ssh", schema.SSHSpec),
     ("slurm", schema.SlurmSpec),
 ]

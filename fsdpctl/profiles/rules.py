@@ -54,6 +54,27 @@ def _health_rules(health: schema.HealthSpec):
     return None
 
 
+def _container_rules(container: schema.ContainerSpec):
+    if not schema.ContainerSpec.image_ok(container.image):
+        return ("image", f"{container.image!r} is not an image name",
+                "give a reference such as nvcr.io/nvidia/pytorch:25.01-py3, or a .sif path for apptainer")
+    for i, mount in enumerate(container.mounts):
+        parts = mount.split(":")
+        if not 2 <= len(parts) <= 3 or not all(parts[:2]) or not parts[1].startswith("/") \
+                or (len(parts) == 3 and parts[2] not in ("ro", "rw")) or any(c.isspace() for c in mount):
+            return (f"mounts[{i}]", f"{mount!r} is not HOST:CONTAINER[:ro]",
+                    "write e.g. /data:/data or /datasets:/datasets:ro (absolute paths inside)")
+    for i, option in enumerate(container.options):
+        if not option.startswith("-") or any(c in option for c in "\n\0"):
+            return (f"options[{i}]", f"{option!r} is not a runtime flag",
+                    "give one flag per item, e.g. --shm-size=16g")
+    if container.workdir is not None and not container.workdir.startswith("/"):
+        return "workdir", f"{container.workdir!r} is not an absolute path", "give e.g. /workspace"
+    if not container.host_python.strip() or any(c in container.host_python for c in "\n\0"):
+        return "host_python", f"{container.host_python!r} is not an interpreter path", "give e.g. /usr/bin/python3"
+    return None
+
+
 def _ssh_rules(ssh: schema.SSHSpec):
     if ssh.user is not None and not schema.USER_PATTERN.match(ssh.user):
         return "user", f"{ssh.user!r} is not a valid user name", "use a plain login name"
@@ -153,6 +174,8 @@ def _job_rules(job: schema.JobSpec):
         return "spares", f"{job.spares} is negative", "give 0 or more spare nodes"
     if problem := _secrets_problem(job.secrets, job.env):
         return problem
+    if job.container is not None and not schema.ContainerSpec.image_ok(job.container):
+        return "container", f"{job.container!r} is not an image name", "give e.g. nvcr.io/nvidia/pytorch:25.01-py3"
     if job.time is not None and not schema.SLURM_TIME_PATTERN.match(job.time):
         return "time", f"{job.time!r} is not a Slurm time limit", "write e.g. \"02:00:00\""
     for i, path in enumerate(job.fetch):
@@ -183,6 +206,7 @@ RULES: dict[type, tuple] = {
     schema.RendezvousSpec: (_rendezvous_rules,),
     schema.HealthSpec: (_health_rules,),
     schema.SSHSpec: (_ssh_rules,),
+    schema.ContainerSpec: (_container_rules,),
     schema.SlurmSpec: (_slurm_rules,),
     ClusterProfile: (_profile_rules, _backend_rules),
 }

@@ -130,6 +130,47 @@ class HealthSpec:
     makes it the node a spare replaces. 0: no sampling. Nodes without nvidia-smi are not sampled."""
 
 
+ContainerRuntime = Literal["docker", "podman", "apptainer", "pyxis"]
+PullPolicy = Literal["missing", "always", "never"]
+CONTAINER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9~/.][A-Za-z0-9_.:/@+#~-]*$")  # enroot writes registry#image
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerSpec:
+    """Run every node's ranks inside a container image (``--container IMAGE`` gives or overrides the
+    image). One container per node runs torchrun with the host's network and IPC namespace, the GPUs,
+    the InfiniBand devices when ``network.ib`` is on, and the run directory at its own path; doctor
+    and the preflight probe inside the image too (``python:`` is then the Python inside it)."""
+
+    image: str
+    """The image: a registry reference (``nvcr.io/nvidia/pytorch:25.01-py3``), a local name, or for
+    apptainer a ``.sif`` path (or ``docker://...``); pyxis takes enroot's ``registry#image`` form too."""
+    runtime: ContainerRuntime = "docker"
+    """docker, podman, apptainer (also Singularity's successor on Slurm nodes), or pyxis (Slurm's
+    ``srun --container-image``; ``backend: slurm`` only)."""
+    mounts: tuple[str, ...] = ()
+    """More host folders inside: ``/data:/data`` or ``/data:/data:ro`` (the run directory, and the
+    folder the ranks start in, are always mounted at their own paths)."""
+    options: tuple[str, ...] = ()
+    """Extra flags for the runtime's run command, one word each (``--shm-size=16g``, ``--cap-add=IPC_LOCK``)."""
+    pull: PullPolicy = "missing"
+    """missing: pull where a node lacks the image; always: pull before every launch and doctor (the
+    digest check then compares what was pulled); never: a node without the image fails the check."""
+    workdir: Optional[str] = None
+    """Where the ranks start inside (an absolute path); default: where they start without a container."""
+    host_python: str = "python3"
+    """The Python on the hosts themselves, which runs fsdpctl's node agent, probe and GPU sampler
+    outside the container (standard library only, 3.8+)."""
+    @staticmethod
+    def image_ok(image: str) -> bool:
+        """Whether ``image`` can name an image (and is safe in a command line)."""
+        return bool(CONTAINER_NAME_PATTERN.match(image))
+
+    memlock: bool = True
+    """Ask for an unlimited locked-memory limit inside (RDMA needs it) where the host's own hard limit
+    is unlimited; a host whose limit is lower starts the container without it."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RendezvousSpec:
     """Where and how the torchrun agents on the nodes find each other."""
@@ -238,6 +279,8 @@ class JobSpec:
     fetch: tuple[str, ...] = ()
     """Files or folders under the run directory (``$FSDPCTL_RUN_DIR``) fetched back from every node
     when a foreground launch ends."""
+    container: Optional[str] = None
+    """The image the ranks run in on every node (over the profile's ``container.image``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,8 +311,11 @@ class ClusterProfile:
     """torchrun rendezvous settings."""
     health: HealthSpec = field(default_factory=HealthSpec)
     """The GPU health checks of the preflight."""
+    container: Optional[ContainerSpec] = None
+    """Run the ranks inside a container image on every node (see its fields)."""
     python: Optional[str] = None
-    """Python on the nodes that has torch; default: ``python3`` (local: the Python running fsdpctl)."""
+    """Python on the nodes that has torch; default: ``python3`` (local: the Python running fsdpctl);
+    with ``container``, the Python inside the image."""
     setup: tuple[str, ...] = ()
     """Shell lines run on each node before torchrun (e.g. ``source ~/venv/bin/activate``). These
     are the one place where a profile writes shell: they are copied into the script verbatim."""

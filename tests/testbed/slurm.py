@@ -44,8 +44,11 @@ class SlurmCluster:
     """munge + slurmctld + slurmd on the lab's hosts (started with ``up``, stopped with ``down``).
     The default partition ``debug`` has the ``default`` hosts (all when not given); ``spares`` has all."""
 
-    def __init__(self, lab: Lab, names: list[str], default: list[str] | None = None):
+    def __init__(self, lab: Lab, names: list[str], default: list[str] | None = None, slurmd_setup: str = ""):
+        """``slurmd_setup``: shell run in each slurmd's own mount namespace before it starts (each
+        command ending in ``&&``), as ``Lab.start_sshd``'s ``setup`` (cgroups for a container runtime)."""
         self.lab, self.names, self.default = lab, names, default or names
+        self.slurmd_setup = slurmd_setup
         self.dir = lab.root / "slurm"
         # munged wants every parent of its socket traversable by all; pytest's tmp root is 0700.
         self.munge = Path(tempfile.mkdtemp(prefix="fsdpctl-munge-"))
@@ -122,7 +125,7 @@ class SlurmCluster:
         node is idle (a node that comes back returns to service: ReturnToService=2)."""
         pidfile = self.dir / "run" / f"slurmd.{name}.pid"
         pidfile.unlink(missing_ok=True)
-        self._in_host(name, ["slurmd", "-f", str(self.conf), "-N", name])
+        self._in_host(name, ["slurmd", "-f", str(self.conf), "-N", name], self.slurmd_setup)
         self.pids[f"slurmd.{name}"] = (_wait_pidfile(pidfile), "slurmd")
         if wait:
             self.wait_idle()
@@ -145,10 +148,12 @@ class SlurmCluster:
             time.sleep(0.3)
         raise RuntimeError(f"Slurm nodes did not become idle (sinfo says {states!r})")
 
-    def _in_host(self, name: str, argv: list[str]) -> None:
+    def _in_host(self, name: str, argv: list[str], setup: str = "") -> None:
         ns = self.lab.hosts[name].namespace
-        subprocess.run(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
-                        name, "env", f"SLURM_CONF={self.conf}", *argv], check=True, capture_output=True, timeout=30)
+        private = ["--mount"] if setup else []
+        subprocess.run(["ip", "netns", "exec", ns, "unshare", "--uts", *private, "sh", "-c",
+                        f'hostname "$0" && {setup}exec "$@"', name, "env", f"SLURM_CONF={self.conf}", *argv],
+                       check=True, capture_output=True, timeout=30)
 
     def down(self) -> None:
         if self.conf.exists():

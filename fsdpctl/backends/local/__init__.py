@@ -6,7 +6,7 @@ from ...plan.types import NodeTarget, Overrides, Placement, PlanContext
 from ...profiles.schema import ClusterProfile
 from ...shell import join_path
 from ..base import ProfileProblem, TraceNode
-from ..nodes.backend import NodesBackend
+from ..nodes.backend import NodesBackend, pyxis_problem
 from ..transport import LocalTransport, Transport
 
 __all__ = ["LocalBackend"]
@@ -23,7 +23,7 @@ class LocalBackend(NodesBackend):
     def check_profile(cls, profile: ClusterProfile) -> ProfileProblem | None:
         if len(profile.hosts) > 1:
             return "hosts", "a local profile runs on this machine only", "use backend: ssh for several hosts"
-        return None
+        return pyxis_problem(profile)
 
     @classmethod
     def placement(cls, profile: ClusterProfile, overrides: Overrides, context: PlanContext) -> Placement:

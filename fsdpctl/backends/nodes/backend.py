@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional, Protocol
 
 from ...bundle import Payload
+from ...container.runtime import probe_timeout
 from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport
-from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, make_jobs, run_doctor
+from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, host_python, make_jobs, run_doctor
 from ...metrics.gpu_samples import GPU_SAMPLES_SHOWN, newest_samples, newest_text
 from ...node.stacks import answer_of
+from ...plan.make import container_plan
 from ...plan.types import LaunchPlan, Overrides, PlanContext
 from ...profiles.schema import ClusterProfile, HostSpec
 from ...rundir.attempts import attempt_folder
@@ -32,7 +34,7 @@ from ...rundir.rundir import RunDir, last_metrics
 from ...rundir.state import NodeState, RunState
 from ...rundir.status import NodeStatus, RunStatus
 from ...shell import after_mark, marked, quote_path
-from ..base import Backend, DoctorRequest, LineSink, Preflight, TraceNode
+from ..base import Backend, DoctorRequest, LineSink, Preflight, ProfileProblem, TraceNode
 from ..transport import Transport
 from .commands import STAGED, Exited, Running, parse_poll, poll_command, stacks_command
 from .follow import NodesFollower
@@ -94,7 +96,7 @@ class NodesBackend(Backend):
             placed = self.placement(self.profile, Overrides(), PlanContext.here("doctor"))
             nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
             master = (next(i for i, t in enumerate(placed.nodes) if t.host == placed.master_host), placed.master_addr)
-            python = placed.python
+            python = host_python(self.profile, placed.python)
         jobs = make_jobs(self.profile, nodes, master[0], master[1], request.port, request.deep,
                          request.port_check and self.port_check, requirements=request.requirements,
                          extra=request.extra)
@@ -109,23 +111,27 @@ class NodesBackend(Backend):
         placed = self.placement(alone, Overrides(), PlanContext.here("check"))
         nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
         health = self.profile.health  # a spare, or an excluded host put back, has its GPUs asked too
-        request = DoctorRequest(port=0, timeout=PREFLIGHT_TIMEOUT, port_check=False,
+        request = DoctorRequest(port=0, timeout=probe_timeout(container_plan(self.profile), PREFLIGHT_TIMEOUT),
+                                port_check=False,
                                 extra=health_args(False, health.allow_busy_gpus, health.preflight))
-        return self.doctor(request, on_host, nodes=nodes, master=(0, placed.master_addr), python=placed.python)
+        return self.doctor(request, on_host, nodes=nodes, master=(0, placed.master_addr),
+                           python=host_python(self.profile, placed.python))
 
     def preflight(self, plan: LaunchPlan, payload: Payload,
                   on_host: Callable[[HostReport], None] | None = None) -> Preflight:
         """doctor's fast checks on the plan's own nodes and rendezvous port, answered by the node agents
         that also stage the payload; they wait for ``start`` (one command per node for both)."""
         nproc = int(plan.nproc_per_node) if plan.nproc_per_node.isdigit() else None
-        request = DoctorRequest(port=plan.master_port, timeout=PREFLIGHT_TIMEOUT, nproc=nproc,
+        request = DoctorRequest(port=plan.master_port, timeout=probe_timeout(plan.container, PREFLIGHT_TIMEOUT),
+                                nproc=nproc,
                                 port_check=plan.num_nodes > 1, requirements=plan.requirements,
-                                extra=health_args(False, plan.allow_busy_gpus, plan.gpu_health))
-        starter = NodeStarter(plan, payload, self.connection, plan.python)
+                                extra={**health_args(False, plan.allow_busy_gpus, plan.gpu_health),
+                                       **container_args(plan)})
+        starter = NodeStarter(plan, payload, self.connection, plan.host_python)
         nodes = [NodeProbe(n.node_rank, self.connection(n), n.interface) for n in plan.nodes]
         master = next(n.node_rank for n in plan.nodes if n.host == plan.master_host)
         report = self.doctor(request, on_host, runner=starter.probe_runner(), nodes=nodes,
-                             master=(master, plan.master_addr), python=plan.python)
+                             master=(master, plan.master_addr), python=plan.host_python)
         return Preflight(report, staged=starter)
 
     # ---- a run -----------------------------------------------------------------------------------
@@ -133,8 +139,9 @@ class NodesBackend(Backend):
               preflight: Optional[Preflight] = None) -> NodesFollower:
         """Start every node (staging it too, unless the preflight did), and record their process ids."""
         staged = preflight.staged if preflight is not None else None
-        starter = staged if isinstance(staged, NodeStarter) and staged.plan.run_id == run.run_id \
-            and staged.plan.attempt == run.attempt else NodeStarter(run.plan, payload, self.connection, run.plan.python)
+        reuse = isinstance(staged, NodeStarter) and staged.plan.run_id == run.run_id \
+            and staged.plan.attempt == run.attempt
+        starter = staged if reuse else NodeStarter(run.plan, payload, self.connection, run.plan.host_python)
         if staged is not None and staged is not starter:
             staged.close()
         # A foreground run's agents stay on to watch over their nodes for this process; a detached
@@ -212,7 +219,7 @@ class NodesBackend(Backend):
         plan = run.plan
 
         def one(node) -> dict[str, Any]:
-            command = marked(stacks_command(plan.run_dir, plan.run_id, plan.python, str(node.node_rank),
+            command = marked(stacks_command(plan.run_dir, plan.run_id, plan.host_python, str(node.node_rank),
                                             flight=flight, py_spy=py_spy, native=native))
             try:
                 status, out, err = self.connection(node).run(command, STACKS_TIMEOUT)
@@ -246,7 +253,9 @@ class NodesBackend(Backend):
 
     def stop(self, run: RunDir) -> dict[str, str]:
         """End every process of the run on every node and record it as stopped."""
-        remaining = stop_run(run.run_id, [self.connection(n) for n in run.plan.nodes])
+        container = run.plan.container
+        remaining = stop_run(run.run_id, [self.connection(n) for n in run.plan.nodes],
+                             runtime=container.runtime if container else None)
         nodes = tuple(n.replace(state=NodeState.STOPPED) if n.state in (NodeState.RUNNING, NodeState.STARTING) else n
                       for n in run.record.nodes)
         run.change(state=RunState.STOPPED, nodes=nodes, stopped_at=now(), remaining=remaining)
@@ -283,6 +292,23 @@ class NodesBackend(Backend):
 
 
 _GPU_MARK = "--fsdpctl-gpu-samples--"
+
+
+def pyxis_problem(profile: ClusterProfile) -> ProfileProblem | None:
+    """Pyxis is Slurm's: hosts reached directly start their containers with another runtime."""
+    if profile.container is not None and profile.container.runtime == "pyxis":
+        return ("container.runtime", "pyxis starts containers through Slurm's srun only",
+                "use docker, podman or apptainer on these hosts, or backend: slurm")
+    return None
+
+
+def container_args(plan: LaunchPlan) -> dict[str, Any]:
+    """The preflight's container part, from the plan (its image may be ``--container``'s)."""
+    if plan.container is None:
+        return {}
+    from ...hostcheck.probe import container_probe_args
+
+    return {"container": container_probe_args(plan.container, plan.python)}
 
 
 def _read_local(path: Path) -> str:

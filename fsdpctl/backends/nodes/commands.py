@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+from ...container.runtime import cleanup_command
 from ...hostcheck.probe import probe_source
 from ...shell import command_line, marked, quote_path
 from .agent import AGENT_REFUSED, AGENT_STARTED
@@ -120,14 +121,16 @@ def parse_poll(text: str) -> Exited | Running | Gone:
     return Running() if words[:1] == ["running"] else Gone()
 
 
-def kill_command(run_id: str, grace: float) -> str:
-    """Signal every process of the run (by its FSDPCTL_RUN_ID), TERM then KILL; print what remained."""
+def kill_command(run_id: str, grace: float, runtime: str | None = None) -> str:
+    """Signal every process of the run (by its FSDPCTL_RUN_ID), TERM then KILL; print what remained.
+    ``runtime``: the run's containers (docker, podman) are then removed too, by their run label."""
     find = (f'ps=""; for p in /proc/[0-9]*; do grep -qsxz "FSDPCTL_RUN_ID={run_id}" "$p/environ" && '
             f'ps="$ps ${{p#/proc/}}"; done')
     steps = max(1, int(grace * 10))
     return (f"{find}; [ -n \"$ps\" ] && kill -TERM $ps 2>/dev/null; "
             f"for _ in $(seq {steps}); do {find}; [ -z \"$ps\" ] && break; sleep 0.1; done; "
-            f"[ -n \"$ps\" ] && kill -KILL $ps 2>/dev/null; sleep 0.2; {find}; echo \"remaining:$ps\"")
+            f"[ -n \"$ps\" ] && kill -KILL $ps 2>/dev/null; sleep 0.2; {find}; "
+            f"{cleanup_command(runtime, run_id) + '; ' if runtime else ''}echo \"remaining:$ps\"")
 
 
 def stacks_command(run_dir: str, run_id: str, python: str, node_rank: str, *, flight: bool, py_spy: bool,

@@ -52,6 +52,7 @@ class Listener(Protocol):
     runs: list[NodeRun]
     run_dir: str
     run_id: str
+    container_runtime: str | None
     grace: float
     finished: threading.Event
 
@@ -251,7 +252,7 @@ class TailFeed:
 
     def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False) -> None:
         grace = 0.0 if hurry else PEER_FAILED_GRACE_SECONDS if peer_failed else sup.grace
-        stop_run(sup.run_id, [r.transport for r in runs], grace)
+        stop_run(sup.run_id, [r.transport for r in runs], grace, sup.container_runtime)
 
     def close(self) -> None:
         return None

@@ -109,11 +109,13 @@ def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any
         return list(pool.map(fn, runs))
 
 
-def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_SECONDS) -> dict[str, str]:
-    """End every process of ``run_id`` on every node; returns what each host reported remaining."""
+def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_SECONDS,
+             runtime: str | None = None) -> dict[str, str]:
+    """End every process of ``run_id`` on every node (and remove its containers, with the ``runtime``
+    they run in); returns what each host reported remaining."""
     def kill(transport: Transport) -> str:
         try:
-            _, out, _ = transport.run(marked(kill_command(run_id, grace)), grace + COMMAND_TIMEOUT)
+            _, out, _ = transport.run(marked(kill_command(run_id, grace, runtime)), grace + COMMAND_TIMEOUT)
             return after_mark(out).strip().rsplit("remaining:", 1)[-1].strip()
         except HostError as exc:
             return f"unreachable: {exc.detail}"

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...bundle import Payload
+from ...container.runtime import probe_timeout
 from ...errors import HostError
 from ...hostcheck.fanout import HostJob, ProbeRunner
 from ...hostcheck.probe_script import END
@@ -41,7 +42,11 @@ class NodeStarter:
         secrets = self.payload.secret_blob()
         args = {"run_id": self.plan.run_id, "run_dir": self.plan.run_dir, "rank": rank, "attempt": self.plan.attempt,
                 "bytes": len(self.payload.files),  # the tar's size, known before it is made
-                "secret_bytes": len(secrets), "probe": probe, "go_timeout": GO_TIMEOUT}
+                "secret_bytes": len(secrets), "probe": probe,
+                # the others' probes may be pulling the image: wait as long as the slowest may take
+                "go_timeout": probe_timeout(self.plan.container, GO_TIMEOUT)}
+        if self.plan.container is not None:  # its containers are removed whenever this agent ends the node
+            args["runtime"] = self.plan.container.runtime
         if self.plan.attempt > 1:  # the last attempt's node files move aside when this one starts
             args["archive"] = {"to": attempt_folder(self.plan.attempt - 1), "names": node_files(rank)}
         session = self.connect(self.nodes[rank]).session(marked(agent_command(self.python, args)))
@@ -96,7 +101,8 @@ class NodeStarter:
             for run in runs:
                 if run.session is not None:
                     run.session.close()
-            stop_run(self.plan.run_id, [run.transport for run in runs])
+            stop_run(self.plan.run_id, [run.transport for run in runs],
+                     runtime=self.plan.container.runtime if self.plan.container else None)
             raise
         finally:
             self.close()

@@ -53,6 +53,8 @@ class Supervisor:
         batch = getattr(sink, "lines", None)  # a sink that takes a batch at once (see api.events)
         self.sink_lines = batch if callable(batch) else (lambda lines: [sink(line) for line in lines])
         self.run_dir, self.run_id = plan.run_dir, plan.run_id
+        container = getattr(plan, "container", None)  # a plan.json from before containers has none
+        self.container_runtime = container.runtime if container else None
         self.feed = feed
         self.signals = signals  # take SIGINT/SIGTERM/SIGHUP over while following
         self.leave = leave  # set by the caller: stop following (a follower only; the run goes on)

@@ -148,7 +148,7 @@ class SlurmBackend(Backend):
                ) -> list[dict[str, Any]]:
         """Every rank's stack: one ``srun --overlap`` step into the job, one task per node."""
         plan, job_id = run.plan, run.record.job_id
-        command = stacks_command(plan.run_dir, plan.run_id, plan.python, '"$SLURM_NODEID"', flight=flight,
+        command = stacks_command(plan.run_dir, plan.run_id, plan.host_python, '"$SLURM_NODEID"', flight=flight,
                                  py_spy=py_spy, native=native)
         argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={plan.num_nodes}", "--ntasks-per-node=1",
                 "--label", "--kill-on-bad-exit=0", "bash", "-c", command]

@@ -7,16 +7,17 @@ Pure, like the rest of the plan: the batch script is rendered from what these fu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ...errors import UsageError
 from ...plan.make import torchrun_args
-from ...plan.types import LaunchPlan, Overrides, Placement, PlanContext
+from ...plan.types import ContainerPlan, LaunchPlan, Overrides, Placement, PlanContext
 from ...profiles.schema import SLURM_OWNED_DIRECTIVES, ClusterProfile, SlurmSpec, slurm_directive_name
-from ...shell import NodeExpr, join_path, quote_path, shell_join
+from ...shell import NodeExpr, join_path, quote_path
 from ...workload import config as train_config
+from .containers import pyxis_flags, step_python, step_torchrun
 
 HEAD_ADDR = NodeExpr('"$FSDPCTL_HEAD_ADDR"')
 """The first node's address, found by the batch script at run time."""
@@ -48,6 +49,8 @@ class SlurmPlan:
     the next step runs in the same allocation (``fsdpctl.node.slurm_steps``)."""
     gpus_per_node: int = 0
     """What a node's re-check expects to see before it runs a step."""
+    srun_flags: tuple[str, ...] = ()
+    """More flags for the step's ``srun`` (Pyxis's ``--container-image`` and its mounts)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -58,7 +61,8 @@ class SlurmPlan:
         data = dict(plan.backend_plan)
         if not data:
             raise UsageError(f"run {plan.run_id}: its plan has no Slurm part", "submit it with fsdpctl submit --slurm")
-        return cls(**{**data, "directives": tuple(map(tuple, data["directives"]))})
+        return cls(**{**data, "directives": tuple(map(tuple, data["directives"])),
+                      "srun_flags": tuple(data.get("srun_flags", ()))})
 
 
 def options(overrides: Overrides) -> Mapping[str, Any]:
@@ -117,7 +121,9 @@ def finish_slurm_plan(profile: ClusterProfile, overrides: Overrides, plan: Launc
     step_args = torchrun_args(plan, node_rank=NODE_RANK, nproc=plan.nproc_per_node, master_addr=HEAD_ADDR)
     slurm_plan = make_slurm_plan(profile, overrides, plan.run_id, plan.run_dir, plan.num_nodes, step_args,
                                  requeues(profile.slurm, overrides), plan.profile_source, plan.chdir, plan.secrets,
-                                 plan.gpu_sample_seconds)
+                                 plan.gpu_sample_seconds, container=plan.container, python=plan.python,
+                                 env_names=[*plan.env, "FSDPCTL_RUN_DIR", "FSDPCTL_NODE_RANK", *plan.secrets],
+                                 workdir=plan.workdir)
     return dataclasses.replace(plan, backend_plan=slurm_plan.to_json())
 
 
@@ -163,7 +169,9 @@ def _check_slurm_submission(profile: ClusterProfile, source: str, time_limit: Op
 
 def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, run_dir: str,
                     num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str,
-                    chdir: str = ".", secrets: tuple[str, ...] = (), sample_seconds: float = 0.0) -> SlurmPlan:
+                    chdir: str = ".", secrets: tuple[str, ...] = (), sample_seconds: float = 0.0, *,
+                    container: ContainerPlan | None = None, python: str = "python3", env_names: Sequence[str] = (),
+                    workdir: str = "~") -> SlurmPlan:
     slurm = profile.slurm
     assert slurm is not None
     spares = spares_of(slurm, overrides)
@@ -199,22 +207,26 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
     announce = (f'echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
                 f'Slurm start $((${{SLURM_RESTART_COUNT:-0}} + 1))'
                 f'${{FSDPCTL_SLURM_STEP:+, step $FSDPCTL_SLURM_STEP}}"; ')  # a job with spares runs steps
-    torchrun = f'"$FSDPCTL_PYTHON" {shell_join(step_args)}'
+    # With a container, torchrun is the image's (Pyxis: the whole step runs inside it).
+    torchrun, may_exec = step_torchrun(container, run_id, python, step_args, list(dict.fromkeys(env_names)), chdir)
+    helper = step_python(container, python)
     # Every GPU sampled beside the ranks (fsdpctl.node.gpu_watch; nothing on a node without nvidia-smi).
-    announce += ('"$FSDPCTL_PYTHON" -m fsdpctl.node.gpu_watch --out "$FSDPCTL_RUN_DIR/gpu/node$SLURM_NODEID.jsonl" '
+    announce += (f'{helper} -m fsdpctl.node.gpu_watch --out "$FSDPCTL_RUN_DIR/gpu/node$SLURM_NODEID.jsonl" '
                  f'--every {sample_seconds:g} --parent $$ --node "$SLURM_NODEID" --host "$(hostname)" </dev/null & '
                  if sample_seconds else "")
     if secrets:
         # What the ranks print passes the node's mask on its way to the log; torchrun's own per-rank
         # copies are masked once it ends (so it is not exec'd: the shell waits for it).
-        mask = '"$FSDPCTL_PYTHON" -m fsdpctl.node.mask'
+        mask = f'{helper} -m fsdpctl.node.mask'
         command = (f'set -o pipefail && cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && '
                    f'{ignore}{{ {enter}{announce}{torchrun}; code=$?; '
                    f'{mask} --scrub "$FSDPCTL_RUN_DIR"/logs/node"$SLURM_NODEID"; exit $code; }} 2>&1 | '
                    f'{mask} >> node"$SLURM_NODEID".log')
     else:
         command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
-                   f'{{ {enter}{announce}exec {torchrun}; }} >> node"$SLURM_NODEID".log 2>&1')
+                   f'{{ {enter}{announce}{"exec " if may_exec else ""}{torchrun}; }} >> node"$SLURM_NODEID".log 2>&1')
     return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,
                      signal_seconds=slurm.signal_seconds, via=via, spares=spares,
-                     gpus_per_node=slurm.gpus_per_node or 0)
+                     gpus_per_node=slurm.gpus_per_node or 0,
+                     srun_flags=pyxis_flags(container, run_dir, workdir, chdir)
+                     if container is not None and container.runtime == "pyxis" else ())

@@ -7,7 +7,7 @@ from ...plan.make import is_ip
 from ...plan.types import NodeTarget, Overrides, Placement, PlanContext
 from ...profiles.schema import ClusterProfile, HostSpec
 from ..base import ProfileProblem
-from ..nodes.backend import NodesBackend
+from ..nodes.backend import NodesBackend, pyxis_problem
 from ..transport import Transport
 
 __all__ = ["SSHBackend"]
@@ -23,7 +23,7 @@ class SSHBackend(NodesBackend):
     def check_profile(cls, profile: ClusterProfile) -> ProfileProblem | None:
         if not profile.hosts:
             return "hosts", "an ssh profile needs at least one host", "list the nodes under hosts:"
-        return None
+        return pyxis_problem(profile)
 
     @classmethod
     def placement(cls, profile: ClusterProfile, overrides: Overrides, context: PlanContext) -> Placement:
