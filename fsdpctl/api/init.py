@@ -216,6 +216,29 @@ def _check(text: str, path: Path) -> None:
         raise AssertionError(f"init wrote a profile its own loader refuses: {exc.message}\n{text}") from None
 
 
+def container_stub(findings: list[HostFinding], slurm: bool) -> list[str]:
+    """Comment lines: the container runtimes the hosts have, and a ``container:`` section to fill in."""
+    probed = [f for f in findings if not f.error]
+    hosts: dict[str, list[str]] = {}
+    versions: dict[str, set[str]] = {}
+    for finding in probed:
+        for name, version in finding.runtimes:
+            hosts.setdefault(name, []).append(finding.host)
+            versions.setdefault(name, set()).add(version.split(",")[0] or name)
+    if not hosts:
+        return ["No container runtime on the hosts (docker, podman, apptainer, enroot): the ranks run in `python`."]
+    found = [f"{'/'.join(sorted(versions[name]))} on "
+             f"{'all ' + str(len(on)) + ' hosts' if len(on) == len(probed) else ', '.join(on)}"
+             for name, on in sorted(hosts.items())]
+    everywhere = [name for name, on in hosts.items() if len(on) == len(probed)]
+    runtime = "pyxis" if slurm and "enroot" in hosts else next(
+        (name for name in ("podman", "docker", "apptainer") if name in everywhere), "docker")
+    return [f"Container runtimes found: {'; '.join(found)}.",
+            "To run the ranks inside an image on every node (python: is then the image's Python):",
+            "container:", '  image: "nvcr.io/nvidia/pytorch:25.01-py3"', f"  runtime: {runtime}",
+            "  pull: missing  # always: pull before every launch; never: the image must be there"]
+
+
 def profile_text(name: str, findings: list[HostFinding], decision: Decision, probed: ClusterProfile,
                  master: HostFinding, slots: dict[str, int], slurm: bool, partition: Optional[str],
                  ib: IbMode, workdir: Optional[str] = None) -> str:
@@ -248,6 +271,7 @@ def profile_text(name: str, findings: list[HostFinding], decision: Decision, pro
         out.section("rendezvous", [("host", master.host, "")])
     out.field("python", decision.python, "has torch on every host")
     out.field("workdir", workdir, "runs go to <workdir>/runs/<run id> on the nodes")
+    out.comment(container_stub(findings, slurm))
     if slurm:
         probed_on = ",".join(f.host for f in findings)
         out.section("slurm", [("nodes", len(findings), f"probed on {probed_on}"), ("partition", partition, "")])

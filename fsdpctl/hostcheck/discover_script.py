@@ -156,11 +156,31 @@ def python_with_torch(probe_source, given):
     return found
 
 
+CONTAINER_RUNTIMES = ("docker", "podman", "apptainer", "singularity", "enroot")
+"""The runtimes ``init`` notes on each host (enroot: what Slurm's Pyxis plugin runs)."""
+
+
+def container_runtimes():
+    """{runtime: its version line} for each container runtime on PATH."""
+    import shutil
+
+    found = {}
+    for name in CONTAINER_RUNTIMES:
+        if shutil.which(name) is None:
+            continue
+        try:
+            out = subprocess.run([name, "--version"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        found[name] = (out.strip().splitlines() or [""])[0]
+    return found
+
+
 def discover(args, facts):
     """Everything ``init`` asks of this node, given the probe's own facts."""
     spec = args["init"]
     found = {"route": route(spec.get("master"), facts["interfaces"]), "nccl_default": nccl_default(facts["interfaces"]),
-             "net_plugins": net_plugins(), "pythons": []}
+             "net_plugins": net_plugins(), "pythons": [], "runtimes": container_runtimes()}
     if not facts["torch"].get("installed") and spec.get("probe_source"):
         found["pythons"] = python_with_torch(spec["probe_source"], facts["python"]["path"])
     return found

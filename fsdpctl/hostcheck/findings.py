@@ -44,6 +44,8 @@ class HostFinding:
     cuda: Optional[str] = None
     nccl: Optional[str] = None
     tried: tuple[str, ...] = ()
+    runtimes: tuple[tuple[str, str], ...] = ()
+    """(runtime, its version line) of every container runtime on PATH."""
     """Interpreters looked at for torch."""
 
     @property
@@ -104,7 +106,7 @@ def finding_of(host: str, node_rank: int, facts: Optional[dict[str, Any]], error
         plugins=tuple(init.get("net_plugins", {}).get("libraries") or ()), gpu_count=int(gpus.get("count") or 0),
         gpu_names=tuple(gpus.get("names") or ()), gpu_memory_mib=min(memory) if memory else None,
         python=python, python_version=version, torch=torch.get("version"), cuda=torch.get("cuda"),
-        nccl=torch.get("nccl"), tried=tried)
+        nccl=torch.get("nccl"), tried=tried, runtimes=tuple(sorted((init.get("runtimes") or {}).items())))
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,10 @@ class ProfileText:
                 self.lines.append(f"{lead}{key}: {_value(value)}" + (f"  # {comment}" if first and comment else ""))
                 first = False
 
+    def comment(self, lines: Sequence[str]) -> None:
+        """Lines written as comments where the profile has got to (a section to fill in by hand)."""
+        self.lines += [f"# {line}" for line in lines]
+
     def text(self) -> str:
         return "".join(f"# {line}\n" if line else "#\n" for line in self.header) + "".join(
             f"{line}\n" for line in self.lines)

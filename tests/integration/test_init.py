@@ -105,6 +105,9 @@ def test_init_then_doctor_then_a_launch_across_hosts_that_differ(odd_lab, tmp_pa
     assert "NCCL alone would pick ib0" in text and "mlx5_0/1 ACTIVE (Ethernet)" in text
     assert "holds the master's address" in text
     assert "kernel route lookup (rtnetlink)" in text
+    # this machine has podman (the container tests) and Docker's client on every host: noted, a stub to fill in
+    assert "# Container runtimes found: " in text and "podman version 4.3.1 on all 2 hosts" in text, text
+    assert "# container:\n#   image: " in text and "#   runtime: podman\n" in text
     err = result.stderr
     assert "interface to the master" in err and "DIFFERS" in err and "enp3s0" in err
     assert "up on " in err and "only: NCCL uses sockets" in err

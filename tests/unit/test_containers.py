@@ -259,3 +259,19 @@ def test_no_container_section_changes_nothing(tmp_path):
                     local_python="/usr/bin/python3", home=str(tmp_path), local_cwd=str(tmp_path))
     assert plan.container is None and "FSDPCTL_CONTAINER" not in render_scripts(plan)["node0.sh"]
     assert os.path.basename(plan.host_python) == "python"
+
+
+def test_init_notes_the_runtimes_and_writes_a_container_stub():
+    from fsdpctl.api.init import container_stub
+    from fsdpctl.hostcheck.findings import HostFinding
+
+    both = (("docker", "Docker version 28.2.2, build e6534b4"), ("podman", "podman version 4.3.1"))
+    findings = [HostFinding(host="h1", node_rank=0, runtimes=both),
+                HostFinding(host="h2", node_rank=1, runtimes=both[1:]),
+                HostFinding(host="h3", node_rank=2, error="unreachable")]
+    lines = container_stub(findings, slurm=False)
+    assert lines[0] == "Container runtimes found: Docker version 28.2.2 on h1; podman version 4.3.1 on all 2 hosts."
+    assert "  runtime: podman" in lines and "container:" in lines
+    slurm = container_stub([HostFinding(host="n1", node_rank=0, runtimes=(("enroot", "3.4.1"),))], slurm=True)
+    assert "  runtime: pyxis" in slurm
+    assert container_stub([HostFinding(host="h1", node_rank=0)], slurm=False)[0].startswith("No container runtime")

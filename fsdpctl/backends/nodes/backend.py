@@ -220,7 +220,7 @@ class NodesBackend(Backend):
 
         def one(node) -> dict[str, Any]:
             command = marked(stacks_command(plan.run_dir, plan.run_id, plan.host_python, str(node.node_rank),
-                                            flight=flight, py_spy=py_spy, native=native))
+                                            flight=flight, py_spy=py_spy, native=native, inside=inside(plan, node)))
             try:
                 status, out, err = self.connection(node).run(command, STACKS_TIMEOUT)
                 found = answer_of(after_mark(out))
@@ -300,6 +300,15 @@ def pyxis_problem(profile: ClusterProfile) -> ProfileProblem | None:
         return ("container.runtime", "pyxis starts containers through Slurm's srun only",
                 "use docker, podman or apptainer on these hosts, or backend: slurm")
     return None
+
+
+def inside(plan: LaunchPlan, node: Any) -> tuple[str, str, str] | None:
+    """Where a node's stack reader runs inside its container (docker, podman): (runtime, name, python)."""
+    from ...container.runtime import DAEMON_RUNTIMES, container_name
+
+    if plan.container is None or plan.container.runtime not in DAEMON_RUNTIMES:
+        return None  # apptainer shares the host's process table: read from the host
+    return plan.container.runtime, container_name(plan.run_id, node.node_rank, plan.attempt), plan.python
 
 
 def container_args(plan: LaunchPlan) -> dict[str, Any]:

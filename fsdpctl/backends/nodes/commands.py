@@ -134,12 +134,19 @@ def kill_command(run_id: str, grace: float, runtime: str | None = None) -> str:
 
 
 def stacks_command(run_dir: str, run_id: str, python: str, node_rank: str, *, flight: bool, py_spy: bool,
-                   native: bool) -> str:
+                   native: bool, inside: tuple[str, str, str] | None = None) -> str:
     """Every rank of node ``node_rank`` (a shell word: a number, or ``"$SLURM_NODEID"``), as one JSON
-    line (``fsdpctl.node.stacks``, shipped with the run)."""
+    line (``fsdpctl.node.stacks``, shipped with the run). ``inside``: (runtime, container, the image's
+    Python): read inside the node's container while it runs (the image's py-spy), else on the host."""
     flags = (" --flight" if flight else "") + ("" if py_spy else " --no-py-spy") + (" --native" if native else "")
-    return (f"cd {quote_path(run_dir)} && PYTHONPATH=pkg {quote_path(python)} -m fsdpctl.node.stacks "
-            f"{shlex.quote(run_id)} \"$PWD\" --node-rank {node_rank}{flags}")
+    reader = f"-m fsdpctl.node.stacks {shlex.quote(run_id)} \"$PWD\" --node-rank {node_rank}{flags}"
+    host = f"PYTHONPATH=pkg {quote_path(python)} {reader}"
+    if inside is None:
+        return f"cd {quote_path(run_dir)} && {host}"
+    runtime, name, image_python = inside
+    return (f"cd {quote_path(run_dir)} && if {runtime} exec {name} true >/dev/null 2>&1; then "
+            f"{runtime} exec -w \"$PWD\" -e PYTHONPATH=\"$PWD\"/pkg {name} {quote_path(image_python)} {reader}; "
+            f"else {host}; fi")
 
 
 FETCH_MISSING = "fsdpctl: no such file"
