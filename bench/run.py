@@ -33,6 +33,7 @@ BENCHMARKS = {
     "spares": ["spare_recovery.py --nodes 2", "spare_recovery.py --nodes 8"],
     "teardown": ["teardown.py --nodes 16"],
     "health": ["health_checks.py"],
+    "containers": ["containers.py"],
     "gpu": ["gpu_workload.py"],
     "estimate": ["estimate_time.py"],
     "timing": ["rank_timing.py"],
@@ -158,6 +159,14 @@ def rows() -> list[tuple[str, str, str, str]]:
     for every in ("5 s (default)", "1 s"):
         add(f"workload step, GPUs sampled every {every} / not sampled (2 hosts, fake nvidia-smi)",
             sampling.get(f"GPUs sampled every {every}", {}).get("ratio_to_baseline"), 1.05)
+    first = load("containers_first_step").get("cases", {})
+    add("containers: time to the first step, podman / bare (2 hosts, image present)",
+        first.get("in a podman container", {}).get("ratio_to_baseline"), 1.15)
+    gloo = load("containers_gloo").get("cases", {})
+    inside = gloo.get("in a podman container", {}).get("ratio_to_baseline")
+    off = gloo.get("in a podman container, seccomp off", {}).get("ratio_to_baseline")
+    add("containers: gloo bus bandwidth, podman / bare (higher is better)", inside, 0.95, lower=False,
+        note=f" (seccomp off: {off:.3f})" if off else "")
     for ranks in (4, 32):
         stacks = load(f"stacks_{ranks}_ranks").get("cases", {})
         ours = stacks.get("fsdpctl stacks", {})

@@ -285,7 +285,9 @@ def _major_minor(version: Optional[str]) -> Optional[str]:
 
 def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> dict[str, dict[str, Any]]:
     """Each fact that must agree, per host; None where the host has none of it."""
-    facts = {r.host: r.facts for r in reports if r.facts is not None}
+    # A host whose image could not be probed fails on its own checks: it has no versions to compare.
+    facts = {r.host: r.facts for r in reports if r.facts is not None
+             and not ("container" in r.facts and not r.facts["python"].get("version"))}
     values: dict[str, dict[str, Any]] = {
         "torch": {h: (f.get("deep") or {}).get("version") or f["torch"].get("version") for h, f in facts.items()},
         "cuda_runtime": {h: f["torch"].get("cuda") for h, f in facts.items()},
@@ -293,8 +295,8 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
                  for h, f in facts.items()},
         "python": {h: _major_minor(f["python"]["version"]) for h, f in facts.items()},
         # the image's id as the runtimes show it (sha256: and 12 hex digits)
-        "image": {h: ((f["container"] or {}).get("digest") or "")[:19] or None for h, f in facts.items()
-                  if "container" in f},
+        "image": {r.host: r.facts["container"]["digest"][:19] for r in reports  # where the image is
+                  if r.facts is not None and (r.facts.get("container") or {}).get("digest")},
         "driver_major": {h: (f["gpus"].get("driver") or "").split(".")[0] or None for h, f in facts.items()},
     }
     for name in sorted({n for f in facts.values() for n in (f.get("packages") or {}) if n != "torch"}):

@@ -104,8 +104,11 @@ def containers_of(store: podman.Store, run_id: str) -> list[str]:
 
 
 def wait_gone(store: podman.Store, run_id: str, timeout: float) -> list[str]:
+    """What is left of the run after ``timeout`` seconds: its containers, then its processes on any host
+    (the runtime's client and the node script end a moment after their container)."""
     deadline = time.monotonic() + timeout
-    while (left := containers_of(store, run_id)) and time.monotonic() < deadline:
+    while (left := containers_of(store, run_id) + [str(p) for p in processes_of(run_id)]) \
+            and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
 
@@ -143,6 +146,14 @@ def test_doctor_probes_inside_the_image_and_names_each_odd_host(clab, tmp_path):
     assert absent["status"] == "fail" and absent["detail"] == "podman is not installed on this host (not on PATH)"
     # the probe's containers are gone again
     assert clab.shared.containers() == [] and clab.odd.containers() == []
+    # InfiniBand in the profile: the container sees no /dev/infiniband and the image has no libibverbs
+    ib = profile(clab, tmp_path, ["c1"]).read_text().replace("ib: false", "ib: true")
+    rc, data, _ = doctor_json(clab.lab, tmp_path, ib)
+    (only,) = data["hosts"]
+    verdict = next(c for c in only["checks"] if c["name"] == "container-ib")
+    assert rc == 1 and verdict["status"] == "fail", only["checks"]
+    assert verdict["detail"].startswith("/dev/infiniband is not visible inside and the image has no libibverbs: "
+                                        "NCCL would fall back to sockets"), verdict
 
 
 def test_the_bundled_workload_runs_inside_the_image_on_two_nodes(clab, tmp_path):
@@ -191,12 +202,15 @@ def test_stop_a_failed_rank_a_killed_launcher_and_a_lost_link_leave_no_container
     path = profile(clab, tmp_path, ["c1", "c2"])
     lab, store = clab.lab, clab.shared
 
-    # a failed rank: the other node's container ends too
-    failed = run(lab, tmp_path, "launch", "-p", str(path), "--code", str(code), "--", "prog.py", "/x", "fail",
-                 timeout=300)
+    # a failed rank, and again in a restart: the other node's container ends too, each attempt its own
+    failed = run(lab, tmp_path, "launch", "-p", str(path), "--code", str(code), "--max-restarts", "1",
+                 "--", "prog.py", "/x", "fail", timeout=300)
     assert failed.returncode != 0
-    run_id = run_dir_of(tmp_path).name
-    assert wait_gone(store, run_id, 20) == [], "a failed run left containers"
+    run_dir = run_dir_of(tmp_path)
+    logs = "".join(p.read_text() for p in run_dir.rglob("merged.log"))
+    for attempt in (1, 2):
+        assert f"podman container fsdpctl-{run_dir.name}-node1-a{attempt} from" in logs, logs[-3000:]
+    assert wait_gone(store, run_dir.name, 20) == [], "a failed run left containers"
 
     def started(*extra: str) -> tuple[object, str]:
         before = {p.name for p in (tmp_path / "runs").glob("*")}
@@ -228,13 +242,12 @@ def test_stop_a_failed_rank_a_killed_launcher_and_a_lost_link_leave_no_container
         assert any(f["file"].endswith("prog.py") and f["function"] == "<module>" for f in frames), frames
     stop = run(lab, tmp_path, "stop", run_id, timeout=120)
     assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert wait_gone(store, run_id, 10) == [] and processes_of(run_id) == []
+    assert wait_gone(store, run_id, 10) == []
 
     # the launcher killed with SIGKILL: each node's agent ends its part within the node timeout
     launcher, run_id = started("--node-timeout", "6")
     launcher.process.send_signal(signal.SIGKILL)
-    assert wait_gone(store, run_id, 40) == [], "a killed launcher left containers"
-    assert processes_of(run_id) == []
+    assert wait_gone(store, run_id, 40) == [], "a killed launcher left containers or processes"
 
     # a lost link: c2's card goes down; the launcher stops c1, c2's agent stops its own
     follower, run_id = started("--node-timeout", "6")
@@ -243,8 +256,7 @@ def test_stop_a_failed_rank_a_killed_launcher_and_a_lost_link_leave_no_container
     try:
         code_, _, _ = follower.finish(120)
         assert code_ != 0
-        assert wait_gone(store, run_id, 40) == [], "a lost link left containers"
-        assert processes_of(run_id) == []
+        assert wait_gone(store, run_id, 40) == [], "a lost link left containers or processes"
     finally:
         subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "up"], check=True)
 
