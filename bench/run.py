@@ -162,11 +162,16 @@ def rows() -> list[tuple[str, str, str, str]]:
     first = load("containers_first_step").get("cases", {})
     add("containers: time to the first step, podman / bare (2 hosts, image present)",
         first.get("in a podman container", {}).get("ratio_to_baseline"), 1.15)
-    gloo = load("containers_gloo").get("cases", {})
-    inside = gloo.get("in a podman container", {}).get("ratio_to_baseline")
-    off = gloo.get("in a podman container, seccomp off", {}).get("ratio_to_baseline")
-    add("containers: gloo bus bandwidth, podman / bare (higher is better)", inside, 0.95, lower=False,
-        note=f" (seccomp off: {off:.3f})" if off else "")
+    gloo = load("containers_gloo")
+    if gloo:
+        cases, bare = gloo["cases"], gloo["samples"]["bare"]
+        inside = cases["in a podman container"]["ratio_to_baseline"]
+        off = cases["in a podman container, seccomp off"]["ratio_to_baseline"]
+        # On 2 shared cores one case's runs spread wider than any difference: say so, not "met".
+        spread = max(bare) / min(bare)
+        out.append(("containers: gloo bus bandwidth (doctor --collectives), podman / bare (higher is better)",
+                    f"{inside:.3f} (seccomp off {off:.3f}; bare's own runs spread {spread:.1f}x)", "within 5 %",
+                    "met" if inside >= 0.95 and spread < 1.1 else "not resolved: noise"))
     for ranks in (4, 32):
         stacks = load(f"stacks_{ranks}_ranks").get("cases", {})
         ours = stacks.get("fsdpctl stacks", {})

@@ -187,10 +187,10 @@ def _probe(profile: ClusterProfile, master_addr: str, slurm: bool, timeout: floa
            emit: Emitter) -> DoctorReport:
     from ..backends import backend_for
     from ..backends.base import DoctorRequest
-    from ..hostcheck.probe import probe_source
+    from ..hostcheck.probe import packed_probe_source
 
     request = DoctorRequest(port=0, port_check=False, timeout=timeout, concurrency=concurrency,
-                            extra={"init": {"master": master_addr, "probe_source": probe_source()}})
+                            extra={"init": {"master": master_addr, "probe_packed": packed_probe_source()}})
     backend = backend_for(profile)
     try:
         return backend.doctor(request, on_host=lambda host: emit.notice(

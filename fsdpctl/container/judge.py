@@ -24,13 +24,17 @@ def short_digest(digest: str | None) -> str:
 def container_checks(found: dict[str, Any], ib: bool) -> list[Check]:
     """The container checks of one host; ``ib``: the profile uses InfiniBand."""
     runtime, image = found.get("runtime", "?"), found.get("image", "?")
+    if found.get("error") == "not-installed" and runtime == "pyxis":
+        return [Check("container-runtime", "fail", "enroot (which Pyxis runs) is not installed on this node",
+                      "ask the cluster's administrator for Pyxis and enroot, or set container.runtime: apptainer")]
     if found.get("error") == "not-installed":
         return [Check("container-runtime", "fail", f"{runtime} is not installed on this host (not on PATH)",
                       f"{_INSTALL.get(runtime, 'install it there')}, or set container.runtime to one it has")]
     if found.get("error") == "not-usable":
         return [Check("container-runtime", "fail", f"{runtime} does not answer: {found.get('detail')}",
                       "start its service (systemctl start docker), or give this user access (the docker group)")]
-    checks = [Check("container-runtime", "pass", f"{found.get('version') or runtime} at {found.get('path')}")]
+    version = ("enroot " if runtime == "pyxis" else "") + (found.get("version") or runtime)
+    checks = [Check("container-runtime", "pass", f"{version} at {found.get('path')}")]
     state = found.get("image_state")
     if state == "missing":
         why = f"pull failed: {found['pull_error']}" if found.get("pull_error") else \
@@ -44,6 +48,9 @@ def container_checks(found: dict[str, Any], ib: bool) -> list[Check]:
         checks.append(Check("container-image", "pass", f"{image}: fetched by {runtime} as it starts{pulled}"))
     else:
         checks.append(Check("container-image", "pass", f"{image} {short_digest(found.get('digest'))}{pulled}"))
+    if runtime == "pyxis":
+        return checks + [Check("container-probe", "warn", "Pyxis starts the image with each step: doctor probed "
+                               "this node's own Python, not the image's", "run a short job with --container to try it")]
     inside = found.get("inside") or {}
     if not inside.get("python"):
         checks.append(Check("container-probe", "fail",

@@ -117,6 +117,8 @@ def container_into(facts, args):
     if not args.get("container"):
         return
     found = facts["container"] = container(args["container"], args)
+    if found["runtime"] == "pyxis":
+        return  # Slurm starts the image with the step: this host's own facts stand
     inside = found.get("inside") or {}
     for name in INSIDE_FACTS:
         facts[name] = inside.get(name)
@@ -139,13 +141,16 @@ def remove_containers(runtime, run_id, node_rank):
 def container(spec, args):
     """Everything the container part says of this host; the image's facts under ``inside``."""
     runtime = spec["runtime"]
-    binary = "apptainer" if runtime == "apptainer" else runtime
+    binary = {"pyxis": "enroot"}.get(runtime, runtime)  # Pyxis runs enroot on the node
     found = {"runtime": runtime, "image": spec["image"], "path": shutil.which(binary)}
     if found["path"] is None:
         found["error"] = "not-installed"
         return found
-    status, out, err = _run([binary, "--version"], 30)
+    status, out, err = _run([binary, "version" if binary == "enroot" else "--version"], 30)
     found["version"] = out.strip().splitlines()[0] if status == 0 and out.strip() else None
+    if runtime == "pyxis":
+        found["image_state"] = "remote"
+        return found
     if runtime in ("docker", "podman"):
         status, _, err = _run([binary, "info", "--format", "{{json .}}"], 60)
         if status != 0:

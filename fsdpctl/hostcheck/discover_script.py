@@ -181,6 +181,10 @@ def discover(args, facts):
     spec = args["init"]
     found = {"route": route(spec.get("master"), facts["interfaces"]), "nccl_default": nccl_default(facts["interfaces"]),
              "net_plugins": net_plugins(), "pythons": [], "runtimes": container_runtimes()}
-    if not facts["torch"].get("installed") and spec.get("probe_source"):
-        found["pythons"] = python_with_torch(spec["probe_source"], facts["python"]["path"])
+    if not facts["torch"].get("installed") and spec.get("probe_packed"):
+        import base64
+        import zlib
+
+        source = zlib.decompress(base64.b64decode(spec["probe_packed"])).decode("utf-8")
+        found["pythons"] = python_with_torch(source, facts["python"]["path"])
     return found

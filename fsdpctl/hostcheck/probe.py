@@ -66,11 +66,13 @@ def container_probe_args(container: ContainerPlan, python: str) -> dict[str, Any
 
     return {"runtime": container.runtime, "image": container.image, "pull": container.pull, "python": python,
             "run": runtime.probe_words(container), "gpus": container.gpus, "gpu_flags": list(runtime.GPU_FLAGS.get(
-                container.runtime, ())), "ib": container.ib, "source": _packed_source()}
+                container.runtime, ())), "ib": container.ib, "source": packed_probe_source()}
 
 
 @functools.lru_cache(maxsize=1)
-def _packed_source() -> str:
+def packed_probe_source() -> str:
+    """The probe's source, zlib-compressed and base64 (under half its size): how a probe hands itself
+    to another Python (the image's, or one ``init`` tries), within one command line's limits."""
     import base64
     import zlib
 

@@ -343,7 +343,9 @@ def answer(facts):
 
 
 def main():
-    args = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    args = {}
+    for given in sys.argv[1:]:  # later objects add to the first (Slurm: what all nodes ask, then this node's part)
+        args.update(json.loads(given))
     answer({"python": {"path": sys.executable, "version": platform.python_version()}, "torch": torch_facts()}
            if args.get("torch_only") else collect(args))  # torch_only: init asks another Python for its torch
 

@@ -275,3 +275,36 @@ def test_init_notes_the_runtimes_and_writes_a_container_stub():
     slurm = container_stub([HostFinding(host="n1", node_rank=0, runtimes=(("enroot", "3.4.1"),))], slurm=True)
     assert "  runtime: pyxis" in slurm
     assert container_stub([HostFinding(host="h1", node_rank=0)], slurm=False)[0].startswith("No container runtime")
+
+
+def test_pyxis_nodes_are_asked_for_enroot_and_their_own_facts_stand():
+    checks = {c.name: c for c in container_checks({"runtime": "pyxis", "image": "nvcr.io#x", "path": "/usr/bin/enroot",
+                                                   "version": "3.4.1", "image_state": "remote"}, ib=True)}
+    assert checks["container-runtime"].detail == "enroot 3.4.1 at /usr/bin/enroot"
+    assert checks["container-probe"].status == "warn" and "container-ib" not in checks
+    missing = container_checks({"runtime": "pyxis", "image": "nvcr.io#x", "error": "not-installed"}, ib=False)
+    assert missing[0].status == "fail" and missing[0].detail.startswith("enroot (which Pyxis runs)")
+
+
+def test_the_longest_command_lines_stay_within_one_argument_of_the_kernel(tmp_path):
+    """Linux refuses a single argument over 128 KiB (MAX_ARG_STRLEN): an SSH command reaches the node
+    as one (``sh -c``), and srun gets the Slurm probe as one. The probe hands itself to other Pythons
+    compressed; these are the largest commands fsdpctl sends, with a container and ``init``'s asks."""
+    from fsdpctl.backends.base import DoctorRequest
+    from fsdpctl.backends.nodes.commands import agent_command
+    from fsdpctl.backends.slurm.doctor import node_probe_script
+    from fsdpctl.hostcheck.probe import container_probe_args, packed_probe_source
+
+    plan = plan_of(tmp_path, device="cuda", ib="true")
+    probe = {"workdir": "/w", "packages": ["torch", "numpy", "tokenizers"], "deep": True,
+             "container": container_probe_args(plan.container, plan.python), "health": {"xid": True}}
+    agent = agent_command(plan.host_python, {"run_id": plan.run_id, "run_dir": plan.run_dir, "probe": probe})
+    slurm = plan_of(tmp_path, "podman", backend="slurm")
+    profile = parse_profile(PROFILE.format(device="cuda", ib="true", image=IMAGE, runtime="podman", workdir="/w")
+                            .replace("backend: ssh", "backend: slurm").replace("hosts: [10.9.0.1, 10.9.0.2]\n", "")
+                            + "slurm: {nodes: 2}\n", "s.yaml")
+    asks = {"init": {"master": "x", "probe_packed": packed_probe_source()}, "health": {"xid": True}}
+    request = DoctorRequest(port=29500, deep=True, extra=asks)
+    script = node_probe_script(profile, slurm.host_python, 2, request, "/w/token")
+    for command in (agent, script):
+        assert len(command.encode()) < 100_000, len(command)

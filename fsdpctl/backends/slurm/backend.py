@@ -77,9 +77,11 @@ class SlurmBackend(Backend):
     # ---- checking ------------------------------------------------------------------------------
     def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:
         """The controller and partition, then the probe on nodes allocated with ``srun``."""
+        from ...hostcheck.fanout import host_python
         from .doctor import run_slurm_doctor
 
-        return run_slurm_doctor(self.profile, request, python=self.profile.python or "python3", on_host=on_host)
+        python = host_python(self.profile, self.profile.python or "python3")  # with a container: the hosts' own
+        return run_slurm_doctor(self.profile, request, python=python, on_host=on_host)
 
     def preflight(self, plan: LaunchPlan, payload: Payload,
                   on_host: Callable[[HostReport], None] | None = None) -> Preflight:

@@ -75,17 +75,21 @@ def node_probe_script(profile: ClusterProfile, python: str, nodes: int, request:
     """The shell each srun task runs: the profile's setup, then the probe; node 0 listens on the
     rendezvous port and the others connect to it at the head node's Slurm address."""
     port = request.port
-    base = {**probe_args(profile, request.deep, request.requirements), "shared_file": shared_file, **request.extra}
-    listen = json.dumps({**base, "listen": {"port": port, "expect": nodes - 1, "window": PORT_WINDOW_SECONDS}}
-                        if request.port_check else base)
+    # What every node is asked, written once (it may hold the probe's own source, for the image or init),
+    # then each node's part: node 0 listens, the others connect.
+    base = json.dumps({**probe_args(profile, request.deep, request.requirements), "shared_file": shared_file,
+                       **request.extra})
+    listen = json.dumps({"listen": {"port": port, "expect": nodes - 1, "window": PORT_WINDOW_SECONDS}}
+                        if request.port_check else {})
     # The head's address is only known on the node: bash puts it in place of the placeholder.
-    connect = json.dumps({**base, "connect": {"addr": _HEAD_PLACEHOLDER, "port": port,
-                                              "window": PORT_WINDOW_SECONDS}} if request.port_check else base)
+    connect = json.dumps({"connect": {"addr": _HEAD_PLACEHOLDER, "port": port, "window": PORT_WINDOW_SECONDS}}
+                         if request.port_check else {})
     probe = f"{quote_path(python)} -c {shlex.quote(probe_source())}"
     lines = [*profile.setup, render_slurm_head().rstrip("\n"),
              f'if [ "$SLURM_NODEID" = 0 ]; then args={shlex.quote(listen)}; else args={shlex.quote(connect)}; fi; '
-             f'args="${{args//{_HEAD_PLACEHOLDER}/$FSDPCTL_HEAD_ADDR}}"',
-             f'exec {probe} "$args"']
+             f'args="${{args//{_HEAD_PLACEHOLDER}/$FSDPCTL_HEAD_ADDR}}"; base={shlex.quote(base)}; '
+             f'base="${{base//{_HEAD_PLACEHOLDER}/$FSDPCTL_HEAD_ADDR}}"',
+             f'exec {probe} "$base" "$args"']
     return "\n".join(lines)
 
 

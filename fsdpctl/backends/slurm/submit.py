@@ -54,7 +54,7 @@ def submitit_job(plan: LaunchPlan, run_dir: Path, setup: str) -> tuple[str, str,
     Python command, and the executor parameters."""
     slurm = SlurmPlan.of(plan)
     params = via_submitit.submitit_parameters(slurm.directives, setup.splitlines(), slurm.signal_seconds)
-    return str(run_dir / "submitit"), quote_path(plan.python), params
+    return str(run_dir / "submitit"), quote_path(plan.host_python), params  # the hosts' own: submitit is there
 
 
 def _submit_with_submitit(plan: LaunchPlan, run_dir: Path, setup: str, secrets: dict[str, str]) -> str:
