@@ -7,18 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..hostcheck.checks import Check
+from .runtime import short_digest
 
 _INSTALL = {"docker": "install Docker and the NVIDIA container toolkit there",
             "podman": "install Podman there (and nvidia-container-toolkit's CDI spec for GPUs)",
             "apptainer": "install Apptainer there (or load its module in the host's shell rc)"}
-
-
-def short_digest(digest: str | None) -> str:
-    """``sha256:65acd47921db`` (12 hex digits, as the runtimes show image ids)."""
-    if not digest:
-        return "none"
-    algo, _, value = digest.partition(":")
-    return f"{algo}:{value[:12]}" if value else digest[:19]
 
 
 def container_checks(found: dict[str, Any], ib: bool) -> list[Check]:

@@ -2,9 +2,11 @@
 this host and whether it answers, the image here (pulled first as ``pull`` says) and its digest, then
 the probe run again inside the image, whose Python, torch, NCCL and packages are the ones the ranks get.
 
-Standard library only, Python 3.8+: it runs with the host's own Python. ``spec`` (from the launcher):
-runtime, image, pull, python (inside), run (the runtime's words before the image), gpus, ib, source
-(the probe's own source, zlib-compressed and base64: fed to the image's Python on stdin).
+Standard library only, Python 3.8+: it runs with the host's own Python. ``spec`` is
+``fsdpctl.container.runtime.probe_spec``'s: runtime, image, pull, python (inside), run (the runtime's
+words before the image), gpu_flags and ib_flags (added where the host has the devices), pull_seconds,
+start_seconds, source (the probe's own source, zlib-compressed and base64: fed to the image's Python
+on stdin).
 """
 
 import hashlib
@@ -13,8 +15,6 @@ import os
 import shutil
 import subprocess
 
-CONTAINER_TIMEOUT = 120.0
-PULL_TIMEOUT = 1800.0
 # Facts the image's Python gives (the host's own are kept for the rest: its cards, disks, GPUs).
 INSIDE_FACTS = ("python", "torch", "packages", "deep", "stacks", "os", "nccl_conf")
 _BOOT = ("import base64,sys,zlib;"
@@ -23,7 +23,7 @@ _LIBIBVERBS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/
                "/lib/x86_64-linux-gnu")
 
 
-def _run(argv, timeout, stdin=None):
+def run_quietly(argv, timeout, stdin=None):
     """(exit status, stdout, stderr's last line); 127 when the program is missing, 124 on timeout."""
     try:
         done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
@@ -45,7 +45,8 @@ def _file_digest(path):
 
 def _image_id(runtime, image):
     """(id, repo digests, error) of the image in this host's store."""
-    status, out, err = _run([runtime, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", image], 60)
+    inspect = [runtime, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", image]
+    status, out, err = run_quietly(inspect, 60)
     if status != 0:
         return None, [], err or "exit %d" % status
     first, _, rest = out.strip().partition(" ")
@@ -70,7 +71,7 @@ def _image_state(spec, found):
         return
     image_id, digests, error = _image_id(runtime, image)
     if spec.get("pull") == "always" or (image_id is None and spec.get("pull") == "missing"):
-        status, _, pull_error = _run([runtime, "pull", "-q", image], PULL_TIMEOUT)
+        status, _, pull_error = run_quietly([runtime, "pull", "-q", image], spec["pull_seconds"])
         found["pulled"] = status == 0
         if status != 0:
             found["pull_error"] = pull_error or "exit %d" % status
@@ -90,16 +91,16 @@ def _inside_args(args):
 def _inside(spec, args):
     """The probe's answer from inside the image, run with the flags a run gets (its GPUs, IB devices)."""
     argv = list(spec["run"])
-    if spec.get("gpus") and os.path.exists("/dev/nvidiactl"):
-        argv += list(spec.get("gpu_flags") or ())
-    if spec.get("ib") and os.path.isdir("/dev/infiniband") and spec["runtime"] != "apptainer":
-        argv += ["--device", "/dev/infiniband"]
+    if os.path.exists("/dev/nvidiactl"):
+        argv += spec["gpu_flags"]
+    if os.path.isdir("/dev/infiniband"):
+        argv += spec["ib_flags"]
     check = ("import glob,os,sys;print(int(os.path.isdir('/dev/infiniband')),"
              "int(any(glob.glob(d+'/libibverbs.so*') for d in %r)))" % (_LIBIBVERBS,))
     image = os.path.expanduser(spec["image"]) if spec["runtime"] == "apptainer" else spec["image"]
     inner = argv + [image, "sh", "-c", '"$0" -c "$1" && exec "$0" -c "$2" "$3"', spec["python"], check, _BOOT,
                     json.dumps(_inside_args(args))]
-    status, out, err = _run(inner, CONTAINER_TIMEOUT, stdin=spec["source"])
+    status, out, err = run_quietly(inner, spec["start_seconds"], stdin=spec["source"])
     begin, end = out.rfind(BEGIN), out.rfind(END)  # noqa: F821 - the probe's sentinels come first in the source
     if status != 0 or begin < 0 or end < begin:
         return {"error": err or "exit %d" % status, "status": status}
@@ -127,17 +128,6 @@ def container_into(facts, args):
         facts["torch"] = {}
 
 
-def remove_containers(runtime, run_id, node_rank):
-    """Remove one node's containers of a run (docker, podman: a killed client leaves its container);
-    the node agent's, which comes after this source."""
-    if runtime not in ("docker", "podman") or shutil.which(runtime) is None:
-        return
-    label = ["--filter", "label=fsdpctl.run=%s" % run_id, "--filter", "label=fsdpctl.node=%s" % node_rank]
-    status, out, _ = _run([runtime, "ps", "-aq"] + label, 30)
-    if status == 0 and out.split():
-        _run([runtime, "rm", "-f"] + out.split(), 60)
-
-
 def container(spec, args):
     """Everything the container part says of this host; the image's facts under ``inside``."""
     runtime = spec["runtime"]
@@ -146,13 +136,13 @@ def container(spec, args):
     if found["path"] is None:
         found["error"] = "not-installed"
         return found
-    status, out, err = _run([binary, "version" if binary == "enroot" else "--version"], 30)
+    status, out, err = run_quietly([binary, "version" if binary == "enroot" else "--version"], 30)
     found["version"] = out.strip().splitlines()[0] if status == 0 and out.strip() else None
     if runtime == "pyxis":
         found["image_state"] = "remote"
         return found
     if runtime in ("docker", "podman"):
-        status, _, err = _run([binary, "info", "--format", "{{json .}}"], 60)
+        status, _, err = run_quietly([binary, "info", "--format", "{{json .}}"], 60)
         if status != 0:
             found["error"], found["detail"] = "not-usable", err or "exit %d" % status
             return found

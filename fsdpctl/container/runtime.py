@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from typing import Any
 
 from ..plan.types import ContainerPlan
 from ..shell import NodeExpr, quote_path
@@ -24,6 +25,19 @@ INSIDE_MARK = "FSDPCTL_CONTAINER"
 # NVIDIA's flags for every GPU of the host: Docker's --gpus (nvidia-container-toolkit), Podman's CDI
 # device (nvidia-ctk cdi generate), Apptainer's --nv.
 GPU_FLAGS = {"docker": ("--gpus", "all"), "podman": ("--device", "nvidia.com/gpu=all"), "apptainer": ("--nv",)}
+
+
+DATA_CACHE = 'FSDPCTL_DATA_CACHE="$(dirname "$(dirname "$FSDPCTL_RUN_DIR")")/cache"'
+"""Shell setting where the bundled workload's tokenizer and tokens are kept on the host
+(``<workdir>/cache``, its ``cache_dir``): mounted at the same path, so they are made once per host."""
+
+
+def short_digest(digest: str | None) -> str:
+    """``sha256:65acd47921db`` (12 hex digits, as the runtimes show image ids)."""
+    if not digest:
+        return "none"
+    algo, _, value = digest.partition(":")
+    return f"{algo}:{value[:12]}" if value else digest[:19]
 
 
 PROBE_SECONDS = 120.0
@@ -42,10 +56,6 @@ def probe_timeout(container: ContainerPlan | None, seconds: float) -> float:
 def container_name(run_id: str, node_rank: int | str, attempt: int) -> str:
     """The container of one node of one attempt: found, and removed, by this name."""
     return f"fsdpctl-{run_id}-node{node_rank}-a{attempt}"
-
-
-def runtime_binary(container: ContainerPlan) -> str:
-    return "apptainer" if container.runtime == "apptainer" else container.runtime
 
 
 def _mount(source: str, target: str, runtime: str, mode: str = "") -> list[str]:
@@ -128,9 +138,15 @@ def cleanup_command(runtime: str, run_id: str, node_rank: int | None = None) -> 
             f"[ -z \"$ids\" ] || {runtime} rm -f $ids >/dev/null 2>&1; fi; true")
 
 
-def cleanup_argv(runtime: str, run_id: str, node_rank: int | None = None) -> list[str]:
-    """``cleanup_command`` as an argument list for ``bash -c`` (the node agent's)."""
-    return ["bash", "-c", cleanup_command(runtime, run_id, node_rank)]
+def probe_spec(container: ContainerPlan, python: str, source: str) -> dict[str, Any]:
+    """What the probe's container part is told (``fsdpctl.container.probe_part``): the runtime and image,
+    the image's ``python``, the words that start it for the probe, the GPU and IB flags it adds where
+    the host has those devices, how long a pull and a start may take (within the probe's own time),
+    and ``source``, the probe's own source (packed) to run in there."""
+    return {"runtime": container.runtime, "image": container.image, "pull": container.pull, "python": python,
+            "run": probe_words(container), "gpu_flags": list(gpu_flags(container)),
+            "ib_flags": list(ib_flags(container)), "pull_seconds": PULL_SECONDS - PROBE_SECONDS,
+            "start_seconds": PROBE_SECONDS - 20, "source": source}
 
 
 def probe_words(container: ContainerPlan) -> list[str]:

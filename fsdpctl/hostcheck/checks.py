@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional
 
+from ..container.runtime import short_digest
 from ..profiles.schema import ClusterProfile
 
 Status = Literal["pass", "warn", "fail"]
@@ -294,8 +295,7 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
         "nccl": {h: (f.get("deep") or {}).get("nccl") or (f["torch"].get("nccl") or {}).get("version")
                  for h, f in facts.items()},
         "python": {h: _major_minor(f["python"]["version"]) for h, f in facts.items()},
-        # the image's id as the runtimes show it (sha256: and 12 hex digits)
-        "image": {r.host: r.facts["container"]["digest"][:19] for r in reports  # where the image is
+        "image": {r.host: short_digest(r.facts["container"]["digest"]) for r in reports  # where the image is
                   if r.facts is not None and (r.facts.get("container") or {}).get("digest")},
         "driver_major": {h: (f["gpus"].get("driver") or "").split(".")[0] or None for h, f in facts.items()},
     }

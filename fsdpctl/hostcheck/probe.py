@@ -60,13 +60,11 @@ def parse_probe_output(stdout: str) -> dict[str, Any]:
 
 
 def container_probe_args(container: ContainerPlan, python: str) -> dict[str, Any]:
-    """What the probe's container part is asked: the runtime and image, the image's ``python``, the
-    runtime's words that run it (as a run would), and the probe's own source to run in there."""
-    from ..container import runtime
+    """What the probe's container part is asked (``container.runtime.probe_spec``), with the probe's own
+    source to run inside the image."""
+    from ..container.runtime import probe_spec
 
-    return {"runtime": container.runtime, "image": container.image, "pull": container.pull, "python": python,
-            "run": runtime.probe_words(container), "gpus": container.gpus, "gpu_flags": list(runtime.GPU_FLAGS.get(
-                container.runtime, ())), "ib": container.ib, "source": packed_probe_source()}
+    return probe_spec(container, python, packed_probe_source())
 
 
 @functools.lru_cache(maxsize=1)

@@ -72,7 +72,7 @@ def container_context(plan: LaunchPlan, node: NodeSpec) -> dict[str, Any] | None
                                      chdir=chdir),
             "gpu": runtime.gpu_flags(container), "ib": runtime.ib_flags(container),
             "memlock": container.memlock and container.runtime in runtime.DAEMON_RUNTIMES,
-            "user": runtime.user_flags(container), "workdir": container.workdir}
+            "user": runtime.user_flags(container), "workdir": container.workdir, "data_cache": runtime.DATA_CACHE}
 
 
 def render_node_script(plan: LaunchPlan, node: NodeSpec, template_dir: Path | None = None) -> str:

@@ -223,9 +223,9 @@ def run_processes(run_id, node_rank=None, attempt=None):
     return found
 
 
-def end_run(run_id, grace, node_rank=None, attempt=None, runtime=None):
+def end_run(run_id, grace, node_rank=None, attempt=None, cleanup=None):
     """TERM every process of the run (of its node ``node_rank`` in ``attempt``), KILL what is left
-    after ``grace`` seconds, remove its containers (``runtime``); the pids left."""
+    after ``grace`` seconds, run ``cleanup`` (shell removing its containers); the pids left."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in run_processes(run_id, node_rank, attempt):
             try:
@@ -235,7 +235,7 @@ def end_run(run_id, grace, node_rank=None, attempt=None, runtime=None):
         deadline = time.time() + (grace if sig == signal.SIGTERM else 1.0)
         while run_processes(run_id, node_rank, attempt) and time.time() < deadline:
             time.sleep(0.1)
-    remove_containers(runtime, run_id, node_rank)  # noqa: F821 - comes with the probe's source
+    run_quietly(["bash", "-c", cleanup or "true"], 90)  # noqa: F821 - comes with the probe's source
     return run_processes(run_id, node_rank, attempt)
 
 
@@ -249,9 +249,9 @@ class Watch:
     that a node ended, and fails fast. After ``!exit`` the rest of the log follows, then the agent
     closes its output: the launcher's end of the log."""
 
-    def __init__(self, run_id, rank, node_timeout, inp, attempt=None, runtime=None):
+    def __init__(self, run_id, rank, node_timeout, inp, attempt=None, cleanup=None):
         self.run_id, self.rank, self.timeout, self.inp = run_id, rank, node_timeout, inp
-        self.attempt, self.runtime = attempt, runtime
+        self.attempt, self.cleanup = attempt, cleanup
         self.control = []  # messages that go before any log data still waiting
         self.data = collections.deque()  # frames of log data, then the exit
         self.queued = 0  # bytes in ``data``
@@ -289,7 +289,7 @@ class Watch:
     def end(self, why, grace=GRACE_SECONDS):
         if self.ending is None:
             self.ending = why
-            left = end_run(self.run_id, grace, self.rank, self.attempt, self.runtime)
+            left = end_run(self.run_id, grace, self.rank, self.attempt, self.cleanup)
             self.ended_at = time.time()
             self.say("%s %s%s" % (STOPPED, why, " left: %s" % left if left else ""))
 
@@ -389,7 +389,7 @@ def agent(args):
     sys.stdout.flush()
     node_timeout = float(word[1]) if len(word) > 1 else 0.0
     if node_timeout > 0:
-        return Watch(args["run_id"], args["rank"], node_timeout, inp, args.get("attempt"), args.get("runtime")).run()
+        return Watch(args["run_id"], args["rank"], node_timeout, inp, args.get("attempt"), args.get("cleanup")).run()
     return 0
 
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional, Protocol
 
 from ...bundle import Payload
-from ...container.runtime import probe_timeout
+from ...container.runtime import DAEMON_RUNTIMES, container_name, probe_timeout
 from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport
 from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, host_python, make_jobs, run_doctor
+from ...hostcheck.probe import container_probe_args
 from ...metrics.gpu_samples import GPU_SAMPLES_SHOWN, newest_samples, newest_text
 from ...node.stacks import answer_of
 from ...plan.make import container_plan
@@ -304,8 +305,6 @@ def pyxis_problem(profile: ClusterProfile) -> ProfileProblem | None:
 
 def inside(plan: LaunchPlan, node: Any) -> tuple[str, str, str] | None:
     """Where a node's stack reader runs inside its container (docker, podman): (runtime, name, python)."""
-    from ...container.runtime import DAEMON_RUNTIMES, container_name
-
     if plan.container is None or plan.container.runtime not in DAEMON_RUNTIMES:
         return None  # apptainer shares the host's process table: read from the host
     return plan.container.runtime, container_name(plan.run_id, node.node_rank, plan.attempt), plan.python
@@ -315,8 +314,6 @@ def container_args(plan: LaunchPlan) -> dict[str, Any]:
     """The preflight's container part, from the plan (its image may be ``--container``'s)."""
     if plan.container is None:
         return {}
-    from ...hostcheck.probe import container_probe_args
-
     return {"container": container_probe_args(plan.container, plan.python)}
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...bundle import Payload
-from ...container.runtime import probe_timeout
+from ...container.runtime import cleanup_command, probe_timeout
 from ...errors import HostError
 from ...hostcheck.fanout import HostJob, ProbeRunner
 from ...hostcheck.probe_script import END
@@ -46,7 +46,7 @@ class NodeStarter:
                 # the others' probes may be pulling the image: wait as long as the slowest may take
                 "go_timeout": probe_timeout(self.plan.container, GO_TIMEOUT)}
         if self.plan.container is not None:  # its containers are removed whenever this agent ends the node
-            args["runtime"] = self.plan.container.runtime
+            args["cleanup"] = cleanup_command(self.plan.container.runtime, self.plan.run_id, rank)
         if self.plan.attempt > 1:  # the last attempt's node files move aside when this one starts
             args["archive"] = {"to": attempt_folder(self.plan.attempt - 1), "names": node_files(rank)}
         session = self.connect(self.nodes[rank]).session(marked(agent_command(self.python, args)))

@@ -50,7 +50,7 @@ def step_torchrun(container: ContainerPlan | None, run_id: str, python: str, ste
         flags += f"[ -e /dev/nvidiactl ] && flags+=({shell_join(runtime.gpu_flags(container))}); "
     if runtime.ib_flags(container):
         flags += f"[ -d /dev/infiniband ] && flags+=({shell_join(runtime.ib_flags(container))}); "
-    cache = 'FSDPCTL_DATA_CACHE="$(dirname "$(dirname "$FSDPCTL_RUN_DIR")")/cache"; mkdir -p "$FSDPCTL_DATA_CACHE"; '
+    cache = f'{runtime.DATA_CACHE}; mkdir -p "$FSDPCTL_DATA_CACHE"; '
     start = f'{shell_join(words)} "${{flags[@]}}" {quote_path(container.image)} {torchrun}'
     if container.runtime not in runtime.DAEMON_RUNTIMES:
         return f"{cache}{flags}{start}", True
