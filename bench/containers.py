@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import fsdpctl_env, interleaved, report, summarize  # noqa: E402
 
-from tests.testbed import podman  # noqa: E402
+from tests.testbed import podman, podman_image  # noqa: E402
 from tests.testbed.lab import Lab, netns_available  # noqa: E402
 
 TRAIN = ("train:\n  preset: tiny\n  steps: 4\n  batch_size: 4\n  seq_len: 64\n  log_interval: 1\n"
@@ -72,7 +72,7 @@ def main() -> None:
     reason = netns_available() or podman.podman_available()
     if reason:
         sys.exit(f"containers: {reason}")
-    archive = podman.image_archive()
+    archive = podman_image.image_archive()
     root = Path(tempfile.mkdtemp(prefix="fsdpctl-bench-ctr-"))
     store = podman.Store(root / "store")
     lab = Lab(root, ["b1", "b2"]).up()

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import REPO
 from tests.integration.conftest import doctor_json, require_netns
 from tests.integration.test_launch import run, run_dir_of, start, wait_for_line
-from tests.testbed import podman
+from tests.testbed import podman, podman_image
 from tests.testbed.lab import Lab, processes_of
 from tests.testbed.slurm import SlurmCluster, slurm_available
 
@@ -69,7 +69,7 @@ def clab(tmp_path_factory):
     it, c4 has none, c5 no podman."""
     require_netns()
     require_podman()
-    archive = podman.image_archive()
+    archive = podman_image.image_archive()
     root = tmp_path_factory.mktemp("ctrlab")
     stores = {name: podman.Store(root / f"store-{name}") for name in ("shared", "odd", "empty")}
     lab = Lab(root, NAMES).up()
