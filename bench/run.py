@@ -37,6 +37,7 @@ BENCHMARKS = {
     "gpu": ["gpu_workload.py"],
     "estimate": ["estimate_time.py"],
     "timing": ["rank_timing.py"],
+    "live": ["live_view.py --nodes 16"],
 }
 
 
@@ -205,6 +206,22 @@ def rows() -> list[tuple[str, str, str, str]]:
             note=f" (off / off: {step['noise_off_over_off']:.3f}, the noise)")
         add("`fsdpctl report`, 10,000 steps x 16 ranks, seconds", timing["report"]["report_s"], 3, "{:.2f}",
             note=f"; with --plot {timing['report']['report_plot_s']:.2f}")
+    live = load("live_view_16")
+    if live:
+        cases = live["cases"]
+        add("live view, 16 nodes x 8 fake GPUs: launcher CPU with collector + exports / before the collector",
+            cases["collector + exports (this tree)"]["ratio_to_baseline"], 1.05,
+            note=f" (collector alone {cases['collector (this tree)']['ratio_to_baseline']:.3f})")
+        add("live view: `fsdpctl top` CPU, % of one core", live["top_cpu_pct_of_a_core"], 5, "{:.1f}%",
+            note=f", {live['top_rss_mb_max']:.0f} MB")
+        shown = live["step_shown_after_landing_s"]
+        add("live view: a step line landed here -> shown by top, median s", shown["median"], 1.0, "{:.2f}",
+            note=f" (max {shown['max']:.2f})")
+        none, ten = live["nodes_cost_no_top"], live["nodes_cost_ten_tops"]
+        out.append(("live view: the nodes with ten tops / none (new SSH sessions; their CPU s)",
+                    f"{ten['new_ssh_sessions']}, {ten['node_cpu_s']} / {none['new_ssh_sessions']}, "
+                    f"{none['node_cpu_s']}", "the same",
+                    "met" if ten["new_ssh_sessions"] == none["new_ssh_sessions"] == 0 else "MISSED"))
     gpu = load("gpu")
     if gpu.get("skipped") or not gpu:
         out.append(("GPU: MFU of gpt2-124m, bf16, compiled", gpu.get("skipped", "not measured"), ">= 45%", "-"))

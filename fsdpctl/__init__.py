@@ -19,7 +19,7 @@ PUBLIC_NAMES = (
     "PreflightFailed", "PreflightStarted", "Prepared", "ProfileError", "ProfileNotFound", "Run", "RunEnded",
     "RunInfo", "RunStarted", "RunState", "RunStatus", "StackReport", "UsageError", "WaitTimeout", "doctor",
     "get_run", "launch", "load_profile", "prepare", "runs", "submit", "init_profile", "InitResult", "InitRefused",
-    "estimate", "EstimateReport", "report", "Report", "hosts", "HostInfo",
+    "estimate", "EstimateReport", "report", "Report", "hosts", "HostInfo", "watch", "Snapshot",
 )
 """What ``fsdpctl.api`` offers as ``fsdpctl.<name>``."""
 

@@ -56,6 +56,11 @@ class JobOptions:
     """Start even when other processes already use a GPU (default: the profile's ``health.allow_busy_gpus``)."""
     container: Optional[str] = None
     """The image the ranks run in on every node (over the profile's ``container.image``)."""
+    tensorboard: Optional[str] = None
+    """A folder here: the run's TensorBoard event files go into ``<folder>/<run_id>/`` (over
+    ``export.tensorboard``)."""
+    prometheus: Optional[str] = None
+    """A Prometheus textfile (or a folder for one) kept while the run goes (over ``export.prometheus``)."""
     exclude: tuple[str, ...] = ()
     """Hosts of the profile this launch leaves out (a spare takes each one's place)."""
     nodes: Optional[int] = None

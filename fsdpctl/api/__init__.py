@@ -12,6 +12,7 @@ from .. import PUBLIC_NAMES
 from ..diagnose.stacks import StackReport
 from ..errors import FsdpctlError, HostError, PreflightError, ProfileError, ProfileNotFound, UsageError, WaitTimeout
 from ..job import JobOptions
+from ..live.snapshot import Snapshot
 from ..rundir.lines import LogLine
 from ..rundir.state import Failure, NodeState, Outcome, RunState
 from ..rundir.status import AttemptInfo, NodeStatus, RunStatus
@@ -35,5 +36,6 @@ from .prepare import Prepared, load_profile
 from .registry import get_run, runs
 from .report import Report, report
 from .run import LogLines, Run, RunInfo
+from .watching import watch
 
 __all__ = list(PUBLIC_NAMES)

@@ -163,16 +163,27 @@ def _choice(request: dict[str, Any]) -> Choice:
 
 
 def _layout(prof, nodes: Optional[int], nproc: Optional[int]) -> tuple[int, int]:
+    """Nodes and processes per node: as given, else the profile's; ``nproc_per_node: auto`` is one
+    process per GPU, as many as the profile names or, where the backend can count them (this
+    machine's), as the nodes have."""
+    why = "the profile says auto and names no GPU count"
     if prof is not None:
-        from ..backends import backend_class
+        from ..backends import backend_class, backend_for
 
         placed, gpus = backend_class(prof.backend).layout(prof)
         nodes = placed if nodes is None else nodes
         if nproc is None:
             nproc = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else gpus
+        if nproc is None and prof.device != "cpu":
+            backend = backend_for(prof)
+            try:
+                counted = backend.count_gpus()
+            finally:
+                backend.close()
+            nproc = counted or None
+            why = "the profile says auto and this machine has no GPU" if counted == 0 else why
     if nproc is None:
-        raise UsageError("estimate: how many processes per node?",
-                         "give --nproc-per-node (the profile says auto and names no GPU count)")
+        raise UsageError("estimate: how many processes per node?", f"give --nproc-per-node ({why})")
     if nodes is not None and nodes < 1 or nproc < 1:
         raise UsageError("estimate: --nodes and --nproc-per-node must be 1 or more", "give positive counts")
     return nodes or 1, nproc

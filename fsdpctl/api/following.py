@@ -19,6 +19,7 @@ from .events import (
     RunEnded,
     RunStarted,
 )
+from .parent_run import end_status, mark_parent
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Follower, Preflight
@@ -49,8 +50,8 @@ def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Em
                   recheck: bool = False, checked: Optional[Preflight] = None) -> Optional[tuple[RunDir, Follower]]:
     """Check the nodes (unless ``preflight`` is off, or ``checked`` is what a check of this plan
     found), make the run directory ready (``open_run``: a new run's, or the next attempt's), start
-    the attempt and say so; the run and its owner's follower. None when a re-check failed: nothing
-    was started."""
+    the attempt and say so; the run and its owner's follower (a detached attempt gets a follower
+    process of its own, ``background``). None when a re-check failed: nothing was started."""
     if checked is None and preflight:
         checked = check(backend, plan, payload, emit, recheck=recheck)
     if checked is not None and not checked.ok:
@@ -62,7 +63,13 @@ def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Em
             checked.staged.close()  # staged agents that hear no "go" remove what they unpacked
         raise
     follower = backend.start(run, payload, detached=detached, preflight=checked)
+    if detached:  # nobody here follows it: a process of its own collects it and records its end
+        from .detached import spawn_follower
+
+        spawn_follower(run)
     emit(RunStarted(run.run_id, follower.how, str(run.root), run.plan.attempt, detached))
+    if run.plan.attempt > 1:  # the run goes on: its MLflow parent run, ended with the attempt before, runs again
+        mark_parent(run.plan, "RUNNING", emit)
     return run, follower
 
 
@@ -78,6 +85,8 @@ def follow(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, 
     watch = watch_for(backend, run, act=act, echo=emit.notice)
     outcome = follower.follow(emit, watch=watch, signals=signals, leave=leave)
     emit(RunEnded(run.run_id, outcome, str(run.root)))
+    if act and not outcome.left:  # who acts on the run gives its MLflow parent run the end (a restart: again)
+        mark_parent(run.plan, end_status(outcome.state), emit)
     failure = outcome.first_failure
     if act and outcome.state.is_failure and (failure is None or failure.kind == "exit"):
         flight_after_failure(backend, run, echo=emit.notice)
@@ -87,7 +96,9 @@ def follow(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, 
 
 
 def follow_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals: bool,
-                        leave: Optional[threading.Event] = None) -> Outcome:
+                        leave: Optional[threading.Event] = None, collect: bool = False) -> Outcome:
     """Follow a run this process did not start: a detached or scheduled run has no owner, so whoever
-    follows it acts on a hang; someone else's foreground run is only reported on."""
-    return follow(backend, run, backend.attach(run), emit, signals=signals, act=run.record.detached, leave=leave)
+    follows it acts on a hang; someone else's foreground run is only reported on. ``collect``: be the
+    run's collector unless another process is (a detached run's follower, ``Run.wait``)."""
+    return follow(backend, run, backend.attach(run, collect=collect), emit, signals=signals,
+                  act=run.record.detached, leave=leave)

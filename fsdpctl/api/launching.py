@@ -113,6 +113,7 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     from ..backends import backend_for
     from ..rundir.rundir import create_run
     from .estimate import memory_warning
+    from .parent_run import mark_parent, with_parent_run
     from .restarting import run_attempt
 
     for warning in prepared.warnings:
@@ -120,15 +121,28 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     memory = memory_warning(prepared)
     if memory is not None:
         emit.notice(f"warning: {memory}", "warning")
+    # The last step before anything starts (the scripts the preflight stages must carry its id).
+    prepared = with_parent_run(prepared, emit)
     loaded, plan = prepared.loaded, prepared.plan
     backend = backend_for(loaded.profile, plan.backend)
+    opened: list[RunDir] = []
+
+    def open_run() -> RunDir:
+        opened.append(_created(create_run(plan, loaded.profile, prepared.scripts, loaded.text, prepared.inputs),
+                               prepared))
+        return opened[0]
+
     try:
         if preflight and prepared.spares:
             check_spares(backend, prepared, emit)
         run_dir = run_attempt(backend, plan, prepared.payload(), emit, preflight=preflight, detach=detach,
-                              signals=signals, fetch=fetch,
-                              open_run=lambda: _created(create_run(plan, loaded.profile, prepared.scripts,
-                                                                   loaded.text, prepared.inputs), prepared))
+                              signals=signals, fetch=fetch, open_run=open_run)
+    except BaseException as exc:
+        # Nobody else gives its parent run an end: it never started (a failed preflight, a missing
+        # secret), or this process failed while starting or following it before its end was recorded.
+        if not opened or not opened[0].record.state.is_over:
+            mark_parent(plan, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED", emit)
+        raise
     finally:
         backend.close()  # the Run opens its connections again when asked
     return Run(run_dir, backend)

@@ -60,6 +60,8 @@ class Prepared:
     """The hosts the run uses, spares in place (a backend that takes spares)."""
     spares: tuple[HostSpec, ...] = ()
     """The spares left, checked by the preflight too."""
+    placed_profile: Optional[ClusterProfile] = None
+    """The profile the plan was made from, its hosts placed (spares in place); None: ``loaded``'s."""
 
     @property
     def queued(self) -> bool:
@@ -75,6 +77,26 @@ class Prepared:
         from ..job import secret_values
 
         return Payload(node_payload(self.scripts, self.job.code), secret_values(self.plan.secrets))
+
+    def with_env(self, extra: dict[str, str]) -> Prepared:
+        """The same run (its run id, hosts and settings) with ``extra`` variables for every rank: the
+        plan made again and its scripts rendered again. They go into the inputs' overrides too, so
+        every later attempt (planned from inputs.json) and every restart gets them as well."""
+        import dataclasses
+
+        from ..backends import backend_class
+        from ..plan.make import make_plan
+        from ..plan.types import overrides_from_json, overrides_to_json
+
+        overrides = overrides_from_json(self.inputs["overrides"])
+        overrides = dataclasses.replace(overrides, extra_env={**overrides.extra_env, **extra})
+        placer = backend_class(self.plan.backend)
+        plan = make_plan(self.placed_profile or self.loaded.profile, placer=placer, run_id=self.plan.run_id,
+                         local_run_dir=self.plan.local_run_dir, profile_source=self.inputs["profile_source"],
+                         overrides=overrides, local_python=self.inputs["local_python"], home=self.inputs["home"],
+                         local_cwd=self.inputs["local_cwd"])
+        inputs = {**self.inputs, "overrides": overrides_to_json(overrides)}
+        return dataclasses.replace(self, plan=plan, scripts=placer.scripts(plan), inputs=inputs)
 
     def previews(self) -> dict[str, str]:
         """The rendered scripts plus whatever the backend would write itself (what ``--dry-run`` shows)."""
@@ -165,6 +187,7 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         master_port=options.master_port, debug=options.debug, node_timeout=options.node_timeout,
         hang_timeout=options.hang_timeout, on_hang=options.on_hang, max_restarts=options.max_restarts,
         allow_busy_gpus=options.allow_busy_gpus, container_image=job.container,
+        tensorboard=options.tensorboard, prometheus=options.prometheus,
         backend_options=backend_options(placer, options, job))
     loaded = with_container(loaded, job.container)  # the backend's probes ask inside the same image
     if placer.queued and overrides.max_restarts:
@@ -184,4 +207,4 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings)
     warnings += tuple(f"{r.by} runs in the place of {r.host}, excluded: {r.why}" for r in placed.replacements)
     return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings, placed.replacements,
-                    placed.profile.hosts, placed.profile.spares)
+                    placed.profile.hosts, placed.profile.spares, placed.profile)

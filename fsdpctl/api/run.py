@@ -7,6 +7,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -19,6 +20,7 @@ from .options import PathLike
 if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..diagnose.stacks import StackReport
+    from ..live.snapshot import Snapshot
     from ..metrics.summary import Report
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
@@ -41,6 +43,36 @@ class RunInfo:
     recoveries: tuple[str, ...] = ()
     """Each later attempt's spares and what its restart cost ("attempt 2: n4 in the place of n2
     (lost: ...); stood still 21.3 s, 5 step(s) done again")."""
+    started_at: Optional[str] = None
+    """When its newest attempt started (a scheduler's run: when the scheduler took it), ISO 8601."""
+    ended_at: Optional[str] = None
+    """When it ended (it finished, or ``stop`` ended it); None while it runs."""
+    logs_complete: bool = False
+    """The copies here of what its nodes wrote are whole (its follower saw every node's end)."""
+
+    def duration_s(self, now: Optional[datetime] = None) -> Optional[float]:
+        """Seconds from its start to its end, or to ``now`` (default: the time now) while it is live;
+        None where run.json does not say when it started, or not when an ended run ended."""
+        start = _moment(self.started_at)
+        end = _moment(self.ended_at) if self.state.is_over else (now or datetime.now().astimezone())
+        return None if start is None or end is None else max(0.0, (end - start).total_seconds())
+
+    def to_json(self, now: Optional[datetime] = None) -> dict[str, Any]:
+        """The documented ``runs --json`` form of one run."""
+        duration = self.duration_s(now)
+        return {"run_id": self.run_id, "state": str(self.state), "backend": self.backend, "num_nodes": self.num_nodes,
+                "created_at": self.created_at, "started_at": self.started_at, "ended_at": self.ended_at,
+                "duration_s": None if duration is None else round(duration, 1), "exit_code": self.exit_code,
+                "attempt": self.attempt, "path": str(self.path), "recoveries": list(self.recoveries)}
+
+
+def _moment(text: Optional[str]) -> Optional[datetime]:
+    """A time as run.json writes it (ISO 8601 with its offset); None when absent or unreadable."""
+    try:
+        moment = datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+    return moment.astimezone() if moment is not None else None
 
 
 class Run:
@@ -78,10 +110,13 @@ class Run:
 
     @property
     def info(self) -> RunInfo:
-        """What run.json says now (another process may have written it since); asks no node."""
+        """What run.json says now; asks no node. run.json is the one record of the run's state: a
+        scheduler's word on a live job is written into it by whoever asks (``status``, ``runs``)."""
         record = self._dir.record
         return RunInfo(self.run_id, record.state, record.backend, record.num_nodes or None, record.exit_code,
-                       record.attempt, record.created_at, self.path, record.recoveries())
+                       record.attempt, record.created_at, self.path, record.recoveries(),
+                       started_at=record.started_at or record.submitted_at,
+                       ended_at=record.finished_at or record.stopped_at, logs_complete=record.logs_complete)
 
     def __repr__(self) -> str:
         return f"<fsdpctl.Run {self.run_id} {self.info.state}>"
@@ -112,6 +147,22 @@ class Run:
         the scheduler) while the run is live, else as recorded."""
         return self.backend.status(self._dir)
 
+    def watch(self, interval: float = 2.0, *, until_over: bool = True) -> Iterator[Snapshot]:
+        """Snapshots of the run as it goes (``fsdpctl.live.Snapshot``: progress, ETA, loss, each node
+        and its GPUs now, each rank's newest window, the straggler and its cause, attempts, spares,
+        the newest log lines): one at once, then one whenever something changed and at least every
+        ``interval`` seconds, the last one showing the run over (``until_over=False``: on until you
+        stop). Read from the run's directory here, which its collector keeps current: watching asks
+        the nodes nothing. A run nobody collects any more says so (``run.live`` false, ``run.note``)."""
+        from ..errors import UsageError
+        from ..live.model import LiveRun, snapshots
+
+        if interval <= 0:
+            raise UsageError(f"watch interval {interval:g} s: must be positive", "give seconds, e.g. 2")
+        backend = self.backend
+        return snapshots(LiveRun(self._dir, backend.log_tail, backend.scheduler_status), interval,
+                         until_over=until_over)
+
     def wait(self, timeout: Optional[float] = None, *, on_event: Optional[EventHandler] = None,
              handle_signals: bool = False) -> Outcome:
         """Wait for the run to end and return how it ended (``exit_code``, ``state``,
@@ -130,8 +181,9 @@ class Run:
             timer.daemon = True
             timer.start()
         try:
+            # Waiting follows the run: it collects it too, unless another process does (its follower).
             outcome = follow_from_outside(self.backend, self._dir, Emitter(on_event), signals=handle_signals,
-                                          leave=leave)
+                                          leave=leave, collect=True)
         finally:
             if timer is not None:
                 timer.cancel()

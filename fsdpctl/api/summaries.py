@@ -13,7 +13,26 @@ from .options import PathLike
 
 
 def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
-    """A run's metrics (brought back from its nodes first when ``fetch``) and their summary."""
+    """A run's metrics and their summary."""
+    found, notes = run_files(run, fetch)
+    if not found["metrics.jsonl"]:
+        raise UsageError(f"report {run.run_id}: no metrics.jsonl from its nodes{'; ' + notes[0] if notes else ''}",
+                         "the bundled workload writes one; a program of yours appends JSON lines with a "
+                         "\"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl (see README, Reports)")
+    series = read_run_files(found["metrics.jsonl"], run.run_id, next(iter(found["summary.json"]), None))
+    summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
+    summary_.notes = [*run.info.recoveries, *notes]
+    _gpu_findings(summary_, found["gpu"])
+    return series, summary_
+
+
+def run_files(run: Any, fetch: bool = True) -> tuple[dict[str, list[Path]], list[str]]:
+    """A run's ``metrics.jsonl``, ``summary.json`` and GPU sample files here, and what could not be
+    had: the copies its collector kept when they are whole (its follower saw the end), else brought
+    back from its nodes first when ``fetch``."""
+    collected = _collected(run)
+    if collected is not None:
+        return collected, []
     notes: list[str] = []
     found: dict[str, list[Path]] = {}
     for name in _FILES if fetch else ():
@@ -29,18 +48,22 @@ def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
         # Not fetched now: what an earlier fetch brought, or the run directory itself where it is on
         # this machine (a local run's, a shared Slurm directory): where fetch names them.
         found[name] = found.get(name) or _already_here(run, name)
-    if not found["metrics.jsonl"]:
-        raise UsageError(f"report {run.run_id}: no metrics.jsonl from its nodes{'; ' + notes[0] if notes else ''}",
-                         "the bundled workload writes one; a program of yours appends JSON lines with a "
-                         "\"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl (see README, Reports)")
-    series = read_run_files(found["metrics.jsonl"], run.run_id, next(iter(found["summary.json"]), None))
-    summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
-    summary_.notes = [*run.info.recoveries, *notes]
-    _gpu_findings(summary_, found["gpu"])
-    return series, summary_
+    return found, notes
 
 
 _FILES = ("metrics.jsonl", "summary.json", "gpu")
+
+
+def _collected(run: Any) -> Optional[dict[str, list[Path]]]:
+    """The collector's copies, when the run has ended and they are whole (None: not so)."""
+    from ..live import layout
+
+    info, plan = run.info, run.plan
+    whole = info.state.is_over and info.logs_complete and (layout.live_dir(run.path) / layout.STATE).exists()
+    if not whole or layout.readable_here(plan, run.path) is not None:
+        return None  # (a run whose files are here reads them, as fetch names them)
+    return {"metrics.jsonl": layout.node_files(run.path, plan, layout.METRICS),
+            "summary.json": layout.node_files(run.path, plan, layout.SUMMARY), "gpu": layout.gpu_files(run.path, plan)}
 
 
 def _gpu_findings(summary_: RunSummary, files: list[Path]) -> None:
@@ -60,13 +83,33 @@ def _already_here(run: Any, name: str) -> list[Path]:
     return sorted(run.path.glob(f"fetched/node*/{name}")) or ([here] if here.exists() else [])
 
 
-def report_of(runs: list[Any], *, plot: Optional[PathLike] = None, fetch: bool = True) -> Report:
+def report_of(runs: list[Any], *, plot: Optional[PathLike] = None, fetch: bool = True,
+              tensorboard: Optional[PathLike] = None) -> Report:
     """The report of ``runs`` (Run handles): each one's metrics summed up, side by side; with ``plot``
-    (a folder), their figures as PNG files."""
+    (a folder), their figures as PNG files; with ``tensorboard`` (a folder), each run's TensorBoard
+    event files in ``<folder>/<run_id>/``."""
     pairs = [run_series(r, fetch) for r in runs]
+    if tensorboard is not None:
+        for run in runs:
+            write_tensorboard(run, Path(tensorboard) / run.run_id, fetch=False)
     result = Report([p[1] for p in pairs], [p[0] for p in pairs])
     if plot is not None:
         from ..metrics.plots import draw
 
         result.plots = draw(result.series, result.summaries, Path(plot))
     return result
+
+
+def write_tensorboard(run: Any, folder: Path, fetch: bool = False) -> Path:
+    """A run's TensorBoard event files in ``folder`` from its metrics and GPU samples, as its follower
+    writes them live (``export.tensorboard``); the folder."""
+    from ..live.exports import LiveExports
+
+    found, _ = run_files(run, fetch)
+    gpus = [f for path in found["gpu"] for f in (sorted(path.glob("node*.jsonl")) if path.is_dir() else [path])]
+    exports = LiveExports(run._dir, tensorboard=str(folder), sources=(found["metrics.jsonl"], gpus))
+    exports.update(force=True, state=str(run.info.state))
+    exports.close()
+    if exports.problems:
+        raise UsageError(f"report --tensorboard: {exports.problems[0]}", "give a folder this user can write")
+    return folder

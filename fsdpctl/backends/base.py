@@ -27,6 +27,7 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from ..bundle import Payload
     from ..hostcheck.checks import DoctorReport, HostReport
+    from ..live.tails import LogTail
     from ..plan.types import LaunchPlan, Overrides, Placement, PlanContext
     from ..profiles.schema import ClusterProfile, HostSpec
     from ..rundir.lines import LogLine
@@ -163,8 +164,10 @@ class Backend(ABC):
         outlives this process."""
 
     @abstractmethod
-    def attach(self, run: RunDir) -> Follower:
-        """A follower for a run started elsewhere (or earlier): it reads what the nodes write."""
+    def attach(self, run: RunDir, *, collect: bool = False) -> Follower:
+        """A follower for a run started elsewhere (or earlier): it reads what the nodes write. With
+        ``collect`` it is the run's collector (a detached run's follower): it keeps the logs and the
+        copies of the nodes' metrics and GPU samples here, unless another process already does."""
 
     @abstractmethod
     def status(self, run: RunDir) -> RunStatus:
@@ -205,9 +208,34 @@ class Backend(ABC):
         use them, nothing staged, no port tried (a backend that ``takes_spares``)."""
         raise UsageError(f"backend {self.name}: has no spare hosts", "check its nodes with fsdpctl doctor")
 
+    @classmethod
+    def refresh_records(cls, runs: Sequence[RunDir]) -> None:
+        """Bring the run.json of these runs up to date where they are live and their state changes with
+        nobody writing it (a scheduler's queue), asking as few questions as it can: ``runs`` lists what
+        ``status`` would say. Default: nothing (a launcher or a follower records its runs' states)."""
+        return None
+
+    def count_gpus(self) -> Optional[int]:
+        """How many GPUs each node has, where the backend can tell before a run without asking a
+        scheduler for nodes (None: it cannot; 0: the node has none)."""
+        return None
+
     def previews(self, plan: LaunchPlan, scripts: dict[str, str]) -> dict[str, str]:
         """Files the backend would write itself besides the rendered scripts, for ``--dry-run``."""
         return {}
+
+    def log_tail(self, run: RunDir) -> LogTail:
+        """The run's newest log lines as they come, read here only (default: the ``logs/merged.log``
+        the follower writes)."""
+        from ..live.tails import MergedLogTail
+
+        node_of = {node.host: node.node_rank for node in run.plan.nodes}
+        return MergedLogTail(run.paths.logs / "merged.log", node_of)
+
+    def scheduler_status(self, run: RunDir) -> Optional[RunStatus]:
+        """How a scheduler says the run stands, asked of the scheduler only, never of the nodes (a live
+        view's source while no follower collects the run); None for a backend without one."""
+        return None
 
     def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:

@@ -31,6 +31,8 @@ def launch(
     allow_busy_gpus: Optional[bool] = typer.Option(None, "--allow-busy-gpus/--no-allow-busy-gpus", help="Start even "
                                                    "when other processes already use a GPU (the preflight then "
                                                    "only warns; default: the profile's health.allow_busy_gpus)."),
+    top: bool = typer.Option(False, "--top", help="Watch the run in `fsdpctl top`'s live view once it has started "
+                             "(q leaves the view; the run goes on, its lines follow here)."),
 ) -> None:
     """Start your program (after --) or the bundled FSDP/FSDP2 GPT training on every node of PROFILE.
 
@@ -43,14 +45,16 @@ def launch(
 
     from .events import EventPrinter, exit_code_of
     from .show import print_dry_run
+    from .top import watching
 
     if flags.resume is not None:
         flags.refuse_with_resume(exclude=exclude, allow_busy_gpus=allow_busy_gpus)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
         printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"))
-        run.resume(steps=flags.steps, epochs=flags.epochs, detach=detach, preflight=not no_preflight,
-                   fetch=tuple(fetch or ()), node_timeout=node_timeout, hang_timeout=flags.hang_timeout,
-                   on_hang=flags.on_hang, max_restarts=max_restarts, on_event=printer, handle_signals=True)
+        with watching(printer, top) as handler:
+            run.resume(steps=flags.steps, epochs=flags.epochs, detach=detach, preflight=not no_preflight,
+                       fetch=tuple(fetch or ()), node_timeout=node_timeout, hang_timeout=flags.hang_timeout,
+                       on_hang=flags.on_hang, max_restarts=max_restarts, on_event=handler, handle_signals=True)
         raise typer.Exit(exit_code_of(printer))
     options = flags.job_options(node_timeout=node_timeout, max_restarts=max_restarts, exclude=tuple(exclude or ()),
                                 allow_busy_gpus=allow_busy_gpus)
@@ -61,7 +65,8 @@ def launch(
     if flags.as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
     printer = EventPrinter(total_steps=options.workload.get("steps"))
-    fsdpctl.launch(flags.profile, options=options, detach=detach, preflight=not no_preflight,
-                   fetch=tuple(fetch or ()), on_event=printer, handle_signals=True)
+    with watching(printer, top) as handler:
+        fsdpctl.launch(flags.profile, options=options, detach=detach, preflight=not no_preflight,
+                       fetch=tuple(fetch or ()), on_event=handler, handle_signals=True)
     raise typer.Exit(exit_code_of(printer))
 

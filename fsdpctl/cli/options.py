@@ -80,6 +80,13 @@ RUN = {
     "on_hang": (Optional[str], typer.Option(None, "--on-hang", metavar="stop|keep",
                                             help="What a hang does: stop (end the run, exit 124) or keep (report and "
                                                  "let it run). Default: the profile's on_hang, stop.")),
+    "tensorboard": (Optional[str], typer.Option(None, "--tensorboard", metavar="DIR",
+                                                help="Write TensorBoard event files into DIR/<run_id>/ as the run goes "
+                                                     "(over the profile's export.tensorboard).")),
+    "prometheus": (Optional[str], typer.Option(None, "--prometheus", metavar="PATH",
+                                               help="Keep a Prometheus textfile (PATH.prom, or fsdpctl_<run_id>.prom "
+                                                    "in the folder PATH) for node_exporter while the run goes (over "
+                                                    "the profile's export.prometheus).")),
     "resume": (Optional[str], typer.Option(None, "--resume", metavar="RUN_ID",
                                            help="Start the next attempt of RUN_ID in its own run directory with its "
                                                 "own plan (the bundled workload from its newest complete checkpoint); "
@@ -125,7 +132,8 @@ class Flags:
                  "secrets": secrets, "requirements": self.values.get("requirements"), "workload": self.workload(),
                  "nproc_per_node": self.values.get("nproc_per_node"), "master_port": self.values.get("master_port"),
                  "debug": self.values.get("debug", False), "hang_timeout": self.values.get("hang_timeout"),
-                 "container": self.values.get("container"),
+                 "container": self.values.get("container"), "tensorboard": self.values.get("tensorboard"),
+                 "prometheus": self.values.get("prometheus"),
                  "on_hang": self.values.get("on_hang"), "model": self.values.get("model"),
                  "wrap": self.values.get("wrap"), "input_shape": input_shape(self.values.get("input_shape")), **extra}
         return JobOptions(**given)

@@ -16,15 +16,21 @@ def report(
                                         "matplotlib: pip install 'fsdpctl[report]')."),
     as_json: bool = typer.Option(False, "--json", help="The figures as JSON (stdout is data)."),
     no_fetch: bool = typer.Option(False, "--no-fetch", help="Use the metrics already brought back; ask no node."),
+    tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", metavar="DIR", help="Write each run's "
+                                               "TensorBoard event files into DIR/<run_id>/ (as export.tensorboard "
+                                               "does live)."),
 ) -> None:
     """Final and best losses, tokens/s, MFU, time per step, memory per rank, the straggler named,
     attempts; several runs side by side."""
     import fsdpctl
 
-    result = fsdpctl.report(list(run_ids) if run_ids else None, plot=plot, fetch=not no_fetch)
+    result = fsdpctl.report(list(run_ids) if run_ids else None, plot=plot, fetch=not no_fetch,
+                            tensorboard=tensorboard)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
     typer.echo(result.text)
     for path in result.plots:
         typer.echo(f"wrote {path}")
+    if tensorboard is not None:
+        typer.echo(f"wrote TensorBoard event files into {tensorboard}/<run_id>/ (tensorboard --logdir {tensorboard})")

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+from datetime import datetime
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    import fsdpctl
 
 
 def status(
@@ -24,7 +28,7 @@ def status(
         typer.echo(json.dumps(info.to_json(), indent=2))
         return
     last = info.last_metrics or {}
-    progress = f"; last step {last.get('step')} loss {last.get('loss')}" if last else ""
+    progress = f"; last step {last.get('step')} loss {loss_text(last.get('loss'))}" if last else ""
     which = ""
     if info.attempt > 1:
         start = f" from step {info.from_step}" if info.from_step is not None else ""
@@ -60,6 +64,11 @@ def status(
             typer.echo(f"  cause, from its GPU's samples: {cause}")
 
 
+def loss_text(loss: object) -> str:
+    """A loss as the workload prints it (``loss=7.3845``: four decimals); anything else as it is."""
+    return f"{loss:.4f}" if isinstance(loss, (int, float)) and not isinstance(loss, bool) else str(loss)
+
+
 def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).")) -> None:
     """End every process of a run on every node (TERM, grace period, KILL)."""
     import fsdpctl
@@ -74,12 +83,55 @@ def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."))
     raise typer.Exit(1 if left else 0)
 
 
-def runs() -> None:
-    """The run registry: every run in the runs directory, oldest first."""
+RUNS_HEADER = ("RUN ID", "STATE", "BACKEND", "NODES", "STARTED", "DURATION", "EXIT", "ATTEMPT")
+
+
+def runs(
+    as_json: bool = typer.Option(False, "--json", help="Print the runs as a JSON list of objects."),
+) -> None:
+    """The run registry: every run in the runs directory, oldest first, with its state (a scheduler's
+    live jobs asked once for all), backend, nodes, start (local time), duration, exit code and attempt."""
     import fsdpctl
 
-    for run in fsdpctl.runs():
-        info = run.info
-        attempts = f"\tattempt {info.attempt}" if info.attempt > 1 else ""
-        code = "" if info.exit_code is None else f"exit {info.exit_code}"
-        typer.echo(f"{info.run_id}\t{info.state}\t{info.backend}\t{info.num_nodes or '?'} node(s)\t{code}{attempts}")
+    now = datetime.now().astimezone()
+    infos = [run.info for run in fsdpctl.runs()]
+    if as_json:
+        typer.echo(json.dumps([info.to_json(now) for info in infos], indent=2))
+        return
+    if not infos:
+        from fsdpctl.rundir.paths import runs_root
+
+        typer.echo(f"fsdpctl: no runs in {runs_root()}", err=True)
+        return
+    rows = [RUNS_HEADER, *(_runs_row(info, now) for info in infos)]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(RUNS_HEADER))]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _runs_row(info: fsdpctl.RunInfo, now: datetime) -> tuple[str, ...]:
+    """One run's row of ``fsdpctl runs`` ("-": not recorded)."""
+    duration = info.duration_s(now)
+    return (info.run_id, str(info.state), info.backend, str(info.num_nodes or "?"), _local_time(info.started_at),
+            "-" if duration is None else duration_text(duration),
+            "-" if info.exit_code is None else str(info.exit_code), str(info.attempt))
+
+
+def _local_time(text: Optional[str]) -> str:
+    """A time run.json recorded, in this machine's time zone, to the minute ("-": none)."""
+    try:
+        return datetime.fromisoformat(text).astimezone().strftime("%Y-%m-%d %H:%M") if text else "-"
+    except ValueError:
+        return "-"
+
+
+def duration_text(seconds: float) -> str:
+    """A duration the way a person reads it: ``40s``, ``5m07s``, ``1h02m``, ``2d03h``."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"

@@ -24,6 +24,8 @@ def submit(
     spares: Optional[int] = typer.Option(None, "--spares", help="Spare nodes the job holds: when a node fails, "
                                          "the next step runs on a spare in its place (overrides slurm.spares)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
+    top: bool = typer.Option(False, "--top", help="With --follow: watch the job in `fsdpctl top`'s live view once "
+                             "it is submitted (q leaves the view; the job goes on, its lines follow here)."),
 ) -> None:
     """Submit your program (after --) or the bundled FSDP/FSDP2 GPT training as a Slurm job (sbatch or
     submitit). The run directory, your code included, goes once to storage every node shares."""
@@ -31,17 +33,22 @@ def submit(
 
     from .events import EventPrinter, exit_code_of
     from .show import print_dry_run
+    from .top import watching
 
     if not slurm:
         raise UsageError("submit needs a scheduler", "add --slurm")
+    if top and not follow:
+        raise UsageError("--top: shows the job while this command follows it", "add --follow, or watch it later "
+                         "with `fsdpctl top RUN_ID`")
     slurm_options = {"nodes": nodes, "time": time, "partition": partition, "via": via, "requeue": requeue,
                      "spares": spares}
     if flags.resume is not None:
         flags.refuse_with_resume(**slurm_options)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
         printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"), run_id_on_stdout=True)
-        run.resume(steps=flags.steps, epochs=flags.epochs, detach=not follow, hang_timeout=flags.hang_timeout,
-                   on_hang=flags.on_hang, on_event=printer, handle_signals=True)
+        with watching(printer, top) as handler:
+            run.resume(steps=flags.steps, epochs=flags.epochs, detach=not follow, hang_timeout=flags.hang_timeout,
+                       on_hang=flags.on_hang, on_event=handler, handle_signals=True)
         raise typer.Exit(exit_code_of(printer))
     options = flags.job_options(**slurm_options)
     if flags.dry_run:
@@ -51,5 +58,6 @@ def submit(
     if flags.as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
     printer = EventPrinter(total_steps=options.workload.get("steps"), run_id_on_stdout=True)
-    fsdpctl.submit(flags.profile, options=options, follow=follow, on_event=printer, handle_signals=True)
+    with watching(printer, top) as handler:
+        fsdpctl.submit(flags.profile, options=options, follow=follow, on_event=handler, handle_signals=True)
     raise typer.Exit(exit_code_of(printer))

@@ -13,6 +13,9 @@ from ..errors import UsageError
 from .rows import Series
 from .summary import RunSummary
 
+HEAT_MAP_MIN_HEIGHT = 2.8
+"""Inches: room for the colour bar's label ("compute ms per step") beside the heat map of one rank."""
+
 
 def _pyplot():
     try:
@@ -35,6 +38,8 @@ def _save(fig, path: Path, figure: str, series: int) -> Path:
 def draw(runs: list[Series], summaries: list[RunSummary], folder: Path) -> list[Path]:
     """Write the figures for ``runs`` (overlaid where there are several) into ``folder``."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
@@ -68,10 +73,13 @@ def draw(runs: list[Series], summaries: list[RunSummary], folder: Path) -> list[
         if not windows or any("compute_s" not in e for w in windows for e in w):
             continue
         grid = [[float(w[r]["compute_s"]) * 1000 for w in windows] for r in range(len(windows[0]))]
-        fig, ax = plt.subplots(figsize=(9, 1.2 + 0.35 * len(grid)))
+        # The colour bar is as tall as the heat map: a few ranks' rows alone leave its label no room.
+        fig, ax = plt.subplots(figsize=(9, max(HEAT_MAP_MIN_HEIGHT, 1.2 + 0.35 * len(grid))))
         image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis")
         fig.colorbar(image, ax=ax, label="compute ms per step")
         ax.set(xlabel="logged window", ylabel="rank", title=f"Compute time per rank: {run.name}")
+        ax.set_yticks(range(len(grid)))  # ranks and windows are whole numbers
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         name = "step_time_ranks.png" if len(runs) == 1 else f"step_time_ranks_{_file_name(run.name)}.png"
         written.append(_save(fig, folder / name, "step time per rank", len(grid)))
         plt.close(fig)

@@ -54,6 +54,32 @@ class Series:
         return len(windows[0]) if windows else 0
 
 
+ATTEMPT_MARK = "fsdpctl_attempt"
+"""The key of the line the collector writes into its copy of a node's metrics when a later attempt
+begins (``{"fsdpctl_attempt": 2, "from_step": 40}``): rows written before it past that step were the
+failed attempt's, trained again by this one."""
+
+
+def parse_row(line: str) -> Optional[dict[str, Any]]:
+    """A ``metrics.jsonl`` line as a row (a JSON object with an integer ``step``), an attempt line as
+    it is, or None (not JSON, no step, or a line cut short when its writer died)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(row, dict):
+        return None
+    if ATTEMPT_MARK in row:
+        return row
+    step = row.get("step")
+    return row if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def row_kind(row: dict[str, Any]) -> str:
+    """``val`` for a validation row, else ``train``."""
+    return "val" if row.get("kind") == "val" or ("val_loss" in row and "loss" not in row) else "train"
+
+
 def read_rows(lines: Iterable[str], name: str) -> Series:
     """Parse ``metrics.jsonl`` lines into a Series, merging per-rank rows of a user's program."""
     series = Series(name)
@@ -64,26 +90,25 @@ def read_rows(lines: Iterable[str], name: str) -> Series:
         if not line or line in seen:  # the same file fetched from nodes that share a run directory
             continue
         seen.add(line)
-        try:
-            row = json.loads(line)
-        except ValueError:
+        row = parse_row(line)
+        if row is None:
             series.skipped += 1
             continue
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int) or isinstance(row.get("step"), bool):
-            series.skipped += 1
+        if ATTEMPT_MARK in row:
+            if isinstance(row.get("from_step"), int):
+                by_step = {key: rows for key, rows in by_step.items() if key[1] <= row["from_step"]}
             continue
-        kind = "val" if row.get("kind") == "val" or ("val_loss" in row and "loss" not in row) else "train"
-        by_step.setdefault((kind, row["step"]), []).append(row)
+        by_step.setdefault((row_kind(row), row["step"]), []).append(row)
     for (kind, _step), rows in sorted(by_step.items(), key=lambda item: item[0][1]):
         if all("rank" not in r for r in rows):  # one writer (rank 0): a step written again is the newer
             merged = rows[-1]
         else:
-            merged = _merge(list({r.get("rank", 0): r for r in rows}.values()))  # per rank, its newest
+            merged = merge_rank_rows(list({r.get("rank", 0): r for r in rows}.values()))  # per rank, its newest
         (series.val if kind == "val" else series.train).append(merged)
     return series
 
 
-def _merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_rank_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Rows of one step written by several ranks: per-rank figures into ``ranks``, scalars averaged."""
     merged: dict[str, Any] = {"step": rows[0]["step"]}
     keys = {k for r in rows for k in r if k not in ("rank", "step", "ranks")}

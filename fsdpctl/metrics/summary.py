@@ -48,6 +48,10 @@ class RunSummary:
         return {**self.__dict__, "restarts": self.restarts}
 
 
+ONE_RANK_TEXT = "a single rank, with no other rank to compare its timings with"
+"""What ``report`` says of the ranks of a one-rank run that has per-rank timings."""
+
+
 def _median(values: list[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
@@ -79,6 +83,8 @@ def summarize(series: Series, *, attempts: int = 1, state: Optional[str] = None)
         out.memory_mb_per_rank = [float(v) for v in series.summary["peak_memory_mb_per_rank"]]
     out.straggler = verdict(windows)
     out.ranks_text = None if out.straggler else even_text(windows)
+    if out.ranks_text is None and windows and series.world == 1:
+        out.ranks_text = ONE_RANK_TEXT  # timed, but a straggler is only slower than other ranks
     return out
 
 

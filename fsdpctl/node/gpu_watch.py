@@ -7,7 +7,7 @@ leaves when that process is gone. Standard library only (shipped with the run); 
 a node without ``nvidia-smi`` on its PATH (it leaves at once, writing nothing).
 
 Each sample: ``{"t", "node", "host", "gpus": [{"index", "bus_id", "sm_mhz", "sm_max_mhz", "reasons",
-"temp_c", "power_w", "util_pct", "mem_mib", "ecc_uncorrected"}]}`` (a value the driver does not give
+"temp_c", "power_w", "util_pct", "mem_mib", "mem_total_mib", "ecc_uncorrected"}]}`` (a value the driver does not give
 is null; ``reasons``: the active clock reasons that slow a GPU down). A fault said at once
 (``HARDWARE_FAULT`` then what, on one line): a new uncorrectable ECC error, a pending row remap, an
 XID that means a hardware fault appearing in the kernel log; a slowdown starting or ending is said
@@ -26,7 +26,8 @@ from fsdpctl.node import health_probe
 HARDWARE_FAULT = "fsdpctl: hardware fault:"
 CLOCKS = "fsdpctl: GPU clocks:"
 SAMPLE_FIELDS = ("index", "pci.bus_id", "clocks.sm", "clocks.max.sm", "temperature.gpu", "power.draw",
-                 "utilization.gpu", "memory.used", "ecc.errors.uncorrected.volatile.total", "remapped_rows.pending",
+                 "utilization.gpu", "memory.used", "memory.total", "ecc.errors.uncorrected.volatile.total",
+                 "remapped_rows.pending",
                  "clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
                  "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown",
                  "clocks_event_reasons.sw_power_cap")
@@ -51,7 +52,7 @@ def sample_gpu(row):
     return {"index": row.get("index"), "bus_id": row.get("pci.bus_id"), "sm_mhz": number(row.get("clocks.sm")),
             "sm_max_mhz": number(row.get("clocks.max.sm")), "temp_c": number(row.get("temperature.gpu")),
             "power_w": number(row.get("power.draw")), "util_pct": number(row.get("utilization.gpu")),
-            "mem_mib": number(row.get("memory.used")),
+            "mem_mib": number(row.get("memory.used")), "mem_total_mib": number(row.get("memory.total")),
             "ecc_uncorrected": number(row.get("ecc.errors.uncorrected.volatile.total")),
             "remap_pending": health_probe.value(row.get("remapped_rows.pending") or "") == "Yes",
             "reasons": [name for field, name in REASON_NAMES.items()

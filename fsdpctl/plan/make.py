@@ -20,6 +20,7 @@ from ..profiles.schema import ClusterProfile, ContainerSpec
 from ..shell import NodeExpr, join_path, quote_path
 from ..workload import REQUIREMENTS
 from ..workload import config as train_config
+from .export import export_plan
 from .types import ContainerPlan, LaunchPlan, NodeSpec, Overrides, Placement, Placer, PlanContext
 
 WORKLOAD_MODULE = "fsdpctl.workload.train"
@@ -243,6 +244,11 @@ def make_plan(
         placement = dataclasses.replace(placement, python=profile.python or "python3")
     train, entry, chdir, requirements = _job(profile, overrides, placement)
     env = _env(profile, overrides.debug, run_id, chdir, overrides.attempt)
+    export, export_env, export_requirements = export_plan(
+        profile.export, tensorboard=overrides.tensorboard, prometheus=overrides.prometheus, run_id=run_id,
+        local_cwd=local_cwd, home=home, bundled=not overrides.command and not overrides.entry_module)
+    env.update(export_env)
+    requirements += tuple(r for r in export_requirements if r not in requirements)
     env.update(overrides.extra_env)
     secrets = _secrets(profile, overrides, env)
     env.update(placement.env)
@@ -266,7 +272,7 @@ def make_plan(
                              else profile.health.allow_busy_gpus),
         max_restarts=placement.max_restarts if placement.max_restarts is not None
         else overrides.max_restarts if overrides.max_restarts is not None else profile.max_restarts,
-        entry=entry, container=container,
+        entry=entry, container=container, export=export,
     )
     nodes = _nodes(plan, profile, overrides, placement)
     counts = [n.nproc for n in nodes] or [nproc] * plan.num_nodes

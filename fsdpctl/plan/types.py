@@ -72,6 +72,10 @@ class Overrides:
     bundled workload from its newest complete checkpoint)."""
     container_image: Optional[str] = None
     """``--container IMAGE`` (over ``container.image``; with no ``container`` section, the runtime's default)."""
+    tensorboard: Optional[str] = None
+    """``--tensorboard DIR`` (over ``export.tensorboard``)."""
+    prometheus: Optional[str] = None
+    """``--prometheus PATH`` (over ``export.prometheus``)."""
 
 
 _LEGACY_OPTION_PREFIX = "slurm_"
@@ -300,6 +304,12 @@ class LaunchPlan:
     """What torchrun runs on every rank: ``-m fsdpctl.workload.train ARGS``, or the user's program."""
     backend_plan: Mapping[str, Any] = field(default_factory=dict)
     """The backend's own part of the plan, as JSON (Slurm: its batch directives and step command)."""
+    shared_run_dir: bool = False
+    """The nodes' run directory is on storage this machine reads too (a scheduler's runs): what they
+    write is read there, nothing is copied."""
+    export: Mapping[str, Any] = field(default_factory=dict)
+    """Where the run's numbers go (``fsdpctl.plan.export``): ``tensorboard`` (this run's folder),
+    ``prometheus`` (the textfile), ``wandb`` and ``mlflow`` (their settings)."""
 
     @property
     def host_python(self) -> str:

@@ -23,6 +23,9 @@ SECTIONS: list[tuple[str, type]] = [
     ("container", schema.ContainerSpec),
     ("ssh", schema.SSHSpec),
     ("slurm", schema.SlurmSpec),
+    ("export", schema.ExportSpec),
+    ("export.wandb", schema.WandbSpec),
+    ("export.mlflow", schema.MlflowSpec),
 ]
 JOB_SECTION = ("job files", schema.JobSpec)
 

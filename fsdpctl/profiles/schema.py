@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
+from .export_spec import ExportSpec, MlflowSpec, WandbSpec  # noqa: F401 - a profile's section types
+
 Device = Literal["auto", "cuda", "cpu"]
 RendezvousBackend = Literal["c10d", "static"]
 HostKeyPolicy = Literal["reject", "accept-new"]
@@ -351,3 +353,5 @@ class ClusterProfile:
     train: dict[str, Any] = field(default_factory=dict)
     """Defaults for the bundled workload (any of its settings, e.g. ``preset``, ``steps``,
     ``batch_size``, ``fsdp``); command-line flags override them."""
+    export: ExportSpec = field(default_factory=ExportSpec)
+    """Where every run's numbers go live: TensorBoard, a Prometheus textfile, W&B, MLflow."""

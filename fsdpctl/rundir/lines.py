@@ -26,23 +26,27 @@ MAX_LINE_BYTES = 16 * 1024
 HEAD_BYTES = 12 * 1024
 TAIL_BYTES = 2 * 1024
 _EMBEDDED = re.compile(rb"\[rank\d+\]:")
-_RANKS_TEXT = r"fsdpctl: global ranks (\d+-\d+) on node "
-"""Local rank 0's line naming its node's global ranks (``fsdpctl.node.startup.sitecustomize``)."""
+_RANKS_TEXT = r"fsdpctl: global (?:rank (\d+)|ranks (\d+-\d+)) on node "
+"""Local rank 0's line naming its node's global ranks (``fsdpctl.node.startup.sitecustomize``): ``rank 3``
+for a node of one rank, ``ranks 8-15`` (``ranks 3-3`` in the logs of runs before that)."""
 _RANKS = re.compile(_RANKS_TEXT)
 _RANKS_IN_LOG = re.compile(rb"\[rank\d+\]:" + _RANKS_TEXT.encode())
 RANKS_HEAD_BYTES = 256 * 1024
 """Of a node's log, what is read for that line: a rank says it before its program starts."""
 
 
-def _span(text: str) -> str:
-    first, last = text.split("-")
-    return first if first == last else text
+def _span(one: Optional[str], several: Optional[str]) -> str:
+    """``3`` for one rank (said as ``rank 3``, or as ``ranks 3-3`` by older runs), else ``8-15``."""
+    if several is None:
+        return str(one)
+    first, last = several.split("-")
+    return first if first == last else several
 
 
 def ranks_said(line: LogLine) -> Optional[str]:
     """``0-7`` (``3`` for one) when ``line`` is local rank 0's naming of its node's global ranks, else None."""
     match = _RANKS.match(line.text) if line.rank is not None else None
-    return _span(match.group(1)) if match else None
+    return _span(*match.groups()) if match else None
 
 
 def ranks_in_log(path: Path) -> Optional[str]:
@@ -52,7 +56,7 @@ def ranks_in_log(path: Path) -> Optional[str]:
             match = _RANKS_IN_LOG.search(handle.read(RANKS_HEAD_BYTES))
     except OSError:
         return None
-    return _span(match.group(1).decode()) if match else None
+    return _span(*(None if said is None else said.decode() for said in match.groups())) if match else None
 
 
 class LogLine(NamedTuple):
@@ -243,6 +247,16 @@ def shown(lines: list[LogLine]) -> str:
 
 
 _SHOWN = re.compile(r"^\[(?P<host>\S+?)(?: r(?P<rank>\d+))?\] (?P<text>.*)$")
+
+
+def parse_shown(text: str, node_of: Callable[[str], int]) -> Optional[LogLine]:
+    """A line of ``merged.log`` (``shown``'s format) back as a LogLine, its node rank from its host
+    (None: not such a line)."""
+    match = _SHOWN.match(text)
+    if match is None:
+        return None
+    rank = int(match["rank"]) if match["rank"] is not None else None
+    return LogLine(node_of(match["host"]), match["host"], match["text"], rank)
 _BEFORE_0_2 = re.compile(r"^\[(?P<host>\S+) r(?P<node>\d+)\] (?P<text>.*)$")
 """merged.log as fsdpctl 0.1 wrote it: ``[host rN]`` with N the node rank, then the line as stored."""
 _OLD_RANK_LINE = re.compile(r"^\[\S+ r\d+\] \[rank\d+\]:")
@@ -270,8 +284,7 @@ def read_merged(path: Path, plan: LaunchPlan, sink: Callable[[LogLine], None]) -
                 if match := _BEFORE_0_2.match(text):
                     sink(LogLine.of(int(match["node"]), match["host"], match["text"]))
                     count += 1
-            elif match := _SHOWN.match(text):
-                rank = int(match["rank"]) if match["rank"] is not None else None
-                sink(LogLine(node_of.get(match["host"], 0), match["host"], match["text"], rank))
+            elif (line := parse_shown(text, lambda host: node_of.get(host, 0))) is not None:
+                sink(line)
                 count += 1
     return count

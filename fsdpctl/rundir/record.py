@@ -23,6 +23,16 @@ def now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
+def epoch(stamp: Optional[str]) -> Optional[float]:
+    """A time as run.json records it, in seconds since the epoch (None: none, or not such a time)."""
+    if not stamp:
+        return None
+    try:
+        return _dt.datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Launcher:
     """The process that streams a foreground run's logs into its directory."""

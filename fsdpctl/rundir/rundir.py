@@ -2,7 +2,8 @@
 
 A run directory is self-describing: ``plan.json``, the rendered scripts, ``profile.yaml`` (the
 profile as it was), ``inputs.json`` (what the plan was made from) and ``run.json`` (the record) are
-all a later command needs to act on the run. ``RunDir.change`` is the only writer of run.json.
+all a later command needs to act on the run. ``RunDir.change`` (and ``change_if``, its conditional
+form) is the only writer of run.json.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,18 @@ class RunDir:
         a lock, and return the record as it now is."""
         with _locked(self.root / ".run.json.lock"):
             record = self.record.replace(**changes)
+            write_json_atomic(self.paths.run_record, record.to_json())
+        return record
+
+    def change_if(self, still: Callable[[RunRecord], bool], **changes: Any) -> RunRecord:
+        """``change``, if ``still`` holds for run.json as it is under the lock: what a look at a live
+        run learned must not overwrite what another process has recorded since (the run's end, a
+        newer attempt). Returns the record as it now is, changed or not."""
+        with _locked(self.root / ".run.json.lock"):
+            record = self.record
+            if not still(record):
+                return record
+            record = record.replace(**changes)
             write_json_atomic(self.paths.run_record, record.to_json())
         return record
 

@@ -114,13 +114,13 @@ def signal_name(number: Optional[int]) -> Optional[str]:
         return None
 
 
-FailureKind = Literal["exit", "lost", "hang"]
+FailureKind = Literal["exit", "lost", "hang", "refused"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Failure:
     """The failure that ended a run: a rank or node that exited non-zero, a node that stopped
-    answering, or a hang the watchdog ended."""
+    answering, a hang the watchdog ended, or a job its scheduler refused (no node ever ran it)."""
 
     kind: FailureKind
     host: Optional[str]
@@ -133,7 +133,8 @@ class Failure:
     signal: Optional[int] = None
     """The signal that ended it, when one did."""
     detail: Optional[str] = None
-    """Why a node counts as lost, or what the hang watchdog saw."""
+    """Why a node counts as lost, what the hang watchdog saw, or the scheduler's own words for
+    refusing the job."""
     error: Optional[str] = None
     """The last line of the failing rank's error message (its torchelastic error file)."""
     error_file: Optional[str] = None
@@ -157,9 +158,11 @@ class Failure:
 
     def describe(self) -> str:
         """The failure in a few words: "rank 1 on n2 exited 137 (SIGKILL)", "n2 (node 1) was lost",
-        "a hang (...)"."""
+        "a hang (...)", "sbatch refused the job: ..."."""
         if self.kind == "hang":
             return f"a hang ({self.detail})"
+        if self.kind == "refused":
+            return str(self.detail)
         if self.kind == "lost":
             return f"{self.host} (node {self.node_rank}) was lost"
         if self.rank is not None:
@@ -168,9 +171,12 @@ class Failure:
 
     def headline(self) -> str:
         """The failure in one line, everything named: "rank 1 (local rank 0) on n2 (node 1) exited 137
-        (SIGKILL)", "n2 (node 1) was lost: nothing heard from it since ...", "hung: no progress ..."."""
+        (SIGKILL)", "n2 (node 1) was lost: nothing heard from it since ...", "hung: no progress ...",
+        "sbatch refused the job: ..."."""
         if self.kind == "hang":
             return f"hung: {self.detail}"
+        if self.kind == "refused":
+            return str(self.detail)
         if self.kind == "lost":
             return f"{self.host} (node {self.node_rank}) was lost: {self.detail}"
         who = f"rank {self.rank} (local rank {self.local_rank}) on " if self.rank is not None else ""
@@ -181,14 +187,16 @@ class Failure:
         data: dict[str, Any] = {
             "kind": self.kind, "host": self.host, "node_rank": self.node_rank, "rank": self.rank,
             "local_rank": self.local_rank, "exit_code": self.exit_code, "signal": self.signal,
-            "state": {"exit": "failed", "lost": "lost", "hang": "hung"}[self.kind], "error": self.error,
-            "error_file": self.error_file, "failed_at": self.failed_at, "last_lines": list(self.last_lines),
-            "peer_gone": self.peer_gone,
+            "state": {"exit": "failed", "lost": "lost", "hang": "hung", "refused": "refused"}[self.kind],
+            "error": self.error, "error_file": self.error_file, "failed_at": self.failed_at,
+            "last_lines": list(self.last_lines), "peer_gone": self.peer_gone,
         }
         if self.kind == "lost":
             data["lost"] = self.detail
         if self.kind == "hang":
             data.update(hang=self.detail, hang_dir=self.hang_dir)
+        if self.kind == "refused":
+            data["refused"] = self.detail
         return data
 
     @classmethod
@@ -203,7 +211,7 @@ class Failure:
         return cls(kind=kind, host=data.get("host"), node_rank=data.get("node_rank"),
                    exit_code=code if code is not None else 1, rank=data.get("rank"),
                    local_rank=data.get("local_rank"), signal=data.get("signal") or sig,
-                   detail=data.get("hang") if kind == "hang" else data.get("lost"), error=data.get("error"),
+                   detail=data.get(kind) if kind in ("hang", "refused") else data.get("lost"), error=data.get("error"),
                    error_file=data.get("error_file"), failed_at=data.get("failed_at"),
                    last_lines=tuple(data.get("last_lines") or ()), peer_gone=bool(data.get("peer_gone")),
                    hang_dir=data.get("hang_dir"))

@@ -15,8 +15,12 @@ import resource
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .trackers import Trackers
 
 # Dense (no 2:4 sparsity) bf16/fp16 tensor-core peak FLOP/s per device, from vendor data sheets.
 PEAK_FLOPS_BF16 = {
@@ -116,13 +120,16 @@ def _step_of(line: str) -> float:
 
 
 class RunLog:
-    """Rank 0's console lines and metrics.jsonl; a no-op on other ranks."""
+    """Rank 0's console lines and metrics.jsonl (and its trackers, W&B / MLflow, row by row); a
+    no-op on other ranks."""
 
-    def __init__(self, run_dir: Path, rank: int, resumed_step: int | None = None):
+    def __init__(self, run_dir: Path, rank: int, resumed_step: int | None = None, trackers: Trackers | None = None):
         """``resumed_step``: the step this run continues from; rows a failed attempt wrote after it
-        are dropped, so the file reads as one run (steps continue, none twice). None: start afresh."""
+        are dropped, so the file reads as one run (steps continue, none twice). None: start afresh.
+        ``trackers``: where each row goes besides the file (``trackers.Trackers``, started)."""
         self.enabled = rank == 0
         self.path = run_dir / "metrics.jsonl"
+        self.trackers = trackers
         if not self.enabled:
             return
         if resumed_step is None:
@@ -142,6 +149,13 @@ class RunLog:
         if self.enabled:
             with self.path.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(row) + "\n")
+            if self.trackers is not None:
+                self.trackers.log(row)
+
+    def end(self, status: str) -> None:
+        """End the trackers' runs (``FINISHED``, ``FAILED``, ``KILLED``) before the process leaves."""
+        if self.trackers is not None:
+            self.trackers.finish(status)
 
     def train_line(self, epoch: int, step: int, loss: float, lr: float, tok_s: float | None,
                    mfu: float | None, mem_mb: float, grad_norm: float | None, extra: dict | None = None) -> None:

@@ -80,6 +80,7 @@ def stop_on_signal(received: list[signal.Signals], step: int, steps_this_run: in
             "time between the warning and the time limit" if signal.SIGUSR2 in received else "")
     log.print(f"fsdpctl.workload: {names} received: stopped after step {step}, checkpoint "
               f"{checkpoint.name if checkpoint else 'none'}{note}")
+    log.end("KILLED")  # this attempt's tracker runs; a requeued or resumed attempt makes its own
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()

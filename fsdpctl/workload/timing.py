@@ -91,15 +91,22 @@ class RankTimer:
         return out
 
     def block(self, fn, x: torch.Tensor) -> torch.Tensor:
-        """A block's forward as compute, and its backward too: marks on its output and input note
-        when backward reaches the block and when it leaves it."""
+        """A block's forward as compute, and its backward too: a hook on its output's gradient node
+        and a mark on its input note when backward reaches the block and when it leaves it."""
         if not self.enabled or not torch.is_grad_enabled():
             return fn(x)
         x = _Mark.apply(x, self._backward_done)
         out = self.compute(fn, x)
-        return _Mark.apply(out, self._backward_starts)
+        # Backward reaches the block when its output's gradient node runs: a pre-hook there marks it,
+        # after FSDP's own hook on that output has gathered the parameters (tensor hooks run before
+        # node pre-hooks). A _Mark on the output would hand FSDP2 a view (an autograd Function
+        # returns its input as a view of it), which FSDP2 warns about on every rank, every step.
+        if out.grad_fn is not None:
+            out.grad_fn.register_prehook(self._backward_starts)
+        return out
 
-    def _backward_starts(self) -> None:
+    def _backward_starts(self, grad_outputs: tuple) -> None:
+        """A pre-hook of a block output's gradient node; returning None passes the gradients on unchanged."""
         self.open_backward.append(self.clock.mark())
 
     def _backward_done(self) -> None:

@@ -32,8 +32,11 @@ from .parallelize import PeerFailed, Runtime
 from .sampler import Sampler
 from .signals import StopSignals, clear_requeue_marker, stop_on_signal
 from .timing import RankTimer, RankWindows
+from .trackers import Trackers
 
 PREFIX = "fsdpctl.workload"
+STRAGGLER_AT = ("rank", "node", "host", "local_ranks", "ratio", "windows_slow", "windows", "whole_node")
+"""What a metrics row says of where the straggler is (its ``straggler_at``), beside the verdict's text."""
 # Python's automatic garbage collection is off while training: a full collection walks every object
 # (modules, FSDP's state, autograd's) at moments nobody chose, and made log windows unsteady. The
 # young generations are collected every GC_EVERY steps instead, at a step boundary.
@@ -74,8 +77,10 @@ def main(argv: list[str] | None = None) -> None:
         par.check_combination(cfg, device_type, world, local_world)
     except ConfigError as error:
         _fail(error if local_rank_from_env() == 0 else None)  # identical on every rank
+    trackers = Trackers()  # W&B / MLflow when FSDPCTL_LOG_TO asks: started on rank 0 by run()
     try:
-        run(cfg, device_type, start_time, stop_signals)
+        with trackers.ended_on_error():
+            run(cfg, device_type, start_time, stop_signals, trackers)
     except ConfigError as error:
         _fail(error)
     except PeerFailed:
@@ -188,8 +193,12 @@ def evaluate(model, cfg: TrainConfig, rt: Runtime, sampler: Sampler) -> tuple[fl
     return loss, math.exp(min(loss, 50.0))
 
 
-def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: StopSignals | None = None) -> None:
+def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: StopSignals | None = None,
+        trackers: Trackers | None = None) -> None:
     rt = par.init_distributed(device_type)
+    trackers = trackers if trackers is not None else Trackers()
+    # Before the data and the model: a tracker that cannot start ends the run at once, on every rank.
+    par.agree(rt, lambda: trackers.start(dataclasses.asdict(cfg)) if rt.rank == 0 else None)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -228,7 +237,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
 
     if rt.rank == 0 and cfg.checkpoint_on_signal:
         clear_requeue_marker(run_dir)
-    log = RunLog(run_dir, rt.rank, resumed_step=step if latest is not None else None)
+    log = RunLog(run_dir, rt.rank, resumed_step=step if latest is not None else None, trackers=trackers)
     tokens_per_step = rt.world * cfg.batch_size * cfg.grad_accum * cfg.seq_len
     meter = Meter(rt.device, tokens_per_step, flops_per_token(gpt_config, cfg.seq_len),
                   rt.world, start_time)
@@ -304,8 +313,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                                peak_memory_mb(rt.device), None if grad_norm is None else float(grad_norm),
                                extra={"step_time_s": step_time, "ranks": ranks,
                                       "straggler": straggler["text"] if straggler else None,
-                                      "straggler_at": {"host": straggler["host"], "local_ranks":
-                                                       straggler["local_ranks"]} if straggler else None})
+                                      "straggler_at": {k: straggler[k] for k in STRAGGLER_AT} if straggler else None})
             if cfg.eval_interval and step % cfg.eval_interval == 0 and step < total_steps:
                 meter.close_window()
                 val_loss, val_ppl = evaluate(model, cfg, rt, val_sampler)
@@ -369,6 +377,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         "param_count": n_params, "preset": cfg.preset, "model_config": gpt_config.to_dict(),
         "dataset": corpus.name, "vocab_size": tokens.vocab_size,
     })
+    log.end("FINISHED")
     dist.destroy_process_group()
     if rt.device.type == "cpu":
         # On CPU/gloo, FSDP1 and FSDP2 runs alike abort ("terminate called without an active

@@ -121,7 +121,7 @@ def test_the_slow_rank_is_named_and_an_even_run_names_nobody_then_both_are_repor
     assert f"{even_id}: no straggler" in report.stdout
     assert re.search(rf"{even_id}: GPUs on {s2}: \d+ samples, SM median 1,980 MHz \(lowest 1,980\)", report.stdout)
     metrics = [json.loads(line) for line in
-               (tmp_path / "runs" / slow_id / "fetched" / "node0" / "metrics.jsonl").read_text().splitlines()]
+               (tmp_path / "runs" / slow_id / "live" / "node0" / "metrics.jsonl").read_text().splitlines()]
     train = [row for row in metrics if row.get("kind") == "train"]
     assert f"{train[-1]['loss']:.4f}" in report.stdout and len(train[-1]["ranks"]) == 2
     assert {"compute_s", "comm_s", "data_s", "wall_s", "mem_mb", "host", "node"} <= set(train[-1]["ranks"][1])

@@ -114,8 +114,9 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_o
     newest = run(lab, tmp_path, "logs", run_dir.name)
     assert "resumed_from=step_0000010" in newest.stdout and "step=15 loss=" not in newest.stdout.split(
         "resumed_from")[0]
-    assert re.search(rf"{run_dir.name}\tsucceeded\tssh\t2 node\(s\)\texit 0\tattempt 2",
-                     run(lab, tmp_path, "runs").stdout)
+    listed = next(r for r in json.loads(run(lab, tmp_path, "runs", "--json").stdout) if r["run_id"] == run_dir.name)
+    assert (listed["state"], listed["backend"], listed["num_nodes"], listed["exit_code"], listed["attempt"]) == (
+        "succeeded", "ssh", 2, 0, 2)
     assert not processes_of(run_dir.name)
 
 

@@ -103,13 +103,45 @@ def test_stop_mid_run_ends_every_process_on_both_nodes(lab, slurm, tmp_path, via
     run_dir = next((tmp_path / "work" / "runs").glob(f"{run_id}"))
     wait_for_line(run_dir / "node0.log", r"step=\d+ loss=")
     assert processes_of(run_id, node_rank=0) and processes_of(run_id, node_rank=1)
+    assert states_shown(lab, slurm, tmp_path, run_id) == ["running"] * 4  # Slurm's word, in every view
     stopped = fsdpctl(lab, slurm, tmp_path, "stop", run_id)
     assert stopped.returncode == 0, stopped.stderr
     deadline = time.monotonic() + 30
     while processes_of(run_id) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not processes_of(run_id)
-    assert json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)["state"] == "stopped"
+    assert states_shown(lab, slurm, tmp_path, run_id) == ["stopped"] * 4
+
+
+def states_shown(lab, slurm, tmp_path: Path, run_id: str) -> list[str]:
+    """The run's state as `runs` (its table and --json), `status --json` and run.json say it, in that order."""
+    table = fsdpctl(lab, slurm, tmp_path, "runs").stdout.splitlines()
+    row = next(line.split() for line in table if line.startswith(run_id))
+    listed = next(r for r in json.loads(fsdpctl(lab, slurm, tmp_path, "runs", "--json").stdout)
+                  if r["run_id"] == run_id)
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
+    recorded = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())
+    return [row[1], listed["state"], status["state"], recorded["state"]]
+
+
+def test_a_job_sbatch_refuses_is_recorded_failed_with_sbatchs_reason(lab, slurm, tmp_path):
+    path = profile(lab, tmp_path, 8)
+    path.write_text(path.read_text().replace("  nodes: 2\n", "  nodes: 2\n  constraint: nosuchfeature\n"))
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(path))
+    assert result.returncode == 1 and "sbatch refused the job: " in result.stderr, result.stderr
+    reason = result.stderr.split("sbatch refused the job: ")[1].splitlines()[0]
+    assert "feature" in reason.lower(), reason  # Slurm's own words
+    [run_id] = [p.name for p in (tmp_path / "runs").iterdir()]
+    assert states_shown(lab, slurm, tmp_path, run_id) == ["failed"] * 4
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
+    assert status["nodes"] == [] and status.get("job_id") is None
+    assert status["first_failure"]["kind"] == "refused" and reason in status["first_failure"]["refused"]
+    said = fsdpctl(lab, slurm, tmp_path, "status", run_id)
+    assert said.stdout.splitlines() == [f"{run_id}: failed", f"  first failure: sbatch refused the job: {reason}"]
+    stop = fsdpctl(lab, slurm, tmp_path, "stop", run_id)
+    assert stop.returncode == 2 and "nothing to stop" in stop.stderr and "no Slurm job" in stop.stderr, stop.stderr
+    assert "squeue" not in stop.stderr and "None" not in stop.stderr
+    assert states_shown(lab, slurm, tmp_path, run_id) == ["failed"] * 4  # stop left it as it was
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])

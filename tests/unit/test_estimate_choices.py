@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+
+import pytest
+
 from fsdpctl.memory.choices import GIB, Choice, Margins, grid, largest_batch, pick, verdict, with_offload
+from tests.conftest import REPO, run_cli
 
 
 def test_choices_run_fastest_first_and_hybrid_only_across_nodes():
@@ -48,3 +55,28 @@ def test_offload_moves_the_sharded_states_to_the_host():
     moved = with_offload(base)
     assert moved["peak_bytes"] == 6 * GIB and moved["host_bytes"] == 4 * GIB
     assert moved["breakdown"] == {"activations": 6 * GIB} and base["peak_bytes"] == 10 * GIB
+
+
+GPU_HERE = glob.glob("/proc/driver/nvidia/gpus/*") or glob.glob("/dev/nvidia[0-9]*")
+
+
+@pytest.mark.skipif(bool(GPU_HERE), reason="this machine's own GPUs are counted before nvidia-smi is asked")
+def test_estimate_counts_this_machines_gpus_for_nproc_per_node_auto(tmp_path):
+    """``local-gpu`` says ``nproc_per_node: auto``: one process per GPU of this machine, counted as the
+    probe counts them (here: a fake nvidia-smi first on PATH); with no GPU it asks for the count."""
+    from tests.testbed.fake_gpu import gpu, install, write_scenario
+
+    scenario = tmp_path / "scenario.json"
+    tools = install(tmp_path / "bin", scenario)
+    write_scenario(scenario, [gpu(1), gpu(2), gpu(3)])
+    env = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    profile = str(REPO / "cluster_profiles" / "local-gpu.yaml")
+    small = ("--preset", "tiny", "--seq-len", "32", "--batch-size", "1", "--no-choices", "--json")
+    counted = run_cli("estimate", "-p", profile, *small, env=env, timeout=300)
+    assert counted.returncode == 0, counted.stderr
+    report = json.loads(counted.stdout)
+    assert (report["nodes"], report["nproc_per_node"], report["world"]) == (1, 3, 3)
+    scenario.unlink()  # now nvidia-smi fails as it does when no driver answers: no GPU here
+    asked = run_cli("estimate", "-p", profile, *small, env=env, timeout=300)
+    assert asked.returncode == 2 and asked.stdout == ""
+    assert "how many processes per node?" in asked.stderr and "this machine has no GPU" in asked.stderr

@@ -70,3 +70,29 @@ def test_local_rank_0_names_its_nodes_global_ranks_and_status_reads_them(tmp_pat
     log = tmp_path / "node1.log"
     log.write_bytes(b"torchrun starting\n" + f"[rank8]:{said}".encode() + b"[rank8]:step=1 loss=2\n")
     assert ranks_in_log(log) == "8-11" and ranks_in_log(tmp_path / "missing.log") is None
+
+
+def test_a_node_of_one_rank_says_its_one_global_rank(tmp_path):
+    """One rank per node: ``global rank 1``, not ``global ranks 1-1``; read back as ``1`` both ways,
+    as is the ``ranks 3-3`` that runs before wrote."""
+    import os
+    import subprocess
+    import sys
+
+    from fsdpctl.rundir.lines import ranks_in_log, ranks_said
+    from tests.conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "fsdpctl" / "node" / "startup"), "RANK": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1", "FSDPCTL_NODE_RANK": "1", "FSDPCTL_RUN_DIR": str(tmp_path)}
+    env.pop("FSDPCTL_RANK_HOOK_PID", None)
+    said = subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=60).stderr
+    assert said == "fsdpctl: global rank 1 on node 1 (torchrun group rank 1)\n"
+    [line] = LineSplitter(1, "n2", "node1.log").feed(f"[rank1]:{said}".encode())
+    assert ranks_said(line) == "1"
+    log = tmp_path / "node1.log"
+    log.write_bytes(f"[rank1]:{said}".encode())
+    assert ranks_in_log(log) == "1"
+    older = "fsdpctl: global ranks 3-3 on node 3 (torchrun group rank 3)"
+    assert ranks_said(LogLine(3, "n4", older, 3)) == "3"
+    log.write_bytes(f"[rank3]:{older}\n".encode())
+    assert ranks_in_log(log) == "3"

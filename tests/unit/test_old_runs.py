@@ -69,5 +69,5 @@ def test_an_old_slurm_run_shows_its_nodes_logs_and_status(runs_dir):
 
 def test_old_runs_are_listed_with_their_backend(runs_dir):
     listed = run_cli("runs", env={"FSDPCTL_RUNS_DIR": str(runs_dir)})
-    rows = [line.split("\t") for line in listed.stdout.splitlines()]
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]  # under the header
     assert [(r[0], r[1], r[2]) for r in rows] == [(LOCAL_RUN, "succeeded", "local"), (SLURM_RUN, "succeeded", "slurm")]

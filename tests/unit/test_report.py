@@ -94,3 +94,40 @@ def test_figures_are_valid_pngs_with_the_series_drawn(tmp_path):
     for path in both:
         (width, height), texts = png_chunks(path)
         assert width >= 600 and height >= 100 and texts["fsdpctl:figure"]
+
+
+def test_a_one_rank_run_has_nothing_to_compare_its_timings_with():
+    solo = summarize(read_rows(workload_rows(12, 1), "solo"))
+    assert solo.straggler is None and solo.world == 1
+    text = render([solo])
+    assert "no straggler: a single rank, with no other rank to compare its timings with" in text
+    assert "no per-rank timings" not in text
+    untimed = summarize(read_rows([json.dumps({"kind": "train", "step": s, "loss": 2.0}) for s in range(1, 6)], "b"))
+    assert "no per-rank timings in its metrics: no straggler verdict" in render([untimed])
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4, 16])
+def test_nothing_in_the_compute_heat_map_is_cut_off(tmp_path, monkeypatch, ranks):
+    """The heat map's title and every label (its axes', its colour bar's) lie inside the image as it
+    is written: a one-rank strip once cut its colour bar's label off at both ends."""
+    pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
+    from fsdpctl.metrics import plots
+
+    cut: list[tuple[str, str]] = []
+    save = plots._save
+
+    def save_and_check(fig, path, figure, series):
+        written = save(fig, path, figure, series)  # laid out as it is written
+        renderer, frame = fig.canvas.get_renderer(), fig.bbox
+        for text in (text for ax in fig.axes for text in (ax.title, ax.xaxis.label, ax.yaxis.label)):
+            if text.get_text():
+                box = text.get_window_extent(renderer)
+                if box.x0 < frame.x0 - 1 or box.y0 < frame.y0 - 1 or box.x1 > frame.x1 + 1 or box.y1 > frame.y1 + 1:
+                    cut.append((path.name, text.get_text()))
+        return written
+
+    monkeypatch.setattr(plots, "_save", save_and_check)
+    series = read_rows(workload_rows(20, ranks), "run-a")
+    written = plots.draw([series], [summarize(series)], tmp_path)
+    assert "step_time_ranks.png" in [p.name for p in written]
+    assert cut == []

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from fsdpctl.workload import parallelize as par
+from fsdpctl.workload.config import make_config
 from fsdpctl.workload.model import (
     GPT,
     Block,
@@ -15,7 +19,9 @@ from fsdpctl.workload.model import (
     default_batch_size,
     flops_per_token,
     preset_config,
+    set_timer,
 )
+from fsdpctl.workload.timing import RankTimer
 
 pytestmark = pytest.mark.workload
 
@@ -90,6 +96,34 @@ def test_initial_loss_is_near_uniform_and_checkpointing_is_transparent():
     assert loss2.item() == loss.item()
     assert all(torch.allclose(g, p.grad) for g, p in zip(grads, model.parameters(), strict=True))
     assert set(model.state_dict()) == set(GPT(config).state_dict())  # same names
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fsdp2_step_with_rank_timing_hands_fsdp_no_view(one_rank_group, checkpointing):
+    """The trainer's FSDP2 model, timed per rank as every run is, trains a step without FSDP2's
+    "returned a view tensor" warning (an in-place op on such an output skips the all-gather), and
+    the timer still brackets every block's forward and backward and the head."""
+    cfg = make_config({"fsdp": 2, "activation_checkpointing": checkpointing})
+    rt = par.Runtime(0, 1, 0, 1, torch.device("cpu"))
+    gpt_config = GPTConfig(vocab_size=256, n_layer=2, n_embd=32, n_head=4, block_size=16)
+    model = par.build_model(cfg, gpt_config, rt, "fp32")
+    timer = RankTimer(rt.device)
+    set_timer(model, timer)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*returned a view tensor")
+        _, loss = model(x, x)
+        loss.backward()
+    assert len(timer.pairs) == 2 * gpt_config.n_layer + 1  # each block forward and backward, the head
+    assert not timer.open_backward  # every backward that began was seen to end
+    assert timer.window()["compute_s"] > 0
 
 
 def test_flops_count_what_is_multiplied():

@@ -43,6 +43,13 @@ class LocalBackend(NodesBackend):
     def open_connection(self, host: str) -> Transport:
         return LocalTransport()
 
+    def count_gpus(self) -> int | None:
+        """This machine's GPUs, counted as the probe counts a node's (the driver's list, the device
+        files, nvidia-smi where it answers): the node is this machine."""
+        from ...hostcheck.probe_script import gpus
+
+        return int(gpus()["count"])
+
     def trace_node(self) -> TraceNode | None:
         node = super().trace_node()
         return TraceNode("this machine", node.transport, node.python) if node is not None else None

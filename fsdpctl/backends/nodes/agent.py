@@ -30,10 +30,12 @@ secret_bytes, probe, go_timeout):
    (heartbeat), ``stop`` (TERM, a grace period, KILL), ``fail`` (the same with a short grace: another
    node failed) and ``kill``. When the launcher's input ends
    (it died, or its connection closed) or nothing came for the node timeout (a cut link), the agent
-   itself ends every process of the run: a node never outlives its launcher.
+   itself ends every process of the run: a node never outlives its launcher. With ``side`` (the
+   run's metrics, the node's GPU samples: ``fsdpctl.node.side_files``), what those files gain goes
+   out too, as ``+`` frames between the log's, a bounded amount per poll, the last of it before the
+   agent leaves.
 """
 
-import collections
 import os
 import select
 import shutil
@@ -72,6 +74,10 @@ ORPHAN_GRACE_SECONDS = 5.0
 """Between TERM and KILL when the launcher is gone: the run ends within the node timeout + 10 s."""
 OUT_LIMIT = 1 << 20
 """Log bytes waiting for the launcher before the agent stops reading the log (it reads on once they go)."""
+SIDE_LIMIT = 256 << 10
+"""Bytes of the side files (metrics, GPU samples) waiting for the launcher before the agent stops
+reading them; the log's limit is apart, so neither holds the other back."""
+SIDE_POLL_SECONDS = 0.25
 
 
 def heartbeat_seconds(node_timeout):
@@ -239,126 +245,6 @@ def end_run(run_id, grace, node_rank=None, attempt=None, cleanup=None):
     return run_processes(run_id, node_rank, attempt)
 
 
-class Watch:
-    """Step 5: the node's log and end to the launcher, heartbeats both ways, and no run left behind.
-
-    The log goes out as frames of its bytes, read from the file only while less than ``OUT_LIMIT``
-    waits for the launcher: a launcher that reads slower than the ranks print gets every byte, late
-    (the file on disk holds the rest meanwhile). ``!alive``, ``!stopped`` and ``!exit`` go ahead of
-    log data that waits (never inside a frame): a launcher far behind a flood still learns at once
-    that a node ended, and fails fast. After ``!exit`` the rest of the log follows, then the agent
-    closes its output: the launcher's end of the log."""
-
-    def __init__(self, run_id, rank, node_timeout, inp, attempt=None, cleanup=None):
-        self.run_id, self.rank, self.timeout, self.inp = run_id, rank, node_timeout, inp
-        self.attempt, self.cleanup = attempt, cleanup
-        self.control = []  # messages that go before any log data still waiting
-        self.data = collections.deque()  # frames of log data, then the exit
-        self.queued = 0  # bytes in ``data``
-        self.current = memoryview(b"")  # what is being written now: one whole message or frame
-        self.log = None
-        self.last_heard = time.time()
-        self.interval = heartbeat_seconds(node_timeout)
-        self.next_alive = 0.0
-        self.ending = None  # why this agent is ending the run itself
-        self.ended_at = None
-        self.launcher_gone = False
-
-    def say(self, text):
-        self.control.append(("%s\n" % text).encode())
-
-    def pending(self):
-        return bool(self.current) or bool(self.control) or bool(self.data)
-
-    def pump_log(self):
-        """Read what the log has, while little waits for the launcher; True when held back."""
-        if self.log is None:
-            try:
-                self.log = open("node%d.log" % self.rank, "rb")  # noqa: SIM115 - read as it grows, until exit
-            except OSError:
-                return False
-        while self.queued < OUT_LIMIT:
-            chunk = self.log.read(1 << 16)
-            if not chunk:
-                return False
-            frame = ("%s%d\n" % (LINE, len(chunk))).encode() + chunk
-            self.data.append(frame)
-            self.queued += len(frame)
-        return True
-
-    def end(self, why, grace=GRACE_SECONDS):
-        if self.ending is None:
-            self.ending = why
-            left = end_run(self.run_id, grace, self.rank, self.attempt, self.cleanup)
-            self.ended_at = time.time()
-            self.say("%s %s%s" % (STOPPED, why, " left: %s" % left if left else ""))
-
-    def write(self):
-        """Write what the launcher takes now: control messages first, between whole frames."""
-        while True:
-            if not self.current:
-                if self.control:
-                    self.current = memoryview(self.control.pop(0))
-                elif self.data:
-                    frame = self.data.popleft()
-                    self.queued -= len(frame)
-                    self.current = memoryview(frame)
-                else:
-                    return
-            try:
-                written = os.write(1, self.current)
-            except BlockingIOError:
-                return
-            except OSError:
-                self.launcher_gone = True
-                self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
-                return
-            self.current = self.current[written:]
-            if self.current:
-                return  # the pipe is full: select says when it takes more
-
-    def listen(self, wait):
-        want_write = [1] if self.pending() and not self.launcher_gone else []
-        readable, writable, _ = select.select([self.inp.fd], want_write, [], wait)
-        if readable:
-            data = self.inp.read(4096)
-            if not data:
-                self.launcher_gone = True  # it died, or its connection closed: nobody will stop the run
-                self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
-            self.last_heard = time.time()
-            for word in data.decode("utf-8", "replace").split():
-                if word in (STOP, KILL, FAIL):
-                    grace = {STOP: GRACE_SECONDS, FAIL: PEER_FAILED_GRACE_SECONDS, KILL: 0.0}[word]
-                    self.end("asked by the launcher" if word != FAIL else "another node failed", grace)
-        if writable:
-            self.write()
-
-    def run(self):
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # sshd hangs up on a launcher that died: we stay to clean up
-        os.set_blocking(1, False)  # never block on a launcher that stopped reading
-        exit_file = "node%d.exit" % self.rank
-        code = None
-        while True:
-            if code is None and os.path.exists(exit_file):
-                with open(exit_file) as handle:  # written after the log's last byte
-                    code = handle.read().strip() or "255"
-                self.say("%s %s" % (EXIT, code))
-            held_back = self.pump_log()
-            if code is not None and not held_back and not self.pending():
-                return 0  # the whole log is out
-            now = time.time()
-            if code is not None and (self.launcher_gone or now - self.last_heard > self.timeout):
-                return 0  # nobody reads the rest; the node's log file holds it all
-            if now >= self.next_alive:
-                self.say(ALIVE)
-                self.next_alive = now + self.interval
-            if now - self.last_heard > self.timeout and not self.launcher_gone:
-                self.end("nothing heard from the launcher for %.0f s" % self.timeout, ORPHAN_GRACE_SECONDS)
-            if self.ended_at is not None and code is None and now - self.ended_at > 15.0:
-                return 1  # the run is ended; its wrapper left no exit file (it was killed too)
-            self.listen(0.0 if held_back and not self.pending() else 0.2)
-
-
 def agent(args):
     """Steps 1-5 above; returns the exit status."""
     import json
@@ -389,7 +275,8 @@ def agent(args):
     sys.stdout.flush()
     node_timeout = float(word[1]) if len(word) > 1 else 0.0
     if node_timeout > 0:
-        return Watch(args["run_id"], args["rank"], node_timeout, inp, args.get("attempt"), args.get("cleanup")).run()
+        return Watch(args["run_id"], args["rank"], node_timeout, inp, args.get("attempt"),  # noqa: F821
+                     args.get("cleanup"), side_files(args.get("side"))).run()  # noqa: F821 - agent_watch's
     return 0
 
 

@@ -21,6 +21,8 @@ from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport
 from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, host_python, make_jobs, run_doctor
 from ...hostcheck.probe import container_probe_args
+from ...live import layout
+from ...live.layout import collector_alive
 from ...metrics.gpu_samples import GPU_SAMPLES_SHOWN, newest_samples, newest_text
 from ...node.stacks import answer_of
 from ...plan.make import container_plan
@@ -29,7 +31,7 @@ from ...profiles.schema import ClusterProfile, HostSpec
 from ...rundir.attempts import attempt_folder
 from ...rundir.lines import ranks_in_log, read_merged
 from ...rundir.outcome import NodeEnd, settle
-from ...rundir.paths import files_under
+from ...rundir.paths import files_under, read_json
 from ...rundir.record import now
 from ...rundir.rundir import RunDir, last_metrics
 from ...rundir.state import NodeState, RunState
@@ -154,32 +156,39 @@ class NodesBackend(Backend):
         return NodesFollower(run, started, f"started on {run.plan.num_nodes} node(s), world size {world}",
                              self.connection)
 
-    def attach(self, run: RunDir) -> NodesFollower:
-        return NodesFollower(run, None, "", self.connection)
+    def attach(self, run: RunDir, *, collect: bool = False) -> NodesFollower:
+        return NodesFollower(run, None, "", self.connection, collect=collect)
 
     def status(self, run: RunDir) -> RunStatus:
-        """run.json, with each node asked for its script's state while the run is marked running,
-        and the last metrics line rank 0 wrote."""
+        """run.json, with how each node stands now: from the run's collector (the launcher or a
+        detached run's follower, which writes it here every second) while one follows the run, else
+        asked of each node while the run is marked running; the last metrics line rank 0 wrote and
+        the newest GPU samples, from the copies here (else from the nodes)."""
         plan, record = run.plan, run.record
         nodes = list(record.nodes) or [NodeStatus(node_rank=n.node_rank, host=n.host, address=n.address,
                                                   state=NodeState.UNKNOWN) for n in plan.nodes]
         state = record.state
-        live = not state.is_over
+        followed = not state.is_over and bool(collector_alive(run.root))
+        live = not state.is_over and not followed
+        if followed:
+            nodes = followed_nodes(run, nodes)
         if live:
             nodes = self._parallel(lambda node: node.replace(**self._poll_node(plan.run_dir, node)), nodes)
             state = settle([NodeEnd(node_rank=n.node_rank, host=n.host, state=n.state, exit_code=n.exit_code)
                             for n in nodes]).state
-        here = Path(plan.run_dir).expanduser()
-        texts = [_read_local(here / "metrics.jsonl")]
-        gpus = [newest_text(path) for path in sorted(here.glob("gpu/node*.jsonl"))]
-        tail = "tail -n 1 metrics.jsonl 2>/dev/null"
+        texts = [newest_text(path) for path in layout.node_files(run.root, plan, layout.METRICS)]
+        gpus = [newest_text(path) for path in layout.gpu_files(run.root, plan)]
+        tail = "tail -n 5 metrics.jsonl 2>/dev/null"  # the last training row may be followed by a validation row
         if live:  # and each node's newest GPU samples (a straggler's cause needs a few)
             answers = self._parallel(lambda node: self._quietly(
                 node, plan.run_dir, f"{tail}; echo {_GPU_MARK}; tail -n {GPU_SAMPLES_SHOWN} "
                                     f"gpu/node{node.node_rank}.jsonl 2>/dev/null"), list(plan.nodes))
-            texts += [answer.partition(_GPU_MARK)[0] for answer in answers]
-            gpus = gpus or [answer.partition(_GPU_MARK)[2] for answer in answers]
-        elif not texts[0] and plan.nodes:  # an ended run whose directory is not here: node 0's rank 0 wrote it
+            # the nodes' own word first: copies here nobody collects any more may be behind
+            texts = [answer.partition(_GPU_MARK)[0] for answer in answers] + texts
+            asked = [answer.partition(_GPU_MARK)[2] for answer in answers]
+            gpus = asked if any(asked) else gpus
+        elif not any(texts) and plan.nodes and not followed:
+            # an ended run whose metrics were not collected here: node 0's rank 0 wrote them
             texts.append(self._quietly(plan.nodes[0], plan.run_dir, tail, timeout=10))
         nodes = [n if n.ranks else n.replace(ranks=ranks_in_log(run.paths.logs / f"node{n.node_rank}.log"))
                  for n in nodes]  # the global ranks each node's rank 0 said it holds, in the copy kept here
@@ -257,8 +266,12 @@ class NodesBackend(Backend):
         container = run.plan.container
         remaining = stop_run(run.run_id, [self.connection(n) for n in run.plan.nodes],
                              runtime=container.runtime if container else None)
+        record = run.record
+        if record.state.is_over:  # it had ended already: what ended it stays its record
+            run.change(remaining=remaining)
+            return remaining
         nodes = tuple(n.replace(state=NodeState.STOPPED) if n.state in (NodeState.RUNNING, NodeState.STARTING) else n
-                      for n in run.record.nodes)
+                      for n in record.nodes)
         run.change(state=RunState.STOPPED, nodes=nodes, stopped_at=now(), remaining=remaining)
         return remaining
 
@@ -317,8 +330,17 @@ def container_args(plan: LaunchPlan) -> dict[str, Any]:
     return {"container": container_probe_args(plan.container, plan.python)}
 
 
-def _read_local(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return ""
+def followed_nodes(run: RunDir, nodes: list[NodeStatus]) -> list[NodeStatus]:
+    """The nodes as the run's collecting follower last said they stand (``live/follower.json``)."""
+    said = read_json(layout.live_dir(run.root) / layout.FOLLOWER)
+    if said.get("attempt") != run.plan.attempt:
+        return nodes
+    now = {n.get("node_rank"): n for n in said.get("nodes") or []}
+    out = []
+    for node in nodes:
+        mine = now.get(node.node_rank)
+        if mine:
+            node = node.replace(state=NodeState.parse(mine.get("state")), exit_code=mine.get("exit_code"),
+                                detail=mine.get("detail") or node.detail)
+        out.append(node)
+    return out

@@ -50,6 +50,22 @@ class Note:
 
 
 @dataclass(frozen=True)
+class SideData:
+    """Bytes of one of the node's side files (``fsdpctl.node.side_files``): the ``index``-th of its
+    list, from ``offset`` of the file ``inode``."""
+
+    index: int
+    inode: int
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class SideEnded:
+    """The node's side files reader ended (everything it had is out)."""
+
+
+@dataclass(frozen=True)
 class StreamEnded:
     """The node's log stream ended."""
 
@@ -80,17 +96,24 @@ class Lost:
 
 Answer = Union[Exited, Running, Gone, Lost]
 """What is known of how a node's script stands."""
-Message = Union[Data, Note, StreamEnded, Answer]
+Message = Union[Data, SideData, SideEnded, Note, StreamEnded, Answer]
 """What a feed hands the supervisor about one node."""
+
+
+_MAIN = '\nif __name__ == "__main__":'
 
 
 @functools.lru_cache(maxsize=1)
 def agent_source() -> str:
-    """The probe's functions, then the agent's (it answers the preflight with the probe's own code)."""
-    probe, guard, _ = probe_source().rpartition('\nif __name__ == "__main__":')
-    if not guard:
-        raise AssertionError("the probe script lost its main guard")
-    return probe + "\n\n" + (Path(__file__).resolve().parent / "agent.py").read_text(encoding="utf-8")
+    """The probe's functions, then the agent's (it answers the preflight with the probe's own code),
+    then its watch over a foreground run (``agent_watch``), then the agent's main guard."""
+    probe, guard, _ = probe_source().rpartition(_MAIN)
+    here = Path(__file__).resolve().parent
+    agent, agent_guard, main = (here / "agent.py").read_text(encoding="utf-8").rpartition(_MAIN)
+    if not guard or not agent_guard:
+        raise AssertionError("the probe script or the agent lost its main guard")
+    watch = (here / "agent_watch.py").read_text(encoding="utf-8")
+    return "\n\n".join((probe, agent, watch)) + _MAIN + main
 
 
 def agent_command(python: str, args: dict[str, Any]) -> str:
@@ -98,9 +121,18 @@ def agent_command(python: str, args: dict[str, Any]) -> str:
     return command_line(python, ["-c", agent_source(), json.dumps(args, sort_keys=True)])
 
 
-def follow_command(run_dir: str, rank: int, pid: int) -> str:
-    """Print node<R>.log from its start, and keep following it until the wrapper ends."""
-    return marked(f"cd {quote_path(run_dir)} && exec tail -n +1 -F --pid={pid} node{rank}.log 2>/dev/null")
+def follow_command(run_dir: str, rank: int, pid: int, start: int = 0) -> str:
+    """Print node<R>.log from byte ``start`` (its start by default), and keep following it until the
+    wrapper ends."""
+    return marked(f"cd {quote_path(run_dir)} && exec tail -c +{start + 1} -F --pid={pid} node{rank}.log 2>/dev/null")
+
+
+def side_files_command(run_dir: str, python: str, rank: int, pid: int, specs: list[dict[str, Any]]) -> str:
+    """Send what the node's side files gain, as frames, until the node has ended and all is out
+    (``fsdpctl.node.side_files``, shipped with the run): for a follower of a run it did not start."""
+    args = json.dumps({"files": specs, "rank": rank, "pid": pid}, sort_keys=True)
+    return marked(f"cd {quote_path(run_dir)} && PYTHONPATH=pkg exec {quote_path(python)} "
+                  f"-m fsdpctl.node.side_files {shlex.quote(args)}")
 
 
 def poll_command(run_dir: str, rank: int, pid: int) -> str:

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from ...errors import FsdpctlError, HostError
+from ...node.side_files import FRAME as SIDE_FRAME
+from ...node.side_files import FrameReader
+from ...node.side_files import parse_header as parse_side_header
 from ...rundir.state import NodeState
 from ...shell import OUTPUT_MARK, after_mark, marked
+from ..transport import Stream
 from .agent import ALIVE, EXIT, FAIL, HEARTBEAT, KILL, LINE, PEER_FAILED_GRACE_SECONDS, STOP, STOPPED, heartbeat_seconds
 from .commands import (
     Answer,
@@ -30,6 +34,8 @@ from .commands import (
     Message,
     Note,
     Running,
+    SideData,
+    SideEnded,
     StreamEnded,
     follow_command,
     parse_poll,
@@ -38,7 +44,7 @@ from .commands import (
 from .runs import COMMAND_TIMEOUT, NodeRun, stop_run
 
 __all__ = ["AgentFeed", "Answer", "Data", "Exited", "Feed", "Gone", "Listener", "Lost", "Message", "Note",
-           "Running", "StreamEnded", "TailFeed", "heartbeat_seconds"]
+           "Running", "SideData", "SideEnded", "StreamEnded", "TailFeed", "heartbeat_seconds"]
 POLL_SECONDS = 2.0
 # While a node's log stream is open it says when the node ends; polls (an SSH command each, with the
 # login shell's rc files, on nodes busy starting torch) are then only a safety net.
@@ -132,6 +138,14 @@ class AgentFeed:
                     return
                 sup.put_data(run, data)
                 continue
+            side = parse_side_header(header) if header.startswith(SIDE_FRAME.encode()) else None
+            if side is not None:
+                index, inode, offset, size = side
+                data = self._frame(sup, session, size)
+                if data is None:
+                    return
+                sup.put(run, SideData(index, inode, offset, data))
+                continue
             line = header.decode("utf-8", "replace").rstrip("\n")
             answer = parse_poll(line[1:]) if line.startswith(EXIT + " ") else None
             if isinstance(answer, Exited):
@@ -191,40 +205,57 @@ class AgentFeed:
 
 
 class TailFeed:
-    """A run followed from outside: its nodes' logs with ``tail -F``, their exit files polled."""
+    """A run followed from outside: its nodes' logs with ``tail -F``, their exit files polled; with
+    ``side`` (a collecting follower's: the command that sends a node's side files, None for a node
+    with none), the node's metrics and GPU samples too."""
 
     quiet_seconds = 0.0  # tail -F ends with the node's wrapper: whatever comes after that comes at once
 
-    def __init__(self) -> None:
+    def __init__(self, side: Callable[[NodeRun], str | None] | None = None,
+                 start_at: Callable[[NodeRun], int] | None = None) -> None:
         self.runs: list[NodeRun] = []
+        self.side = side
+        self.start_at = start_at  # each node's log from this byte on (default: its start)
+        self.side_streams: list[Stream] = []
 
     def start(self, sup: Listener) -> None:
         self.runs = list(sup.runs)
         for run in self.runs:
             threading.Thread(target=_guarded, args=(sup, run, lambda run=run: self._follow(sup, run)),
                              daemon=True).start()
+            command = self.side(run) if self.side is not None else None
+            if command is not None:
+                threading.Thread(target=self._side_files, args=(sup, run, command), daemon=True).start()
         # Polls are SSH round trips: a thread of their own, so printing never waits behind one.
         threading.Thread(target=self._poller, args=(sup,), daemon=True).start()
 
     def _follow(self, sup: Listener, run: NodeRun) -> None:
-        mark = OUTPUT_MARK.encode() + b"\n"
         try:
-            stream = run.transport.stream(follow_command(sup.run_dir, run.rank, run.pid))
-            before = b""  # what the shell's rc files printed, up to the mark
-            for chunk in stream.chunks():
-                if before is not None:
-                    before += chunk
-                    at = before.find(mark)
-                    if at < 0:
-                        before = before[-len(mark):]
-                        continue
-                    chunk, before = before[at + len(mark):], None
-                if chunk:
-                    sup.put_data(run, chunk)
+            start = self.start_at(run) if self.start_at is not None else 0
+            stream = run.transport.stream(follow_command(sup.run_dir, run.rank, run.pid, start))
+            for chunk in _after_mark(stream):
+                sup.put_data(run, chunk)
             stream.close()
         except (HostError, OSError, EOFError):
             pass  # the poll decides whether the host is gone
         sup.put(run, StreamEnded())
+
+    def _side_files(self, sup: Listener, run: NodeRun, command: str) -> None:
+        """The node's side files as frames, until the node has ended and they are all out (what
+        goes wrong here loses only the copies' newest bytes: the log's stream decides about the node)."""
+        run.side_streaming = True
+        try:
+            stream = run.transport.stream(command)
+            self.side_streams.append(stream)
+            reader = FrameReader()
+            for chunk in _after_mark(stream):
+                for index, inode, offset, data in reader.feed(chunk):
+                    sup.put(run, SideData(index, inode, offset, data))
+            stream.close()
+        except (HostError, OSError, EOFError):
+            pass
+        finally:
+            sup.put(run, SideEnded())
 
     def _poller(self, sup: Listener) -> None:
         last = {run.rank: time.monotonic() for run in self.runs}
@@ -255,4 +286,24 @@ class TailFeed:
         stop_run(sup.run_id, [r.transport for r in runs], grace, sup.container_runtime)
 
     def close(self) -> None:
-        return None
+        for stream in self.side_streams:
+            try:
+                stream.close()
+            except (HostError, OSError):
+                pass
+
+
+def _after_mark(stream: Stream) -> Iterator[bytes]:
+    """A marked command's output after its mark (what the shell's rc files printed is dropped)."""
+    mark = OUTPUT_MARK.encode() + b"\n"
+    before: bytes | None = b""
+    for chunk in stream.chunks():
+        if before is not None:
+            before += chunk
+            at = before.find(mark)
+            if at < 0:
+                before = before[-len(mark):]
+                continue
+            chunk, before = before[at + len(mark):], None
+        if chunk:
+            yield chunk

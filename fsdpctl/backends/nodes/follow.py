@@ -8,6 +8,7 @@ only follows; it records the end of a detached run that nobody else has settled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -16,6 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
+from ...live.collector import Collector, with_export_notes
+from ...live.exports import LiveExports
+from ...live.layout import collector_lock
 from ...node.mask import Masker
 from ...plan.types import NodeSpec
 from ...rundir.record import now
@@ -24,6 +28,7 @@ from ...rundir.state import NodeState, Outcome, RunState
 from ..base import LineSink
 from ..hang_watch import HangWatch
 from ..transport import Transport
+from .commands import side_files_command
 from .feeds import AgentFeed, TailFeed
 from .log_copy import complete_logs
 from .runs import NodeRun, RunResult, fetch_logs, node_records, read_error_file, recorded_node_runs
@@ -35,24 +40,44 @@ class NodesFollower:
     owner; ``connect`` is the backend's own connection to a node."""
 
     def __init__(self, run: RunDir, started: Optional[list[NodeRun]], how: str,
-                 connect: Callable[[NodeSpec], Transport]):
+                 connect: Callable[[NodeSpec], Transport], collect: bool = False):
         self.run, self.how, self.connect = run, how, connect
         self.owner = started is not None
         self.started = started or []
+        self.collect = collect or self.owner
+        self.collecting = False
+        """This follower is the run's collector (its owner always is; a detached run's follower too):
+        it keeps the logs here and the copies of the nodes' side files, unless another process
+        already collects the run."""
 
     def follow(self, sink: LineSink, *, watch: HangWatch | None = None, signals: bool = False,
                leave: threading.Event | None = None) -> Outcome:
         """Stream every node until the run ends, failing fast."""
+        run = self.run
+        with collector_lock(run.root) if self.collect else contextlib.nullcontext(False) as got:
+            collector = None
+            if self.collect and got:
+                collector = Collector(run.root, run.plan, run.plan.attempt, run.record.from_step,
+                                      exports=LiveExports(run))
+            outcome = self._follow(sink, collector, watch=watch, signals=signals, leave=leave)
+            return with_export_notes(outcome, collector)
+
+    def _follow(self, sink: LineSink, collector: Optional[Collector], *, watch: HangWatch | None, signals: bool,
+                leave: threading.Event | None) -> Outcome:
         run, plan, owner = self.run, self.run.plan, self.owner
+        self.collecting = collector is not None
         watched = owner and all(r.session is not None for r in self.started)
         node_runs = self.started if watched else recorded_node_runs(run, self.connect)
-        feed = AgentFeed(plan.node_timeout) if watched else TailFeed()
+        # A collecting follower goes on from where the copies here end (an earlier one may have begun them).
+        feed = AgentFeed(plan.node_timeout) if watched else TailFeed(
+            self._side_command(collector),
+            (lambda node: _size(run.paths.logs / f"node{node.rank}.log")) if collector is not None else None)
         # The values are in this environment (they were read from it at launch; a follower in another
         # shell may have them too); the nodes mask their logs themselves as well.
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
-        result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner,
+        result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner or collector is not None,
                             stop_on_interrupt=owner, mask=masker.text if masker else None, watch=watch, signals=signals,
-                            leave=None if owner else leave).run()
+                            leave=None if owner else leave, collector=collector).run()
         if result.left:
             return Outcome(exit_code=0, state=RunState.RUNNING, message=f"stopped following; run {plan.run_id} goes on")
         if result.interrupted and not owner:
@@ -60,6 +85,17 @@ class NodesFollower:
                            message=f"stopped following; run {plan.run_id} goes on (end it with "
                                    f"`fsdpctl stop {plan.run_id}`)")
         return self._settle(result, node_runs, masker)
+
+    def _side_command(self, collector: Optional[Collector]) -> Optional[Callable[[NodeRun], Optional[str]]]:
+        """For a collecting follower of a run it did not start: the command that sends a node's side files."""
+        if collector is None or not collector.collecting:
+            return None
+        plan = self.run.plan
+
+        def command(node: NodeRun) -> Optional[str]:
+            specs = collector.specs(node.rank, node.node.host)
+            return side_files_command(plan.run_dir, plan.host_python, node.rank, node.pid, specs) if specs else None
+        return command
 
     def _settle(self, result: RunResult, node_runs: list[NodeRun], masker: Masker) -> Outcome:
         """The end as the nodes left it: the failing rank's own error read, the logs brought whole,
@@ -87,11 +123,19 @@ class NodesFollower:
                                       frozenset(r.rank for r in node_runs if r.state == NodeState.LOST))
         elif record.detached and run.record.state is RunState.RUNNING:
             # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
-            # records how it ended.
-            run.change(state=state, nodes=node_records(node_runs), **recorded)
+            # records how it ended; its collector's copies of the logs are whole when no stream was cut.
+            whole = {"logs_complete": not lost} if self.collecting else {}
+            run.change(state=state, nodes=node_records(node_runs), **recorded, **whole)
         message = None
         if result.interrupted:
             by = signal.Signals(result.signal).name if result.signal else "a signal"
             message = f"run {plan.run_id} interrupted by {by}; every process of it was stopped"
         return Outcome(exit_code=result.exit_code, state=state, first_failure=failure, message=message,
                        interrupted_by=result.signal, notes=tuple(notes))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

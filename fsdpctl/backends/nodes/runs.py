@@ -48,6 +48,7 @@ class NodeRun:
     exit_code: int | None = None
     state: NodeState = NodeState.STARTING
     streaming: bool = True  # its log stream is open
+    side_streaming: bool = False  # a reader of its side files (metrics, GPU samples) still sends
     tail: deque = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
     session: Session | None = None
     """The node agent that started it and watches over it (a foreground run started here)."""

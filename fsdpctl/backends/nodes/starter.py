@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from ...bundle import Payload
@@ -16,6 +17,7 @@ from ...container.runtime import cleanup_command, probe_timeout
 from ...errors import HostError
 from ...hostcheck.fanout import HostJob, ProbeRunner
 from ...hostcheck.probe_script import END
+from ...live.collector import side_specs
 from ...plan.types import LaunchPlan, NodeSpec
 from ...rundir.attempts import attempt_folder, node_files
 from ...rundir.state import NodeState
@@ -49,6 +51,9 @@ class NodeStarter:
             args["cleanup"] = cleanup_command(self.plan.container.runtime, self.plan.run_id, rank)
         if self.plan.attempt > 1:  # the last attempt's node files move aside when this one starts
             args["archive"] = {"to": attempt_folder(self.plan.attempt - 1), "names": node_files(rank)}
+        side = side_specs(Path(self.plan.local_run_dir), self.plan, rank, self.nodes[rank].host)
+        if side:  # its metrics and GPU samples come with its log, to the collector here
+            args["side"] = side
         session = self.connect(self.nodes[rank]).session(marked(agent_command(self.python, args)))
         self.sessions[rank] = session
         for chunk in self.payload.files.chunks():  # the tar as it is made: never all of it in memory

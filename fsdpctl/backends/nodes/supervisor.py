@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...live.collector import Collector
 from ...plan.types import LaunchPlan
 from ...rundir.lines import LineSplitter, LogLine, shown
 from ...rundir.outcome import HANG_EXIT, NODE_LOST_EXIT, NodeEnd, settle
@@ -29,7 +30,7 @@ from ...rundir.state import Failure, NodeState, RunState
 from ..base import LineSink
 from ..hang_watch import HangWatch
 from ..signals import Interrupted, on_stop_signals
-from .commands import Answer, Data, Exited, Gone, Lost, Message, Note, Running, StreamEnded
+from .commands import Answer, Data, Exited, Gone, Lost, Message, Note, Running, SideData, SideEnded, StreamEnded
 from .feeds import Feed
 from .runs import GRACE_SECONDS, KEEP_LINES, NodeRun, RunResult, first_failure_of
 
@@ -48,7 +49,7 @@ class Supervisor:
     def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink, feed: Feed,
                  grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True,
                  mask: Callable[[str], str] | None = None, watch: HangWatch | None = None, signals: bool = False,
-                 leave: threading.Event | None = None):
+                 leave: threading.Event | None = None, collector: Collector | None = None):
         self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
         batch = getattr(sink, "lines", None)  # a sink that takes a batch at once (see api.events)
         self.sink_lines = batch if callable(batch) else (lambda lines: [sink(line) for line in lines])
@@ -72,6 +73,7 @@ class Supervisor:
         self.stopping = False  # ending every node on a signal: how they end is our doing, not a failure
         self.watch = watch
         self.hang_failure: Failure | None = None  # the watchdog ended the run
+        self.collector = collector  # the run's one collector: side files' copies and the follower's word
 
     def _open(self, name: str, binary: bool = False):
         target = self.log_dir / name if self.write_local else Path(os.devnull)
@@ -117,7 +119,16 @@ class Supervisor:
             self.feed.close()
             for handle in (*self.files.values(), self.merged):
                 handle.close()
+            if self.collector is not None:
+                self.collector.beat(self.node_states(), ended=True)
         return self._result(signum)
+
+    def node_states(self) -> list[dict[str, Any]]:
+        """How each node stands as this follower knows it (the follower's word, for viewers)."""
+        now = time.monotonic()
+        return [{"node_rank": r.rank, "host": r.node.host, "state": str(r.state), "exit_code": r.exit_code,
+                 "quiet_s": round(now - r.last_heard, 1), "log_bytes": r.received, "stopped": r.stopped,
+                 "detail": r.lost_reason} for r in self.runs]
 
     def _left(self) -> bool:
         return self.leave is not None and self.leave.is_set()
@@ -143,6 +154,13 @@ class Supervisor:
         for run, message in batch:
             if isinstance(message, ANSWERS):
                 self._settle(run, message)
+            elif isinstance(message, SideData):
+                run.last_heard = time.monotonic()
+                if self.collector is not None:
+                    self.collector.take(run.rank, run.node.host, message.index, message.inode, message.offset,
+                                        message.data)
+            elif isinstance(message, SideEnded):
+                run.side_streaming = False
             else:
                 self._take(run, message)
                 if isinstance(message, StreamEnded) and run.state == NodeState.RUNNING:
@@ -150,6 +168,8 @@ class Supervisor:
         for run, answer in self.feed.check(self):
             self._settle(run, answer)
         self._flush()
+        if self.collector is not None:
+            self.collector.beat(self.node_states(), extra={"run_state": str(RunState.RUNNING)})
         if self.watch is not None and not self.stopping and self.failed is None:
             silent = self.watch.due()
             if silent is not None:
@@ -161,9 +181,9 @@ class Supervisor:
         flood (a slow terminal, a loaded machine) still gets the whole end of every log, torchrun's
         failure summary included, before the run is settled."""
         quiet = max(DRAIN_SECONDS, self.feed.quiet_seconds)
-        open_streams = [r for r in self.runs if r.streaming and r.state != NodeState.LOST]
-        while any(r.streaming and time.monotonic() - r.last_heard < quiet for r in open_streams) \
-                and not self._left():
+        open_streams = [r for r in self.runs if (r.streaming or r.side_streaming) and r.state != NodeState.LOST]
+        while any((r.streaming or r.side_streaming) and time.monotonic() - r.last_heard < quiet
+                  for r in open_streams) and not self._left():
             self._step()
 
     def _hang(self, silent: float) -> None:

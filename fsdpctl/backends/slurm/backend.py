@@ -6,12 +6,12 @@ every node appends to ``node<R>.log``. ``doctor`` probes nodes allocated with ``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from ...bundle import Payload
-from ...errors import HostError
+from ...errors import HostError, UsageError
 from ...hostcheck.checks import DoctorReport, HostReport
 from ...metrics.gpu_samples import newest_samples, newest_text
 from ...node.stacks import BEGIN as STACKS_BEGIN
@@ -23,16 +23,17 @@ from ...rundir.attempts import attempt_folder
 from ...rundir.paths import files_under
 from ...rundir.record import now
 from ...rundir.rundir import RunDir, last_metrics
-from ...rundir.state import NodeState, RunState
-from ...rundir.status import NodeStatus, RunStatus
+from ...rundir.state import RunState
+from ...rundir.status import RunStatus
 from ...shell import quote_path
 from ..base import Backend, DoctorRequest, LineSink, Preflight, ProfileProblem
 from ..nodes.commands import STAGED, stacks_command
 from ..transport import LocalTransport
-from . import client, states
+from . import client
 from .follow import SlurmFollower, batch_output
-from .logs import NodeLogs
+from .logs import NodeLogs, NodeLogsTail
 from .plan import OPTIONS, SlurmPlan, finish_slurm_plan, slurm_placement
+from .records import nodes_of, record_job_state, refresh_records
 from .scripts import SUBMITIT_SETUP_SCRIPT, slurm_scripts
 from .steps import metrics_text, spare_changes
 from .submit import submit_slurm, submitit_job
@@ -99,34 +100,44 @@ class SlurmBackend(Backend):
     # ---- a run -----------------------------------------------------------------------------------
     def start(self, run: RunDir, payload: Payload, *, detached: bool,
               preflight: Optional[Preflight] = None) -> SlurmFollower:
-        return SlurmFollower(run, f"submitted as Slurm job {submit_slurm(run, payload)}")
+        return SlurmFollower(run, f"submitted as Slurm job {submit_slurm(run, payload)}", collect=True)
 
-    def attach(self, run: RunDir) -> SlurmFollower:
-        return SlurmFollower(run, "")
+    def attach(self, run: RunDir, *, collect: bool = False) -> SlurmFollower:
+        return SlurmFollower(run, "", collect=collect)
+
+    @classmethod
+    def refresh_records(cls, runs: Sequence[RunDir]) -> None:
+        """One ``squeue`` for the jobs of every live run (then each job it no longer lists as live),
+        written into their run.json."""
+        refresh_records(runs)
 
     def status(self, run: RunDir) -> RunStatus:
-        """The job's state from Slurm (the controller, then accounting), each node from its log."""
+        """The job's state from Slurm (the controller, then accounting) while it is live, written into
+        run.json (so ``runs`` and ``Run.info`` say the same); each node from its log. A run without
+        a job (sbatch refused it) has no nodes."""
         plan, record = run.plan, run.record
-        state, job = record.state, {"job_id": record.job_id, "slurm_state": record.job.get("slurm_state")}
-        exit_code = record.exit_code
-        if not state.is_over:
-            slurm = client.job_state(str(record.job_id), requeueable=SlurmPlan.of(plan).requeue)
-            exit_code = slurm.exit_code
-            state = states.run_state(slurm.state, exit_code) if slurm.finished else states.live_state(slurm.state)
-            job.update(slurm_state=slurm.state, restarts=slurm.restarts)  # requeued by Slurm (--requeue)
         run_dir = Path(plan.run_dir).expanduser()
         logs = NodeLogs(run_dir, plan.num_nodes)
         logs.read_new(lambda line: None)
-        node_state = NodeState.PENDING if state is RunState.SUBMITTED else NodeState.RUNNING if not state.is_over \
-            else NodeState.SUCCEEDED if state is RunState.SUCCEEDED else NodeState.STOPPED \
-            if state is RunState.STOPPED else NodeState.FAILED
-        nodes = tuple(NodeStatus(node_rank=rank, host=logs.hosts[rank], state=node_state, exit_code=exit_code,
-                                 ranks=logs.ranks[rank]) for rank in range(plan.num_nodes))
+        if not record.state.is_over and record.job_id is not None:
+            slurm = client.job_state(record.job_id, requeueable=SlurmPlan.of(plan).requeue)
+            record = record_job_state(run, slurm, logs)
+        nodes = () if record.job_id is None else nodes_of(record.state, record.exit_code, logs, plan.num_nodes)
+        job = {"job_id": record.job_id, "slurm_state": record.job.get("slurm_state"),
+               "restarts": record.job.get("restarts")}  # requeued by Slurm (--requeue)
         metrics = metrics_text(run_dir)
         gpus = [newest_text(path) for path in sorted(run_dir.glob("gpu/node*.jsonl"))]
-        return record.status(state=state, exit_code=exit_code, nodes=nodes, job=job,
-                             last_metrics=last_metrics([metrics] if metrics else []), gpu_samples=newest_samples(gpus),
+        return record.status(nodes=nodes, job=job, last_metrics=last_metrics([metrics] if metrics else []),
+                             gpu_samples=newest_samples(gpus),
                              **spare_changes(run_dir, metrics))  # which node failed, which spare took its place
+
+    def log_tail(self, run: RunDir) -> NodeLogsTail:
+        """The node logs in the shared run directory, as they grow."""
+        return NodeLogsTail(Path(run.plan.run_dir).expanduser(), run.plan.num_nodes)
+
+    def scheduler_status(self, run: RunDir) -> RunStatus:
+        """``status``: Slurm's word on the job (squeue, then accounting) and the shared directory's files."""
+        return self.status(run)
 
     def ask(self, run: RunDir, command: str) -> str:
         """Run here: the run directory is on storage this machine shares with the nodes."""
@@ -173,8 +184,14 @@ class SlurmBackend(Backend):
         return {"the shared run directory": files_under(Path(run.plan.run_dir).expanduser() / path, skip=STAGED)}
 
     def stop(self, run: RunDir) -> dict[str, str]:
-        """``scancel``: Slurm ends every step on every node."""
-        job_id = str(run.record.job_id)
+        """``scancel``: Slurm ends every step on every node. Refused (UsageError) for a run that has
+        no job: nothing of it runs."""
+        record = run.record
+        if record.job_id is None:
+            why = f" ({record.first_failure.describe()})" if record.first_failure else ""
+            raise UsageError(f"run {run.run_id}: nothing to stop: it has no Slurm job{why}",
+                             f"`fsdpctl status {run.run_id}` says how it stands")
+        job_id = record.job_id
         client.cancel(job_id)
         run.change(state=RunState.STOPPED, stopped_at=now())
         return {f"Slurm job {job_id}": ""}

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -83,6 +84,12 @@ def parse_sacct(text: str) -> JobState | None:
     return None
 
 
+def is_finished(state: str, requeueable: bool = False) -> bool:
+    """The job in this state has ended; for a job submitted to be requeued (``requeueable``),
+    PREEMPTED and NODE_FAIL are on its way back to PENDING."""
+    return state in FINISHED and not (requeueable and state in ("PREEMPTED", "NODE_FAIL"))
+
+
 def job_state(job_id: str, requeueable: bool = False) -> JobState:
     """From the controller (``scontrol show job``) while it remembers the job (MinJobAge after it
     ends), then the accounting database (sacct) where the cluster keeps one. ``requeueable``: the
@@ -96,9 +103,24 @@ def job_state(job_id: str, requeueable: bool = False) -> JobState:
     state = found.group(1)
     code = re.search(r"\bExitCode=(\d+:\d+)", shown.stdout)
     restarts = re.search(r"\bRestarts=(\d+)", shown.stdout)
-    finished = state in FINISHED and not (requeueable and state in ("PREEMPTED", "NODE_FAIL"))
+    finished = is_finished(state, requeueable)
     return JobState(state, _exit_code(code.group(1)) if code and finished else None, finished,
                     int(restarts.group(1)) if restarts else 0)
+
+
+def queue_states(job_ids: Sequence[str], timeout: float = TIMEOUT) -> dict[str, str]:
+    """Each job's state as the controller lists it (``RUNNING``, ``PENDING``...), all of ``job_ids``
+    in one ``squeue``. A job the controller no longer lists (it ended a while ago) is not in the
+    answer, nor is any job when squeue refused the list (an id it has never heard of): ask those one
+    by one (``job_state``)."""
+    if not job_ids:
+        return {}
+    done = run_client(["squeue", "--noheader", "--states=all", f"--jobs={','.join(job_ids)}", "--format=%i %T"],
+                      timeout=timeout)
+    if done.returncode != 0:
+        return {}
+    listed = (line.split() for line in done.stdout.splitlines())
+    return {fields[0]: fields[1] for fields in listed if len(fields) == 2 and fields[0] in job_ids}
 
 
 def cancel(job_id: str) -> None:

@@ -4,11 +4,15 @@ node's log), and recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from pathlib import Path
 from typing import Optional
 
+from ...live.collector import Collector, with_export_notes
+from ...live.exports import LiveExports
+from ...live.layout import collector_lock
 from ...rundir.lines import LogLine
 from ...rundir.outcome import HANG_EXIT, NodeEnd, settle
 from ...rundir.record import RunRecord, now
@@ -31,14 +35,28 @@ TAIL_BYTES = 256 * 1024
 class SlurmFollower:
     """Follows one Slurm job (whoever submitted it: the job is Slurm's, not a launcher's)."""
 
-    def __init__(self, run: RunDir, how: str):
-        self.run, self.how = run, how
+    def __init__(self, run: RunDir, how: str, collect: bool = False):
+        self.run, self.how, self.collect = run, how, collect
 
     def follow(self, sink: LineSink, *, watch: HangWatch | None = None, signals: bool = False,
                leave: threading.Event | None = None) -> Outcome:
         """The node logs as they grow until Slurm says the job has ended; records how it ended.
         An interruption stops following only: the job is Slurm's, and goes on. A hang the watch
-        ends is cancelled with scancel and recorded as failed (exit 124)."""
+        ends is cancelled with scancel and recorded as failed (exit 124). A collecting follower
+        (``collect``) says after each look how the job stands (``live/follower.json``): the nodes
+        write into the shared run directory, which viewers read themselves."""
+        with collector_lock(self.run.root) if self.collect else contextlib.nullcontext(False) as got:
+            collector = Collector(self.run.root, self.run.plan, self.run.plan.attempt,
+                                  exports=LiveExports(self.run)) if self.collect and got else None
+            try:
+                outcome = self._follow(sink, watch, signals, leave, collector)
+            finally:
+                if collector is not None:
+                    collector.beat([], ended=True)
+            return with_export_notes(outcome, collector)
+
+    def _follow(self, sink: LineSink, watch: HangWatch | None, signals: bool, leave: threading.Event | None,
+                collector: Optional[Collector]) -> Outcome:
         run = self.run
         plan, job_id = run.plan, str(run.record.job_id)
         previous = on_stop_signals(raise_interrupted) if signals else {}  # SIGTERM and SIGHUP as Ctrl-C
@@ -61,7 +79,7 @@ class SlurmFollower:
                f"`scancel {job_id}`)"
         try:
             state = follow(Path(plan.run_dir), plan.num_nodes, job_id, show, requeueable=SlurmPlan.of(plan).requeue,
-                           give_up=hung, leave=leave)
+                           give_up=hung, leave=leave, on_state=lambda state, logs: _said(collector, state, logs))
         except (Interrupted, KeyboardInterrupt) as stop:
             signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
             return Outcome(exit_code=128 + signum, state=RunState.RUNNING, interrupted_by=signum, message=left)
@@ -73,20 +91,46 @@ class SlurmFollower:
             run.change(state=RunState.FAILED, exit_code=HANG_EXIT, finished_at=now(), first_failure=hang[0],
                        job={"slurm_state": state.state})
             return Outcome(exit_code=HANG_EXIT, state=RunState.FAILED, first_failure=hang[0])
-        outcome_state, code = states.ending(state.state, state.exit_code)
-        if outcome_state is RunState.CANCELLED and run.record.stopped_at:
-            outcome_state = RunState.STOPPED  # fsdpctl stop cancelled it
-        failure = None
-        if outcome_state is RunState.FAILED:
-            failure = failure_in_logs(run)
-            code = failure.exit_code if failure is not None else code
+        record = record_end(run, state)
+        outcome_state, code, failure = record.state, int(record.exit_code or 0), record.first_failure
         notes = () if outcome_state is RunState.SUCCEEDED else tuple(
             batch_output(run.record, f"job {job_id} ended {state.state}"))
-        run_dir = Path(plan.run_dir).expanduser()
-        run.change(state=outcome_state, exit_code=code, finished_at=now(), first_failure=failure,
-                   job={"slurm_state": state.state}, **spare_changes(run_dir, metrics_text(run_dir)))
         return Outcome(exit_code=code, state=outcome_state, first_failure=failure,
                        message=f"Slurm job {job_id} {state.state} (exit {code})", notes=notes)
+
+
+def record_end(run: RunDir, state: client.JobState, *, unless_ended: bool = False) -> RunRecord:
+    """Record in run.json how the run's job ended, as Slurm (``state``, a finished job's) and the
+    nodes' logs say: its state (a job ``fsdpctl stop`` cancelled is stopped), exit code, first failure
+    and what spares changed. ``unless_ended``: leave a record that says the run ended already (its
+    follower, or ``stop``, wrote it: they know more), or that is now of another job (a newer attempt)."""
+    outcome_state, code = states.ending(state.state, state.exit_code)
+    if outcome_state is RunState.CANCELLED and run.record.stopped_at:
+        outcome_state = RunState.STOPPED  # fsdpctl stop cancelled it
+    failure = None
+    if outcome_state is RunState.FAILED:
+        failure = failure_in_logs(run)
+        code = failure.exit_code if failure is not None else code
+    run_dir = Path(run.plan.run_dir).expanduser()
+    changes = dict(state=outcome_state, exit_code=code, finished_at=now(), first_failure=failure,
+                   job={"slurm_state": state.state}, **spare_changes(run_dir, metrics_text(run_dir)))
+    if not unless_ended:
+        return run.change(**changes)
+    job_id = run.record.job_id
+    return run.change_if(lambda record: not record.state.is_over and record.job_id == job_id, **changes)
+
+
+def _said(collector: Optional[Collector], state: client.JobState, logs: NodeLogs) -> None:
+    """The collecting follower's word: Slurm's state of the job, each node as its log names it."""
+    if collector is None:
+        return
+    live = states.live_state(state.state) if not state.finished else None
+    node_state = str(NodeState.PENDING if live is RunState.SUBMITTED else NodeState.RUNNING if live else
+                     NodeState.UNKNOWN)
+    nodes = [{"node_rank": rank, "host": logs.hosts[rank], "state": node_state, "ranks": logs.ranks[rank]}
+             for rank in range(len(logs.hosts))]
+    run_state = live or states.run_state(state.state, state.exit_code)
+    collector.beat(nodes, extra={"slurm_state": state.state, "restarts": state.restarts, "run_state": str(run_state)})
 
 
 def _tail_lines(path: Path) -> list[str]:

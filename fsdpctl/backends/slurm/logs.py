@@ -58,18 +58,63 @@ class NodeLogs:
         return len(lines)
 
 
+class NodeLogsTail:
+    """A Slurm run's node logs as a live view reads them (``Backend.log_tail``): each long log from
+    its newest ``start_back`` bytes (its first line, where the node names its host, read first)."""
+
+    def __init__(self, run_dir: Path, num_nodes: int, start_back: int = 256 << 10):
+        self.logs = NodeLogs(run_dir, num_nodes)
+        self.start_back = start_back
+        self.started = False
+
+    def pending(self) -> bool:
+        for rank, path in enumerate(self.logs.paths):
+            try:
+                if path.stat().st_size != self.logs.offsets[rank]:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def read_new(self) -> list[LogLine]:
+        if not self.started:
+            self.started = True
+            for rank, path in enumerate(self.logs.paths):
+                self._start_near_end(rank, path)
+        found: list[LogLine] = []
+        self.logs.read_new(found.append)
+        return found
+
+    def _start_near_end(self, rank: int, path: Path) -> None:
+        try:
+            with path.open("rb") as handle:
+                size = path.stat().st_size
+                if size <= self.start_back:
+                    return
+                first = handle.readline(4096).decode("utf-8", "replace")
+                if match := _HOST.match(first):
+                    self.logs.hosts[rank] = self.logs.splitters[rank].host = match.group(2)
+                handle.seek(size - self.start_back)
+                handle.readline()  # the rest of a line cut by the seek
+                self.logs.offsets[rank] = handle.tell()
+        except OSError:
+            return
+
+
 def follow(run_dir: Path, num_nodes: int, job_id: str, show: Show, requeueable: bool = False,
-           give_up: Callable[[], bool] = lambda: False, leave: Optional[threading.Event] = None
-           ) -> Optional[JobState]:
+           give_up: Callable[[], bool] = lambda: False, leave: Optional[threading.Event] = None,
+           on_state: Callable[[JobState, NodeLogs], None] = lambda state, logs: None) -> Optional[JobState]:
     """Show the node logs as they grow until Slurm says the job has ended (a requeued job goes on).
     ``give_up`` is asked after each read; once it says so (it cancelled the job) the job's end is
-    awaited. None when ``leave`` was set first (the job goes on)."""
+    awaited. ``on_state`` hears Slurm's word on the job after each read. None when ``leave`` was set
+    first (the job goes on)."""
     logs = NodeLogs(run_dir, num_nodes)
     while leave is None or not leave.is_set():
         logs.read_new(show)
         if give_up():
             requeueable = False  # a cancelled job is over, whatever its requeue setting
         state = job_state(job_id, requeueable)
+        on_state(state, logs)
         if state.finished:
             time.sleep(0.5)  # the nodes' last writes
             logs.read_new(show, final=True)

@@ -124,7 +124,7 @@ def finish_slurm_plan(profile: ClusterProfile, overrides: Overrides, plan: Launc
                                  plan.gpu_sample_seconds, container=plan.container, python=plan.python,
                                  env_names=[*plan.env, "FSDPCTL_RUN_DIR", "FSDPCTL_NODE_RANK", *plan.secrets],
                                  workdir=plan.workdir)
-    return dataclasses.replace(plan, backend_plan=slurm_plan.to_json())
+    return dataclasses.replace(plan, backend_plan=slurm_plan.to_json(), shared_run_dir=True)
 
 
 def time_limit_minutes(text: str) -> int | None:

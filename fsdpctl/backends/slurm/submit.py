@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from ...bundle import Payload
+from ...errors import FsdpctlError
 from ...plan.make import SHIPPED_PACKAGE_DIR
 from ...plan.types import LaunchPlan
 from ...rundir.attempts import attempt_folder, move_into, node_files
 from ...rundir.paths import private_dir
 from ...rundir.record import now
 from ...rundir.rundir import RunDir
-from ...rundir.state import NodeState, RunState
+from ...rundir.state import Failure, NodeState, RunState
 from ...rundir.status import NodeStatus
 from ...shell import quote_path
 from . import client, via_submitit
@@ -34,13 +35,21 @@ def submit_slurm(run: RunDir, payload: Payload) -> str:
     with tarfile.open(fileobj=io.BytesIO(payload.files.getvalue()), mode="r:") as tar:
         tar.extractall(run_dir, filter="data")
     script_name = SUBMITIT_SETUP_SCRIPT if slurm.via == "submitit" else SBATCH_SCRIPT
-    if slurm.via == "submitit":
-        job_id = _submit_with_submitit(plan, run_dir, (run_dir / script_name).read_text(encoding="utf-8"),
-                                       payload.secrets)
-        output = run_dir / "submitit" / f"{job_id}_0_log.out"
-    else:
-        job_id = client.submit_batch(str(run_dir / script_name), str(run_dir), payload.secrets)
-        output = run_dir / f"slurm-{job_id}.out"
+    try:
+        if slurm.via == "submitit":
+            job_id = _submit_with_submitit(plan, run_dir, (run_dir / script_name).read_text(encoding="utf-8"),
+                                           payload.secrets)
+            output = run_dir / "submitit" / f"{job_id}_0_log.out"
+        else:
+            job_id = client.submit_batch(str(run_dir / script_name), str(run_dir), payload.secrets)
+            output = run_dir / f"slurm-{job_id}.out"
+    except FsdpctlError as refused:
+        # No job was queued: the run ended here, for the reason sbatch gave, and has no nodes.
+        failure = Failure(kind="refused", host=None, node_rank=None, exit_code=refused.exit_code,
+                          detail=refused.message, failed_at=now())
+        run.change(state=RunState.FAILED, exit_code=refused.exit_code, nodes=(), finished_at=failure.failed_at,
+                   first_failure=failure, job={"via": slurm.via})
+        raise
     pending = tuple(NodeStatus(node_rank=r, host=f"slurm node {r}", state=NodeState.PENDING)
                     for r in range(plan.num_nodes))
     # A job is the scheduler's: it goes on without this process, whoever follows it records its end.

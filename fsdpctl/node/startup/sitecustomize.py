@@ -24,8 +24,9 @@ import threading
 
 DUMP_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 OWNER_VARIABLE = "FSDPCTL_RANK_HOOK_PID"
-RANKS_LINE = "fsdpctl: global ranks "
-"""How local rank 0's line naming its node's global ranks starts (``fsdpctl.rundir.lines`` reads it)."""
+RANKS_LINE = "fsdpctl: global "
+"""How local rank 0's line naming its node's global ranks starts: ``rank 3`` or ``ranks 8-15`` follows
+(``fsdpctl.rundir.lines`` reads it)."""
 FLIGHT_KINDS = (("nccl", "_dump_nccl_trace"), ("cpu", "_dump_fr_trace"))
 
 
@@ -75,7 +76,8 @@ def _say_ranks(rank):
     if os.environ.get("LOCAL_RANK") != "0" or not os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
         return
     first, count = int(rank), int(os.environ["LOCAL_WORLD_SIZE"])
-    sys.stderr.write(f"{RANKS_LINE}{first}-{first + count - 1} on node {os.environ.get('FSDPCTL_NODE_RANK', '?')} "
+    ranks = f"ranks {first}-{first + count - 1}" if count > 1 else f"rank {first}"
+    sys.stderr.write(f"{RANKS_LINE}{ranks} on node {os.environ.get('FSDPCTL_NODE_RANK', '?')} "
                      f"(torchrun group rank {os.environ.get('GROUP_RANK', '?')})\n")
     sys.stderr.flush()
 

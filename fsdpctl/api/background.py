@@ -1,0 +1,63 @@
+"""A detached run's follower: the process ``launch --detach`` (and ``submit`` without ``--follow``)
+leaves on this machine (``detached.spawn_follower``). It follows the run to its end as its collector
+(the logs, the nodes' metrics and GPU samples brought here, how each node stands said every second,
+the exports), acts on a hang as anyone following an ownerless run does, records how the run ended,
+and leaves. The run does not depend on it: killed, it only stops the copies here (a viewer then says
+the data stops). What it saw happen goes to ``live/follower.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .detached import LOG
+
+
+class FollowerLog:
+    """The follower's events as lines of its log (the run's own lines are in its logs already)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, event: Any) -> None:
+        from .events import Notice, RunEnded
+
+        if isinstance(event, Notice):
+            self.write(event.text)
+        elif isinstance(event, RunEnded):
+            self.write(f"run {event.run_id} {event.outcome.state} (exit {event.outcome.exit_code})")
+
+    def lines(self, batch: list[Any]) -> None:
+        return None
+
+    def write(self, text: str) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+
+
+def follow_in_background(root: Path) -> int:
+    """Follow the run in ``root`` to its end as its collector; the exit status of this process."""
+    from ..backends import backend_for_run
+    from ..live.layout import live_dir
+    from ..rundir.rundir import load_run
+    from .events import Emitter
+    from .following import follow_from_outside
+
+    run = load_run(root)
+    log = FollowerLog(live_dir(root) / LOG)
+    log.write(f"following run {run.run_id} (pid {os.getpid()})")
+    backend = backend_for_run(run)
+    try:
+        follow_from_outside(backend, run, Emitter(log), signals=False, collect=True)
+    finally:
+        backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    os.umask(0o077)
+    sys.exit(follow_in_background(Path(sys.argv[1])))

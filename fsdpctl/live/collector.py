@@ -1,0 +1,194 @@
+"""The one collector of a run: the process that follows it (the launcher of a foreground run, a
+detached run's follower) keeps here a copy of what each node's side files gain (``live/node<R>/``),
+and says every second how the nodes stand (``live/follower.json``). Viewers read only these: however
+many there are, the nodes are asked nothing more.
+
+Copies of JSON-lines files only grow: a node file that begins again (the next attempt rewrites
+``metrics.jsonl``, a spare's file is another file) is appended after a line break, and readers take
+the newest row of a step (and drop a failed attempt's rows past the step the next one resumed from:
+the ``attempt`` line written here when an attempt begins says which). ``summary.json`` is written
+whole. How far each copy goes (the node file's inode and offset) is kept in ``live/collect.json``, so
+the agent of a later attempt on the same host sends only what is new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from ..metrics.rows import ATTEMPT_MARK
+from ..rundir.paths import private_dir, read_json, write_json_atomic
+from ..rundir.state import Outcome
+from . import layout
+
+BEAT_SECONDS = 1.0
+"""How often the follower says how the nodes stand."""
+SAVE_SECONDS = 2.0
+"""How often how far each copy goes is written down (a follower that dies between two writes makes
+the next one send a little again; readers skip what they already have)."""
+
+
+def attempt_line(attempt: int, from_step: Optional[int]) -> str:
+    """The line saying that attempt ``attempt`` begins from step ``from_step`` (None: its program's own)."""
+    return json.dumps({ATTEMPT_MARK: attempt, "from_step": from_step}) + "\n"
+
+
+def side_specs(root: Path, plan: Any, node_rank: int, host: str) -> Optional[list[dict[str, Any]]]:
+    """The side files a node's agent (or reader) sends, each from where the copy here ends when the
+    node is the host that sent it; None when there is nothing to collect (the nodes' files are here)."""
+    if layout.readable_here(plan, root) is not None:
+        return None
+    return _specs(read_json(layout.live_dir(root) / layout.STATE), node_rank, host)
+
+
+def _specs(state: Mapping[str, Any], node_rank: int, host: str) -> list[dict[str, Any]]:
+    node = (state.get("nodes") or {}).get(str(node_rank)) or {}
+    had = node.get("files", {}) if node.get("host") == host else {}
+    specs = []
+    for name in layout.side_names(node_rank):
+        inode, offset = had.get(name) or (0, 0)
+        specs.append({"path": name, "ino": inode, "offset": offset})
+    return specs
+
+
+class Exports(Protocol):
+    """What the collector drives of a run's exports (``fsdpctl.live.exports.LiveExports``)."""
+
+    active: bool
+
+    def update(self, *, force: bool = False) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Collector:
+    """Copies of one run's side files, as the frames arrive (one thread calls it: the follower's loop)."""
+
+    def __init__(self, root: Path, plan: Any, attempt: int = 1, from_step: Optional[int] = None,
+                 exports: Optional[Exports] = None):
+        """``exports``: brought up to date as the follower says how the nodes stand (``LiveExports``)."""
+        self.root = root
+        self.exports = exports if exports is not None and exports.active else None
+        self.collecting = layout.readable_here(plan, root) is None
+        self.attempt = attempt
+        private_dir(layout.live_dir(root))
+        self.state: dict[str, Any] = read_json(layout.live_dir(root) / layout.STATE) or {"nodes": {}}
+        self.state.setdefault("nodes", {})
+        self.changed = False
+        self.saved_at = 0.0
+        self.beat_at = 0.0
+        self.since = time.time()
+        self.bytes_taken = 0
+        self.extra: dict[str, Any] = {}
+        if self.collecting and attempt > int(self.state.get("attempt") or 1):
+            self._mark_attempt(attempt, from_step)
+        self.state["attempt"] = attempt
+
+    # ---- what each node is asked to send ---------------------------------------------------------
+    def specs(self, node_rank: int, host: str) -> Optional[list[dict[str, Any]]]:
+        """``side_specs`` as this collector has it."""
+        return _specs(self.state, node_rank, host) if self.collecting else None
+
+    # ---- what arrives ----------------------------------------------------------------------------
+    def take(self, node_rank: int, host: str, index: int, inode: int, offset: int, data: bytes) -> None:
+        """Bytes of the node's ``index``-th side file from ``offset`` of the file ``inode``."""
+        names = layout.side_names(node_rank)
+        if not self.collecting or not 0 <= index < len(names) or not data:
+            return
+        name = names[index]
+        node = self.state["nodes"].setdefault(str(node_rank), {"host": host, "files": {}})
+        if node.get("host") != host:
+            node.update(host=host, files={})  # a spare in the node's place: its files are others
+        target = layout.collected(self.root, node_rank, name)
+        private_dir(target.parent)
+        inode_had, offset_had = node["files"].get(name) or (0, 0)
+        goes_on = inode == inode_had and offset == offset_had
+        prefix = b""
+        if name in layout.WHOLE and offset == 0:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        else:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if not goes_on and not _ends_a_line(target):
+                prefix = b"\n"  # what was cut short stays a line of its own, the new file's first too
+        try:
+            _write_all(fd, prefix + data)
+        finally:
+            os.close(fd)
+        node["files"][name] = [inode, offset + len(data)]
+        self.bytes_taken += len(data)
+        self.changed = True
+
+    def _mark_attempt(self, attempt: int, from_step: Optional[int]) -> None:
+        """A later attempt begins: each metrics copy says so, so readers drop the rows the failed one
+        wrote past the step this one resumes from."""
+        for rank in self.state["nodes"]:
+            target = layout.collected(self.root, int(rank), layout.METRICS)
+            if target.exists():
+                with target.open("ab") as handle:
+                    handle.write((b"" if _ends_a_line(target) else b"\n") +
+                                 attempt_line(attempt, from_step).encode())
+
+    # ---- the follower's word ---------------------------------------------------------------------
+    def beat(self, nodes: Sequence[Mapping[str, Any]], *, force: bool = False, ended: bool = False,
+             extra: Optional[Mapping[str, Any]] = None) -> None:
+        """Say how the nodes stand (every ``BEAT_SECONDS``, or now with ``force``; ``extra``: what
+        the backend adds, such as the scheduler's word on the job), and write down how far each
+        copy goes (every ``SAVE_SECONDS``)."""
+        now = time.time()
+        if extra is not None:
+            self.extra = dict(extra)
+        if force or ended or now - self.beat_at >= BEAT_SECONDS:
+            self.beat_at = now
+            write_json_atomic(layout.live_dir(self.root) / layout.FOLLOWER, {
+                "pid": os.getpid(), "host": socket.gethostname(), "since": round(self.since, 3),
+                "at": round(now, 3), "attempt": self.attempt, "ended": ended, "collecting": self.collecting,
+                "bytes": self.bytes_taken, "nodes": [dict(n) for n in nodes], **self.extra})
+        if self.changed and (force or ended or now - self.saved_at >= SAVE_SECONDS):
+            self.save()
+        if self.exports is not None:
+            self.exports.update(force=ended)
+
+    def close(self) -> None:
+        """The follower is done with the run: the exports' last word (after the run's end is recorded)."""
+        if self.exports is not None:
+            self.exports.close()
+
+    def save(self) -> None:
+        self.saved_at = time.time()
+        self.changed = False
+        write_json_atomic(layout.live_dir(self.root) / layout.STATE, self.state)
+
+
+def with_export_notes(outcome: Outcome, collector: Optional[Collector]) -> Outcome:
+    """Once the run's end is recorded: the exports' last word, and what they could not write as the
+    outcome's notes (the run itself is not failed by an export)."""
+    if collector is None or collector.exports is None:
+        return outcome
+    collector.close()
+    problems = tuple(getattr(collector.exports, "problems", ()))
+    return dataclasses.replace(outcome, notes=(*outcome.notes, *problems)) if problems else outcome
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _ends_a_line(path: Path) -> bool:
+    """The file is empty or its last byte is a newline."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() == 0:
+                return True
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) == b"\n"
+    except OSError:
+        return True

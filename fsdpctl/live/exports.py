@@ -1,0 +1,247 @@
+"""A run's numbers written where users keep theirs, from the copies here as they grow, by the process
+that collects the run (no line of user code, nothing asked of the nodes): TensorBoard event files
+(every metrics row by step; every GPU sample by seconds since the run began) and a Prometheus
+textfile with the newest values under DCGM-Exporter's GPU metric names, so public Grafana GPU
+dashboards read it unchanged. ``report --tensorboard`` writes the same for a finished run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Optional
+
+from ..export.prometheus import Family, render, write_textfile
+from ..export.tensorboard import EventWriter
+from ..rundir.paths import read_json, write_json_atomic
+from ..rundir.record import epoch
+from ..rundir.rundir import RunDir
+from . import layout
+from .metrics_feed import MetricsFeed
+from .tails import LineTail
+
+EXPORTED = "exported.json"
+"""How far the exports have read each copy (``live/``): a later exporter of the run goes on from there."""
+EVERY_SECONDS = 2.0
+"""How often the exports are brought up to date while a run goes."""
+RANK_FIGURES = (("compute_s", "compute_s", "fsdpctl_rank_compute_seconds", "Seconds of compute per step"),
+                ("comm_s", "collective_s", "fsdpctl_rank_collective_seconds",
+                 "Seconds per step waiting on collectives not hidden behind compute"),
+                ("data_s", "data_s", "fsdpctl_rank_data_seconds", "Seconds per step waiting for data"),
+                ("mem_mb", "memory_mb", "fsdpctl_rank_memory_megabytes", "Peak memory of the rank (MB)"))
+RUN_FIGURES = (("loss", "loss/train", "fsdpctl_loss", "Training loss of the newest logged step"),
+               ("tokens_per_s", "throughput/tokens_per_s", "fsdpctl_tokens_per_second", "Tokens per second, all ranks"),
+               ("mfu", "throughput/mfu", "fsdpctl_mfu_ratio", "Model FLOPs utilisation (0-1)"),
+               ("step_time_s", "time/step_s", "fsdpctl_step_time_seconds", "Seconds per step (newest window)"),
+               ("lr", "optimizer/lr", "fsdpctl_learning_rate", "Learning rate"))
+# DCGM-Exporter's names and units for what the GPU samples hold (its default counters' set).
+GPU_FIGURES = (("sm_mhz", "sm_clock_mhz", "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."),
+               ("util_pct", "util_pct", "DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+               ("temp_c", "temp_c", "DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
+               ("power_w", "power_w", "DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
+               ("mem_mib", "mem_used_mib", "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+               ("ecc_uncorrected", "ecc_uncorrected", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                "Total number of double-bit volatile ECC errors."))
+# NVML's clock event reasons, as DCGM_FI_DEV_CLOCK_THROTTLE_REASONS carries them (a bit mask).
+REASON_BITS = {"SW power cap": 0x4, "HW slowdown": 0x8, "SW thermal slowdown": 0x20, "HW thermal slowdown": 0x40,
+               "HW power brake": 0x80}
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class LiveExports:
+    """The exports of one run (its plan's ``export``): ``update`` brings them up to date (at most every
+    ``EVERY_SECONDS`` unless ``force``), ``close`` writes the last of it and removes the textfile."""
+
+    def __init__(self, run: RunDir, *, tensorboard: Optional[str] = None, prometheus: Optional[str] = None,
+                 sources: Optional[tuple[list[Path], list[Path]]] = None):
+        """``tensorboard``, ``prometheus``: given here instead of the plan's ``export`` (with ``sources``,
+        the metrics and GPU sample files to read instead of the copies, and nothing kept of how far
+        they were read: ``report --tensorboard`` of a finished run)."""
+        self.run = run
+        self.sources = sources
+        export = run.plan.export or {} if sources is None else {}
+        tensorboard = tensorboard or export.get("tensorboard")
+        prometheus = prometheus or export.get("prometheus")
+        self.problems: list[str] = []
+        """What could not be written (said once each; the run goes on regardless)."""
+        self.writer: Optional[EventWriter] = None
+        if tensorboard:
+            try:
+                self.writer = EventWriter(Path(tensorboard))
+            except OSError as exc:
+                self.problems.append(f"TensorBoard export to {tensorboard}: {exc}")
+        self.textfile = Path(prometheus) if prometheus else None
+        self.metrics = MetricsFeed(run.plan.world_size, on_row=self._row)
+        self.metric_tails: dict[Path, LineTail] = {}
+        self.gpu_tails: dict[Path, LineTail] = {}
+        self.gpus: dict[int, dict[str, Any]] = {}
+        """Each node's newest GPU sample."""
+        self.last_val: Optional[float] = None
+        self.updated_at = 0.0
+        started = run.record.started_at or run.record.submitted_at or run.record.created_at
+        self.began = epoch(started) or time.time()
+        if sources is None:
+            self._resume()
+
+    def _resume(self) -> None:
+        """Go on from where an earlier exporter of this run left off (the attempt before, a follower
+        that was restarted): what it wrote is not written again, and the rows it read are known."""
+        saved = read_json(layout.live_dir(self.run.root) / EXPORTED)
+        writer, self.writer = self.writer, None  # read again without writing
+        for name, tails in (("metrics", self.metric_tails), ("gpu", self.gpu_tails)):
+            for path_text, (inode, offset) in (saved.get(name) or {}).items():
+                path = Path(path_text)
+                tail = tails.setdefault(path, LineTail(path))
+                try:
+                    with path.open("rb") as handle:
+                        if os.fstat(handle.fileno()).st_ino != inode:
+                            continue
+                        data = handle.read(offset)
+                except OSError:
+                    continue
+                lines = data.decode("utf-8", "replace").split("\n")
+                self.metrics.add_lines(lines) if name == "metrics" else self._samples(lines)
+                tail.inode, tail.offset = inode, len(data)
+        self.writer = writer
+
+    def _save(self) -> None:
+        state = {name: {str(path): [tail.inode, tail.offset - len(tail.partial)] for path, tail in tails.items()
+                        if tail.inode is not None}
+                 for name, tails in (("metrics", self.metric_tails), ("gpu", self.gpu_tails))}
+        write_json_atomic(layout.live_dir(self.run.root) / EXPORTED, state)
+
+    @property
+    def active(self) -> bool:
+        return self.writer is not None or self.textfile is not None
+
+    def update(self, *, force: bool = False, state: str = "running") -> None:
+        """Read what the copies gained and write it out."""
+        if not self.active or (not force and time.monotonic() - self.updated_at < EVERY_SECONDS):
+            return
+        self.updated_at = time.monotonic()
+        plan = self.run.plan
+        metrics, gpus = self.sources or (layout.node_files(self.run.root, plan, layout.METRICS),
+                                         layout.gpu_files(self.run.root, plan))
+        for path in metrics:
+            self.metrics.add_lines(self.metric_tails.setdefault(path, LineTail(path)).read())
+        for path in gpus:
+            self._samples(self.gpu_tails.setdefault(path, LineTail(path)).read())
+        self._guarded("TensorBoard", lambda: self.writer.flush() if self.writer is not None else None)
+        if self.textfile is not None:
+            self._guarded("Prometheus", lambda: write_textfile(self.textfile, render(self.families(state))))
+        if self.sources is None:
+            self._save()
+
+    def close(self) -> None:
+        """The last of it; the textfile goes (a finished run is no longer current)."""
+        self.update(force=True, state=str(self.run.record.state))
+        if self.writer is not None:
+            self._guarded("TensorBoard", self.writer.close)
+        if self.textfile is not None:
+            with contextlib.suppress(OSError):
+                self.textfile.unlink()
+
+    def _guarded(self, what: str, action: Any) -> None:
+        try:
+            action()
+        except (OSError, ValueError) as exc:
+            said = f"{what} export: {exc}"
+            if said not in self.problems:
+                self.problems.append(said)
+
+    # ---- TensorBoard -----------------------------------------------------------------------------
+    def _row(self, kind: str, row: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        step, wall = row["step"], _number(row.get("time"))
+        if kind == "val":
+            if (value := _number(row.get("val_loss"))) is not None:
+                self.last_val = value
+                self.writer.scalar("loss/val", value, step, wall)
+            return
+        for key, tag, _, _ in RUN_FIGURES:
+            if (value := _number(row.get(key))) is not None:
+                self.writer.scalar(tag, value, step, wall)
+        for entry in row.get("ranks") or ():
+            if isinstance(entry, dict):
+                for key, name, _, _ in RANK_FIGURES:
+                    if (value := _number(entry.get(key))) is not None:
+                        self.writer.scalar(f"rank{entry.get('rank', 0)}/{name}", value, step, wall)
+
+    def _samples(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            try:
+                sample = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(sample, dict) or not isinstance(sample.get("node"), int):
+                continue
+            node, t = sample["node"], _number(sample.get("t")) or time.time()
+            newest = self.gpus.get(node)
+            if newest is not None and (_number(newest.get("t")) or 0) >= t:
+                continue  # a sample read again
+            self.gpus[node] = sample
+            if self.writer is None:
+                continue
+            second = max(0, int(t - self.began))
+            for gpu in sample.get("gpus") or ():
+                for key, name, _, _ in GPU_FIGURES:
+                    if (value := _number(gpu.get(key))) is not None:
+                        self.writer.scalar(f"gpu/node{node}/gpu{gpu.get('index')}/{name}", value, second, t)
+
+    # ---- Prometheus ------------------------------------------------------------------------------
+    def families(self, state: str = "running") -> list[Family]:
+        """The textfile's metrics now: the run's newest figures, each rank's, each GPU's."""
+        plan, run_id = self.run.plan, self.run.run_id
+        base = {"run": run_id}
+        feed = self.metrics
+        families = [Family("fsdpctl_run_info", "The run (labels) and its state; 1 while it goes.", "gauge",
+                           [({**base, "profile": plan.profile_name, "backend": plan.backend, "state": state}, 1.0)])]
+        if feed.step is not None:
+            families.append(Family("fsdpctl_step", "Newest logged training step.", "gauge", [(base, float(feed.step))]))
+        total = plan.train.get("steps") if not plan.command else None
+        if isinstance(total, int):
+            families.append(Family("fsdpctl_total_steps", "Steps the run trains.", "gauge", [(base, float(total))]))
+        for key, _, name, words in RUN_FIGURES:
+            if (value := feed.newest(key)) is not None:
+                families.append(Family(name, words + ".", "gauge", [(base, value)]))
+        if feed.val_loss is not None:
+            families.append(Family("fsdpctl_val_loss", "Validation loss, newest.", "gauge", [(base, feed.val_loss)]))
+        newest = feed.windows[-1][1] if feed.windows else []
+        for key, _, name, words in RANK_FIGURES:
+            samples = [({**base, "rank": str(e.get("rank", 0)), "node": str(e.get("node", "")),
+                         "host": str(e.get("host", ""))}, value)
+                       for e in newest if (value := _number(e.get(key))) is not None]
+            if samples:
+                families.append(Family(name, words + " in the newest window.", "gauge", samples))
+        families += self._gpu_families(base)
+        return families
+
+    def _gpu_families(self, base: dict[str, str]) -> list[Family]:
+        by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for node, sample in sorted(self.gpus.items()):
+            host = str(sample.get("host") or "")
+            for gpu in sample.get("gpus") or ():
+                labels = {**base, "gpu": str(gpu.get("index")), "node": str(node), "host": host, "Hostname": host,
+                          "pci_bus_id": str(gpu.get("bus_id") or "")}
+                for key, _, name, _ in GPU_FIGURES:
+                    if (value := _number(gpu.get(key))) is not None:
+                        by_name.setdefault(name, []).append((labels, value))
+                used, whole = _number(gpu.get("mem_mib")), _number(gpu.get("mem_total_mib"))
+                if used is not None and whole is not None:
+                    by_name.setdefault("DCGM_FI_DEV_FB_FREE", []).append((labels, whole - used))
+                mask = sum(REASON_BITS.get(reason, 0) for reason in gpu.get("reasons") or ())
+                by_name.setdefault("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", []).append((labels, float(mask)))
+                by_name.setdefault("DCGM_FI_DEV_ROW_REMAP_PENDING", []).append(
+                    (labels, 1.0 if gpu.get("remap_pending") else 0.0))
+        words = {name: words for _, _, name, words in GPU_FIGURES}
+        words.update(DCGM_FI_DEV_FB_FREE="Framebuffer memory free (in MiB).",
+                     DCGM_FI_DEV_CLOCK_THROTTLE_REASONS="Current clock throttle reasons (a bit mask).",
+                     DCGM_FI_DEV_ROW_REMAP_PENDING="Row remapping is pending (1: the GPU needs a reset).")
+        return [Family(name, words[name], "gauge", samples) for name, samples in by_name.items()]

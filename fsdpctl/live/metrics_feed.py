@@ -1,0 +1,169 @@
+"""A run's metrics rows as they come, kept small: what a live view shows is the newest rows (curves,
+ETA), each rank's newest windows (heat rows) and the straggler rule's tally over every window. Rows
+are read once each; nothing grows with the run's length.
+
+The rows are ``metrics.jsonl``'s (schema in ``fsdpctl.metrics.rows``): the bundled workload's from rank
+0, or a program's own, one row per rank and step (``rank``), merged here once every rank's row of a
+step is in (or two newer steps are).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
+
+from ..metrics.rows import ATTEMPT_MARK, merge_rank_rows, parse_row, row_kind
+from ..workload.straggler import Tally
+
+HISTORY = 240
+"""Training rows kept for the curves and the rate."""
+WINDOWS = 32
+"""Per-rank windows kept for the heat rows."""
+SEEN_LINES = 8192
+"""Lines remembered to drop the same line read again (nodes that share a run directory each send it)."""
+RATE_ROWS = 10
+"""Rows the step rate (and so the ETA) is measured over."""
+COMPACT = ("step", "loss", "tokens_per_s", "mfu", "time", "step_time_s", "lr", "epoch")
+
+
+class MetricsFeed:
+    """Rows in, the live view's figures out."""
+
+    def __init__(self, world_size: Optional[int] = None,
+                 on_row: Optional[Callable[[str, dict[str, Any]], None]] = None):
+        """``on_row``: told of every row taken (``train`` or ``val``, the row), in order: an exporter's."""
+        self.world_size = world_size
+        self.on_row = on_row
+        self.train: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self.val: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self.last_train: Optional[dict[str, Any]] = None
+        self.windows: deque[tuple[int, list[dict[str, Any]]]] = deque(maxlen=WINDOWS)
+        self.tally = Tally()
+        self.pending: dict[int, dict[int, dict[str, Any]]] = {}
+        self.ranks_seen: set[int] = set()
+        self.seen: OrderedDict[int, None] = OrderedDict()
+        self.straggler_said = False
+        """The newest row carries the workload's own verdict (the bundled workload's rows do)."""
+        self.skipped = 0
+        self.rows = 0
+        """Rows taken (all of them, not only those kept)."""
+
+    # ---- rows in ---------------------------------------------------------------------------------
+    def add_lines(self, lines: Iterable[str]) -> bool:
+        """Take new lines of one or more copies of ``metrics.jsonl``; True when a row came."""
+        took = False
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            key = hash(line)
+            if key in self.seen:
+                continue
+            self.seen[key] = None
+            if len(self.seen) > SEEN_LINES:
+                self.seen.popitem(last=False)
+            row = parse_row(line)
+            if row is None:
+                self.skipped += 1
+            elif ATTEMPT_MARK in row:
+                self._attempt_began(row.get("from_step"))
+                took = True
+            elif "rank" in row and isinstance(row.get("rank"), int):
+                self._rank_row(row)
+                took = True
+            else:
+                self._row(row)
+                took = True
+        return took
+
+    def _rank_row(self, row: dict[str, Any]) -> None:
+        """A program's own row of one rank: held until every rank's row of its step is in."""
+        step = row["step"]
+        self.ranks_seen.add(row["rank"])
+        self.pending.setdefault(step, {})[row["rank"]] = row
+        world = self.world_size or len(self.ranks_seen)
+        newest = max(self.pending)
+        for waiting in sorted(self.pending):
+            rows = self.pending[waiting]
+            later = sum(1 for s in self.pending if s > waiting)
+            if len(rows) >= world or later >= 2 or waiting < newest - 1000:
+                del self.pending[waiting]
+                self._row(merge_rank_rows(list(rows.values())))
+
+    def _row(self, row: dict[str, Any]) -> None:
+        self.rows += 1
+        if self.on_row is not None:
+            self.on_row(row_kind(row), row)
+        if row_kind(row) == "val":
+            self.val.append({k: row[k] for k in ("step", "val_loss", "time") if k in row})
+            return
+        self.train.append({k: row[k] for k in COMPACT if k in row})
+        self.last_train = row
+        self.straggler_said = "straggler" in row
+        ranks = row.get("ranks")
+        if isinstance(ranks, list) and ranks:
+            entries = sorted((e for e in ranks if isinstance(e, dict)), key=lambda e: e.get("rank", 0))
+            self.windows.append((row["step"], entries))
+            self.tally.add(entries)
+
+    def _attempt_began(self, from_step: Any) -> None:
+        """A later attempt resumed from ``from_step``: the failed one's rows past it are gone."""
+        if not isinstance(from_step, int):
+            return
+        self.train = deque((r for r in self.train if r["step"] <= from_step), maxlen=HISTORY)
+        self.val = deque((r for r in self.val if r["step"] <= from_step), maxlen=HISTORY)
+        self.windows = deque(((s, w) for s, w in self.windows if s <= from_step), maxlen=WINDOWS)
+        if self.last_train is not None and self.last_train["step"] > from_step:
+            self.last_train = None
+        # The next attempt may run on other hosts (a spare in a lost one's place): who straggled
+        # before says nothing of it. Its own windows name one again.
+        self.tally = Tally()
+        self.straggler_said = False
+
+    # ---- figures out -----------------------------------------------------------------------------
+    @property
+    def step(self) -> Optional[int]:
+        return self.train[-1]["step"] if self.train else None
+
+    def newest(self, key: str) -> Optional[float]:
+        """The newest training row's ``key`` (None when it has none)."""
+        value = self.train[-1].get(key) if self.train else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    @property
+    def val_loss(self) -> Optional[float]:
+        value = self.val[-1].get("val_loss") if self.val else None
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def series(self, key: str, count: int = HISTORY) -> list[tuple[int, float]]:
+        """(step, value) of the newest ``count`` training rows that have ``key``."""
+        found = [(r["step"], float(r[key])) for r in self.train if isinstance(r.get(key), (int, float))
+                 and not isinstance(r.get(key), bool)]
+        return found[-count:]
+
+    def seconds_per_step(self) -> Optional[float]:
+        """Wall time per step over the newest rows (evaluations and checkpoints included: what the
+        ETA is made of), else the rows' own step time."""
+        timed = [(r["step"], float(r["time"])) for r in self.train if isinstance(r.get("time"), (int, float))]
+        timed = timed[-RATE_ROWS:]
+        if len(timed) >= 2 and timed[-1][0] > timed[0][0] and timed[-1][1] > timed[0][1]:
+            return (timed[-1][1] - timed[0][1]) / (timed[-1][0] - timed[0][0])
+        times = [v for _, v in self.series("step_time_s", RATE_ROWS)]
+        return statistics.median(times) if times else None
+
+    def straggler(self) -> Optional[dict[str, Any]]:
+        """The straggler as the workload named it in its newest row (it counts every window), else as
+        the rule names it over the windows read here; None: nobody stands out (yet)."""
+        row = self.last_train or {}
+        if self.straggler_said:
+            text, where = row.get("straggler"), row.get("straggler_at")
+            if not text:
+                return None
+            return {**(where if isinstance(where, dict) else {}), "text": text}
+        return self.tally.verdict()
+
+    @property
+    def world(self) -> int:
+        return len(self.windows[-1][1]) if self.windows else 0
