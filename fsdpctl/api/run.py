@@ -147,13 +147,14 @@ class Run:
         the scheduler) while the run is live, else as recorded."""
         return self.backend.status(self._dir)
 
-    def watch(self, interval: float = 2.0, *, until_over: bool = True) -> Iterator[Snapshot]:
+    def watch(self, interval: float = 2.0, *, until_over: bool = True, gap: float = 0.0) -> Iterator[Snapshot]:
         """Snapshots of the run as it goes (``fsdpctl.live.Snapshot``: progress, ETA, loss, each node
         and its GPUs now, each rank's newest window, the straggler and its cause, attempts, spares,
         the newest log lines): one at once, then one whenever something changed and at least every
-        ``interval`` seconds, the last one showing the run over (``until_over=False``: on until you
-        stop). Read from the run's directory here, which its collector keeps current: watching asks
-        the nodes nothing. A run nobody collects any more says so (``run.live`` false, ``run.note``)."""
+        ``interval`` seconds (never two within ``gap`` seconds), the last one showing the run over
+        (``until_over=False``: on until you stop). Read from the run's directory here, which its
+        collector keeps current: watching asks the nodes nothing. A run nobody collects any more says
+        so (``run.live`` false, ``run.note``)."""
         from ..errors import UsageError
         from ..live.model import LiveRun, snapshots
 
@@ -161,7 +162,7 @@ class Run:
             raise UsageError(f"watch interval {interval:g} s: must be positive", "give seconds, e.g. 2")
         backend = self.backend
         return snapshots(LiveRun(self._dir, backend.log_tail, backend.scheduler_status), interval,
-                         until_over=until_over)
+                         until_over=until_over, gap=gap)
 
     def wait(self, timeout: Optional[float] = None, *, on_event: Optional[EventHandler] = None,
              handle_signals: bool = False) -> Outcome:

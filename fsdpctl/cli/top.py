@@ -20,6 +20,7 @@ import typer
 
 KEY_WAIT = 0.1
 """How often keys are looked at while no snapshot comes."""
+DRAW_GAP_SECONDS = 0.5
 
 
 def top(
@@ -78,7 +79,8 @@ class LiveScreen:
 
     def _watch(self) -> None:
         try:
-            for snap in self.watched.watch(self.interval, until_over=False):
+            # At most two screens a second: a new step still shows well within a second.
+            for snap in self.watched.watch(self.interval, until_over=False, gap=DRAW_GAP_SECONDS):
                 if self.stop.is_set():
                     return
                 with contextlib.suppress(queue.Full):

@@ -18,7 +18,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -86,6 +86,8 @@ class Collector:
         self.since = time.time()
         self.bytes_taken = 0
         self.extra: dict[str, Any] = {}
+        self.targets: dict[tuple[int, str], Path] = {}
+        self.live = layout.live_dir(root)
         if self.collecting and attempt > int(self.state.get("attempt") or 1):
             self._mark_attempt(attempt, from_step)
         self.state["attempt"] = attempt
@@ -105,8 +107,10 @@ class Collector:
         node = self.state["nodes"].setdefault(str(node_rank), {"host": host, "files": {}})
         if node.get("host") != host:
             node.update(host=host, files={})  # a spare in the node's place: its files are others
-        target = layout.collected(self.root, node_rank, name)
-        private_dir(target.parent)
+        target = self.targets.get((node_rank, name))
+        if target is None:  # made once: a frame then costs an open, a write and a close
+            target = self.targets[(node_rank, name)] = layout.collected(self.root, node_rank, name)
+            private_dir(target.parent)
         inode_had, offset_had = node["files"].get(name) or (0, 0)
         goes_on = inode == inode_had and offset == offset_had
         prefix = b""
@@ -135,20 +139,20 @@ class Collector:
                                  attempt_line(attempt, from_step).encode())
 
     # ---- the follower's word ---------------------------------------------------------------------
-    def beat(self, nodes: Sequence[Mapping[str, Any]], *, force: bool = False, ended: bool = False,
+    def beat(self, nodes: Callable[[], Sequence[Mapping[str, Any]]], *, force: bool = False, ended: bool = False,
              extra: Optional[Mapping[str, Any]] = None) -> None:
-        """Say how the nodes stand (every ``BEAT_SECONDS``, or now with ``force``; ``extra``: what
-        the backend adds, such as the scheduler's word on the job), and write down how far each
-        copy goes (every ``SAVE_SECONDS``)."""
+        """Say how the nodes stand (``nodes()``, asked only when it is said: every ``BEAT_SECONDS``,
+        or now with ``force``; ``extra``: what the backend adds, such as the scheduler's word on the
+        job), and write down how far each copy goes (every ``SAVE_SECONDS``)."""
         now = time.time()
         if extra is not None:
             self.extra = dict(extra)
         if force or ended or now - self.beat_at >= BEAT_SECONDS:
             self.beat_at = now
-            write_json_atomic(layout.live_dir(self.root) / layout.FOLLOWER, {
+            write_json_atomic(self.live / layout.FOLLOWER, compact=True, data={
                 "pid": os.getpid(), "host": socket.gethostname(), "since": round(self.since, 3),
                 "at": round(now, 3), "attempt": self.attempt, "ended": ended, "collecting": self.collecting,
-                "bytes": self.bytes_taken, "nodes": [dict(n) for n in nodes], **self.extra})
+                "bytes": self.bytes_taken, "nodes": [dict(n) for n in nodes()], **self.extra})
         if self.changed and (force or ended or now - self.saved_at >= SAVE_SECONDS):
             self.save()
         if self.exports is not None:
@@ -162,7 +166,7 @@ class Collector:
     def save(self) -> None:
         self.saved_at = time.time()
         self.changed = False
-        write_json_atomic(layout.live_dir(self.root) / layout.STATE, self.state)
+        write_json_atomic(self.live / layout.STATE, self.state, compact=True)
 
 
 def with_export_notes(outcome: Outcome, collector: Optional[Collector]) -> Outcome:

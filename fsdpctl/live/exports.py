@@ -27,6 +27,8 @@ EXPORTED = "exported.json"
 """How far the exports have read each copy (``live/``): a later exporter of the run goes on from there."""
 EVERY_SECONDS = 2.0
 """How often the exports are brought up to date while a run goes."""
+PROMETHEUS_SECONDS = 5.0
+"""How often the textfile is written again (Prometheus scrapes every 15 s or so by default)."""
 RANK_FIGURES = (("compute_s", "compute_s", "fsdpctl_rank_compute_seconds", "Seconds of compute per step"),
                 ("comm_s", "collective_s", "fsdpctl_rank_collective_seconds",
                  "Seconds per step waiting on collectives not hidden behind compute"),
@@ -84,6 +86,7 @@ class LiveExports:
         """Each node's newest GPU sample."""
         self.last_val: Optional[float] = None
         self.updated_at = 0.0
+        self.textfile_at = 0.0
         started = run.record.started_at or run.record.submitted_at or run.record.created_at
         self.began = epoch(started) or time.time()
         if sources is None:
@@ -114,7 +117,7 @@ class LiveExports:
         state = {name: {str(path): [tail.inode, tail.offset - len(tail.partial)] for path, tail in tails.items()
                         if tail.inode is not None}
                  for name, tails in (("metrics", self.metric_tails), ("gpu", self.gpu_tails))}
-        write_json_atomic(layout.live_dir(self.run.root) / EXPORTED, state)
+        write_json_atomic(layout.live_dir(self.run.root) / EXPORTED, state, compact=True)
 
     @property
     def active(self) -> bool:
@@ -133,7 +136,9 @@ class LiveExports:
         for path in gpus:
             self._samples(self.gpu_tails.setdefault(path, LineTail(path)).read())
         self._guarded("TensorBoard", lambda: self.writer.flush() if self.writer is not None else None)
-        if self.textfile is not None:
+        due = force or time.monotonic() - self.textfile_at >= PROMETHEUS_SECONDS
+        if self.textfile is not None and due:  # scraped every 15 s or so: a few seconds old is current
+            self.textfile_at = time.monotonic()
             self._guarded("Prometheus", lambda: write_textfile(self.textfile, render(self.families(state))))
         if self.sources is None:
             self._save()

@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
 from ..metrics.rows import ATTEMPT_MARK, merge_rank_rows, parse_row, row_kind
-from ..workload.straggler import Tally
+from ..workload.straggler import Tally, verdict
 
 HISTORY = 240
 """Training rows kept for the curves and the rate."""
 WINDOWS = 32
 """Per-rank windows kept for the heat rows."""
+RECENT = 16
+"""The newest windows the live straggler verdict is made of."""
 SEEN_LINES = 8192
 """Lines remembered to drop the same line read again (nodes that share a run directory each send it)."""
 RATE_ROWS = 10
@@ -32,10 +34,13 @@ class MetricsFeed:
     """Rows in, the live view's figures out."""
 
     def __init__(self, world_size: Optional[int] = None,
-                 on_row: Optional[Callable[[str, dict[str, Any]], None]] = None):
-        """``on_row``: told of every row taken (``train`` or ``val``, the row), in order: an exporter's."""
+                 on_row: Optional[Callable[[str, dict[str, Any]], None]] = None,
+                 on_attempt: Optional[Callable[[int], None]] = None):
+        """``on_row``: told of every row taken (``train`` or ``val``, the row), in order: an exporter's.
+        ``on_attempt``: told the step a later attempt resumed from (rows past it were the failed one's)."""
         self.world_size = world_size
         self.on_row = on_row
+        self.on_attempt = on_attempt
         self.train: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.val: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.last_train: Optional[dict[str, Any]] = None
@@ -112,13 +117,15 @@ class MetricsFeed:
         """A later attempt resumed from ``from_step``: the failed one's rows past it are gone."""
         if not isinstance(from_step, int):
             return
+        if self.on_attempt is not None:
+            self.on_attempt(from_step)
         self.train = deque((r for r in self.train if r["step"] <= from_step), maxlen=HISTORY)
         self.val = deque((r for r in self.val if r["step"] <= from_step), maxlen=HISTORY)
-        self.windows = deque(((s, w) for s, w in self.windows if s <= from_step), maxlen=WINDOWS)
+        # The next attempt may run on other hosts (a spare in a lost one's place): the ranks' windows
+        # begin again with it, and who straggled before says nothing of it.
+        self.windows = deque(maxlen=WINDOWS)
         if self.last_train is not None and self.last_train["step"] > from_step:
             self.last_train = None
-        # The next attempt may run on other hosts (a spare in a lost one's place): who straggled
-        # before says nothing of it. Its own windows name one again.
         self.tally = Tally()
         self.straggler_said = False
 
@@ -154,15 +161,18 @@ class MetricsFeed:
         return statistics.median(times) if times else None
 
     def straggler(self) -> Optional[dict[str, Any]]:
-        """The straggler as the workload named it in its newest row (it counts every window), else as
-        the rule names it over the windows read here; None: nobody stands out (yet)."""
+        """Who straggles now: the rule over the newest ``RECENT`` windows (a rank that turns slow late
+        in a long run is named within a few windows; the workload's own verdict counts every window
+        since its start); without per-rank windows, the workload's word in its newest row. None:
+        nobody stands out."""
+        recent = [entries for _, entries in list(self.windows)[-RECENT:]]
+        if recent:
+            return verdict(recent)
         row = self.last_train or {}
-        if self.straggler_said:
-            text, where = row.get("straggler"), row.get("straggler_at")
-            if not text:
-                return None
-            return {**(where if isinstance(where, dict) else {}), "text": text}
-        return self.tally.verdict()
+        if self.straggler_said and row.get("straggler"):
+            where = row.get("straggler_at")
+            return {**(where if isinstance(where, dict) else {}), "text": row["straggler"]}
+        return None
 
     @property
     def world(self) -> int:

@@ -34,6 +34,9 @@ from .tails import LineTail, LogTail
 
 LOG_LINES = 500
 """Log lines a snapshot carries (the newest)."""
+METRICS_START_BACK = 4 << 20
+"""Of a long run's metrics, what a new viewer reads first: the newest rows (hundreds of windows even at
+128 ranks) are what a snapshot shows; the workload's own rows carry its straggler verdict."""
 GPU_START_BACK = 64 << 10
 """Of a node's GPU samples, what a new viewer reads first (the newest samples are all it shows)."""
 SLOW_SECONDS = 5.0
@@ -94,7 +97,7 @@ class LiveRun:
             self._begin_attempt()
         plan = self.run.plan
         for path in layout.node_files(self.run.root, plan, layout.METRICS):
-            tail = self.metrics_tails.setdefault(path, LineTail(path))
+            tail = self.metrics_tails.setdefault(path, LineTail(path, start_back=METRICS_START_BACK))
             lines = tail.read()
             if tail.began_again:  # the file was written anew (an attempt of a run written here)
                 self.metrics = MetricsFeed(plan.world_size)
@@ -169,7 +172,7 @@ class LiveRun:
                     f"not live: no process collects this run (the data stops at {stamp}); "
                     f"`fsdpctl status {plan.run_id}` asks its nodes")
         nodes = self._nodes(record, said_nodes)
-        ranks = self._ranks()
+        ranks = self._ranks(nodes)
         straggler = self.metrics.straggler()
         if straggler is not None:
             cause = gpu_cause([s for d in self.gpu_samples.values() for s in d], str(straggler.get("host")),
@@ -206,10 +209,12 @@ class LiveRun:
     def _nodes(self, record: Any, said: dict[Any, Any]) -> tuple[NodeNow, ...]:
         plan = self.run.plan
         recorded = {n.node_rank: n for n in record.nodes}
+        owners = self._owners(said, recorded)
         steps: dict[Any, int] = {}
         for step, entries in self.metrics.windows:
             for entry in entries:
-                steps[entry.get("node")] = step
+                node = entry.get("node")
+                steps[node if node is not None else owners.get(entry.get("rank"), (None,))[0]] = step
         out = []
         hosts = {n.node_rank: n.host for n in plan.nodes}  # none where a scheduler places the nodes
         for rank in layout.node_ranks(plan):
@@ -233,15 +238,37 @@ class LiveRun:
                 detail=mine.get("detail") or (kept.detail if kept else None)))
         return tuple(out)
 
-    def _ranks(self) -> tuple[RankNow, ...]:
+    def _owners(self, said: dict[Any, Any], recorded: dict[int, Any]) -> dict[int, tuple[int, str]]:
+        """Global rank -> (node rank, host), from the ranks each node said it holds (a program of the
+        user's writes its rows without them)."""
+        owners: dict[int, tuple[int, str]] = {}
+        for node_rank in layout.node_ranks(self.run.plan):
+            mine, kept = said.get(node_rank) or {}, recorded.get(node_rank)
+            text = mine.get("ranks") or (kept.ranks if kept else None) or self.ranks_said.get(node_rank)
+            host = mine.get("host") or self.hosts_seen.get(node_rank) or (kept.host if kept else f"node{node_rank}")
+            first, _, last = (text or "").partition("-")
+            if first.isdigit():
+                for rank in range(int(first), int(last if last.isdigit() else first) + 1):
+                    owners[rank] = (node_rank, host)
+        return owners
+
+    def _ranks(self, nodes: tuple[NodeNow, ...]) -> tuple[RankNow, ...]:
         if not self.metrics.windows:
             return ()
+        owners = {}
+        for node in nodes:
+            first, _, last = (node.ranks or "").partition("-")
+            if first.isdigit():
+                owners.update({r: (node.node_rank, node.host) for r in range(int(first), int(last or first) + 1)})
         step, newest = self.metrics.windows[-1]
         history: dict[int, list[Optional[float]]] = {}
         for _, entries in self.metrics.windows:
             for entry in entries:
                 history.setdefault(entry.get("rank", 0), []).append(_number(entry.get("compute_s")))
-        return tuple(RankNow(rank=e.get("rank", 0), node_rank=e.get("node"), host=e.get("host"),
+        return tuple(RankNow(rank=e.get("rank", 0),
+                             node_rank=e.get("node") if e.get("node") is not None else owners.get(e.get("rank"),
+                                                                                                  (None, None))[0],
+                             host=e.get("host") or owners.get(e.get("rank"), (None, None))[1],
                              local_rank=e.get("local_rank"), step=step, compute_s=_number(e.get("compute_s")),
                              comm_s=_number(e.get("comm_s")), data_s=_number(e.get("data_s")),
                              wall_s=_number(e.get("wall_s")), mem_mb=_number(e.get("mem_mb")),
@@ -288,16 +315,16 @@ POLL_SECONDS = 0.2
 landing here."""
 
 
-def snapshots(live: LiveRun, interval: float = 2.0, *, until_over: bool = True, poll: float = POLL_SECONDS
-              ) -> Iterator[Snapshot]:
+def snapshots(live: LiveRun, interval: float = 2.0, *, until_over: bool = True, poll: float = POLL_SECONDS,
+              gap: float = 0.0) -> Iterator[Snapshot]:
     """Snapshots of ``live``'s run: one at once, then one whenever something changed (looked at every
-    ``poll`` seconds) and at least every ``interval`` seconds; after the one that shows the run over,
-    no more (``until_over=False``: on until the caller stops)."""
+    ``poll`` seconds) and at least every ``interval`` seconds, never two within ``gap`` seconds; after
+    the one that shows the run over, no more (``until_over=False``: on until the caller stops)."""
     snapshot = live.snapshot()
     yield snapshot
     last = time.monotonic()
     while not (until_over and snapshot.over):
-        time.sleep(poll)
+        time.sleep(max(poll, gap - (time.monotonic() - last)))
         if live.changed() or time.monotonic() - last >= interval:
             snapshot = live.snapshot()
             last = time.monotonic()

@@ -99,11 +99,14 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
         handle.write(text)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that a reader never sees a half-written file (readable by this user only)."""
-    private_dir(path.parent)
+def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
+    """Write JSON so that a reader never sees a half-written file (readable by this user only);
+    ``compact``: on one line (files written every second, which people rarely read)."""
+    if not compact:
+        private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write_private(tmp, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    text = json.dumps(data, separators=(",", ":")) if compact else json.dumps(data, indent=2, sort_keys=False)
+    write_private(tmp, text + "\n")
     os.replace(tmp, path)
 
 

@@ -173,12 +173,12 @@ def test_a_later_attempt_marks_each_metrics_copy_with_the_step_it_resumes_from(t
 
 def test_the_follower_says_how_the_nodes_stand_at_most_every_second(tmp_path):
     col = collector(tmp_path)
-    col.beat([{"node_rank": 0, "state": "running"}])
+    col.beat(lambda: [{"node_rank": 0, "state": "running"}])
     said = json.loads((layout.live_dir(col.root) / layout.FOLLOWER).read_text())
     assert said["pid"] == os.getpid() and said["nodes"][0]["state"] == "running" and not said["ended"]
-    col.beat([{"node_rank": 0, "state": "failed"}])  # within the second: not written again
+    col.beat(lambda: [{"node_rank": 0, "state": "failed"}])  # within the second: not written again
     assert json.loads((layout.live_dir(col.root) / layout.FOLLOWER).read_text())["nodes"][0]["state"] == "running"
-    col.beat([{"node_rank": 0, "state": "failed"}], ended=True, extra={"slurm_state": "COMPLETED"})
+    col.beat(lambda: [{"node_rank": 0, "state": "failed"}], ended=True, extra={"slurm_state": "COMPLETED"})
     said = json.loads((layout.live_dir(col.root) / layout.FOLLOWER).read_text())
     assert said["ended"] and said["nodes"][0]["state"] == "failed" and said["slurm_state"] == "COMPLETED"
 

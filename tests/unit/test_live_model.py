@@ -81,10 +81,10 @@ def test_a_snapshot_is_made_of_the_copies_here_and_is_live_while_a_collector_hol
           "[10.9.0.2] fsdpctl: hardware fault: GPU 0 (00000000:18:00.0) on 10.9.0.2: a memory row remap is pending\n"
           "[10.9.0.1 r0] <script>alert(1)</script> step=40 loss=7.6\n")
     with layout.collector_lock(root):
-        Collector(root, run.plan).beat([{"node_rank": 0, "host": HOSTS[0], "state": "running"},
-                                                 {"node_rank": 1, "host": HOSTS[1], "state": "failed",
-                                                  "exit_code": 1, "detail": "rank 1 exited 1"}],
-                                                extra={"run_state": "running"})
+        Collector(root, run.plan).beat(lambda: [{"node_rank": 0, "host": HOSTS[0], "state": "running"},
+                                                         {"node_rank": 1, "host": HOSTS[1], "state": "failed",
+                                                          "exit_code": 1, "detail": "rank 1 exited 1"}],
+                                       extra={"run_state": "running"})
         snap = live(run).snapshot()
     progress = snap.run
     assert progress.live and progress.note is None and progress.state == "running"
@@ -149,3 +149,15 @@ def test_a_line_tail_gives_complete_lines_starts_near_the_end_and_notices_a_new_
     assert tail.read() == ["half done"]
     path.write_text("new\n")
     assert tail.read() == ["new"] and tail.began_again
+
+
+def test_a_programs_rows_without_nodes_are_placed_by_the_ranks_each_node_said_it_holds(tmp_path):
+    run = new_run(tmp_path)
+    rows = "".join(json.dumps({"step": s, "rank": r, "loss": 1.0, "step_time_s": 0.1 * (1 + r)}) + "\n"
+                   for s in range(1, 6) for r in (0, 1))
+    write(layout.collected(run.root, 0, "metrics.jsonl"), rows)
+    write(run.paths.logs / "merged.log", "[10.9.0.1 r0] fsdpctl: global rank 0 on node 0 (torchrun group rank 0)\n"
+          "[10.9.0.2 r1] fsdpctl: global rank 1 on node 1 (torchrun group rank 1)\n")
+    snap = live(run).snapshot()
+    assert [(r.rank, r.node_rank, r.host) for r in snap.ranks] == [(0, 0, "10.9.0.1"), (1, 1, "10.9.0.2")]
+    assert [n.step for n in snap.nodes] == [5, 5]

@@ -120,7 +120,7 @@ class Supervisor:
             for handle in (*self.files.values(), self.merged):
                 handle.close()
             if self.collector is not None:
-                self.collector.beat(self.node_states(), ended=True)
+                self.collector.beat(self.node_states, ended=True)
         return self._result(signum)
 
     def node_states(self) -> list[dict[str, Any]]:
@@ -169,7 +169,7 @@ class Supervisor:
             self._settle(run, answer)
         self._flush()
         if self.collector is not None:
-            self.collector.beat(self.node_states(), extra={"run_state": str(RunState.RUNNING)})
+            self.collector.beat(self.node_states, extra={"run_state": str(RunState.RUNNING)})
         if self.watch is not None and not self.stopping and self.failed is None:
             silent = self.watch.due()
             if silent is not None:

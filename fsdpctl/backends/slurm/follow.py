@@ -52,7 +52,7 @@ class SlurmFollower:
                 outcome = self._follow(sink, watch, signals, leave, collector)
             finally:
                 if collector is not None:
-                    collector.beat([], ended=True)
+                    collector.beat(list, ended=True)
             return with_export_notes(outcome, collector)
 
     def _follow(self, sink: LineSink, watch: HangWatch | None, signals: bool, leave: threading.Event | None,
@@ -130,7 +130,8 @@ def _said(collector: Optional[Collector], state: client.JobState, logs: NodeLogs
     nodes = [{"node_rank": rank, "host": logs.hosts[rank], "state": node_state, "ranks": logs.ranks[rank]}
              for rank in range(len(logs.hosts))]
     run_state = live or states.run_state(state.state, state.exit_code)
-    collector.beat(nodes, extra={"slurm_state": state.state, "restarts": state.restarts, "run_state": str(run_state)})
+    collector.beat(lambda: nodes, extra={"slurm_state": state.state, "restarts": state.restarts,
+                                         "run_state": str(run_state)})
 
 
 def _tail_lines(path: Path) -> list[str]:
