@@ -68,6 +68,7 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
     backend = backend_for(prof)
     try:
         report = backend.doctor(request, on_host=lambda host: emit(HostChecked(host)))
+        remember(prof.name, report, "doctor --health" if health else "doctor")
         if exclude_unhealthy:
             exclude_faulty_hosts(prof, report, emit)
         measured_checks(loaded, backend, emit, report, runs_dir,
@@ -76,6 +77,14 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
     finally:
         backend.close()
     return report
+
+
+def remember(profile_name: str, report: DoctorReport, by: str) -> None:
+    """Each host's newest check, kept for the dashboard's hosts page."""
+    from ..hostpool.findings import remember_findings
+    from ..rundir.record import now
+
+    remember_findings(profile_name, report.to_json(), by, now())
 
 
 HEALTH_TIMEOUT = 180.0

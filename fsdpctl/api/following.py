@@ -35,6 +35,10 @@ def check(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *
     returned (``ok`` false, nothing left staged)."""
     emit(PreflightStarted(plan.num_nodes, recheck))
     found = backend.preflight(plan, payload, on_host=lambda host: emit(HostChecked(host)))
+    if found.report is not None:
+        from .doctor import remember
+
+        remember(plan.profile_name, found.report, f"the preflight of run {plan.run_id}")
     if found.ok:
         return found
     if found.staged is not None and hasattr(found.staged, "close"):

@@ -84,14 +84,17 @@ def _already_here(run: Any, name: str) -> list[Path]:
 
 
 def report_of(runs: list[Any], *, plot: Optional[PathLike] = None, fetch: bool = True,
-              tensorboard: Optional[PathLike] = None) -> Report:
+              tensorboard: Optional[PathLike] = None, html: Optional[PathLike] = None) -> Report:
     """The report of ``runs`` (Run handles): each one's metrics summed up, side by side; with ``plot``
     (a folder), their figures as PNG files; with ``tensorboard`` (a folder), each run's TensorBoard
-    event files in ``<folder>/<run_id>/``."""
+    event files in ``<folder>/<run_id>/``; with ``html`` (a file), their pages in one self-contained
+    HTML file."""
     pairs = [run_series(r, fetch) for r in runs]
     if tensorboard is not None:
         for run in runs:
             write_tensorboard(run, Path(tensorboard) / run.run_id, fetch=False)
+    if html is not None:
+        write_html(runs, Path(html))
     result = Report([p[1] for p in pairs], [p[0] for p in pairs])
     if plot is not None:
         from ..metrics.plots import draw
@@ -113,3 +116,19 @@ def write_tensorboard(run: Any, folder: Path, fetch: bool = False) -> Path:
     if exports.problems:
         raise UsageError(f"report --tensorboard: {exports.problems[0]}", "give a folder this user can write")
     return folder
+
+
+def write_html(runs: list[Any], path: Path) -> Path:
+    """The runs' pages, as the dashboard shows them, in one file that opens without any network."""
+    from ..web.report_html import run_report_data, write_report
+
+    data = []
+    for run in runs:
+        found, _ = run_files(run, fetch=False)
+        gpus = [f for p in found["gpu"] for f in (sorted(p.glob("node*.jsonl")) if p.is_dir() else [p])]
+        data.append(run_report_data(run, found["metrics.jsonl"], gpus))
+    try:
+        return write_report(path, data)
+    except OSError as exc:
+        raise UsageError(f"report --html {path}: cannot write it ({exc.strerror})", "give a file in a folder you can "
+                         "write") from None

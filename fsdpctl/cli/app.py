@@ -9,7 +9,23 @@ import typer
 
 from .. import __version__
 from ..errors import FsdpctlError, PreflightError
-from . import doctor, estimate, fetch, hosts, init, launch, logs, profiles, render, report, stacks, status, submit, top
+from . import (
+    dashboard,
+    doctor,
+    estimate,
+    fetch,
+    hosts,
+    init,
+    launch,
+    logs,
+    profiles,
+    render,
+    report,
+    stacks,
+    status,
+    submit,
+    top,
+)
 
 app = typer.Typer(
     name="fsdpctl",
@@ -44,6 +60,7 @@ app.command(name="submit")(submit.submit)
 app.command(name="logs")(logs.logs)
 app.command(name="status")(status.status)
 app.command(name="top")(top.top)
+app.command(name="dashboard")(dashboard.dashboard)
 app.command(name="report")(report.report)
 app.command(name="stop")(status.stop)
 app.command(name="stacks")(stacks.stacks)

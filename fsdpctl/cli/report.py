@@ -16,6 +16,9 @@ def report(
                                         "matplotlib: pip install 'fsdpctl[report]')."),
     as_json: bool = typer.Option(False, "--json", help="The figures as JSON (stdout is data)."),
     no_fetch: bool = typer.Option(False, "--no-fetch", help="Use the metrics already brought back; ask no node."),
+    html: Optional[Path] = typer.Option(None, "--html", metavar="FILE", help="Write the runs' pages (charts, nodes, "
+                                        "attempts, lines, plan; side by side) into one HTML file that opens "
+                                        "without any network."),
     tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", metavar="DIR", help="Write each run's "
                                                "TensorBoard event files into DIR/<run_id>/ (as export.tensorboard "
                                                "does live)."),
@@ -25,12 +28,14 @@ def report(
     import fsdpctl
 
     result = fsdpctl.report(list(run_ids) if run_ids else None, plot=plot, fetch=not no_fetch,
-                            tensorboard=tensorboard)
+                            tensorboard=tensorboard, html=html)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
     typer.echo(result.text)
     for path in result.plots:
         typer.echo(f"wrote {path}")
+    if html is not None:
+        typer.echo(f"wrote {html}")
     if tensorboard is not None:
         typer.echo(f"wrote TensorBoard event files into {tensorboard}/<run_id>/ (tensorboard --logdir {tensorboard})")

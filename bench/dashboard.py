@@ -1,0 +1,258 @@
+"""What the dashboard costs and how fast it answers:
+
+  1. 1,000 runs in the registry (written here as runs of a 2-host SSH profile): the runs page's data
+     (GET /api/runs) the first time and again, against `fsdpctl runs --json` on the same registry.
+     Goal: <= 1 s.
+  2. a finished run of 16 nodes x 8 ranks and 100,000 logged steps (1.3 GB of metrics, every rank's
+     timings in every row; 8 GPUs per node sampled every 5 s for its 14 hours): its page's data the
+     first time (the first paint waits for it), how many points its charts hold, and the server's
+     memory afterwards. Goals: <= 2 s, a few thousand points per chart, <= 200 MB.
+  3. 20 pages on a live run (the namespace testbed, 2 nodes, a program logging a step every 0.5 s):
+     the launcher's CPU and the nodes' new SSH sessions over a window with none open and with 20
+     event streams open, and the server's own CPU. Goal: the nodes and the launcher unchanged.
+
+Run as root: .venv/bin/python bench/dashboard.py [--runs 1000] [--steps 100000] [--window 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, fsdpctl_env, machine, time_command  # noqa: E402
+
+from tests.testbed.lab import Lab, netns_available  # noqa: E402
+
+PROFILE = ("name: big\nbackend: ssh\nhosts: [{hosts}]\nnproc_per_node: 8\nworkdir: /scratch/big\n"
+           "train:\n  preset: tiny\n  steps: {steps}\n")
+
+
+def make_run(runs: Path, index: int, hosts: int, steps: int):
+    from fsdpctl.backends import plan_run, render_scripts
+    from fsdpctl.plan.types import Overrides, overrides_to_json
+    from fsdpctl.profiles.loader import parse_profile
+    from fsdpctl.rundir.rundir import create_run
+    from fsdpctl.rundir.state import RunState
+
+    text = PROFILE.format(hosts=", ".join(f"10.9.{i // 250}.{i % 250 + 1}" for i in range(hosts)), steps=steps)
+    profile = parse_profile(text, "big.yaml")
+    clock = f"{index // 3600 % 24:02d}{index // 60 % 60:02d}{index % 60:02d}"
+    run_id = f"big-2026{(index // 86400) % 12 + 1:02d}01-{clock}-{index % 65536:04x}"
+    inputs = {"profile_source": "big.yaml", "local_python": "/usr/bin/python3", "home": "/home/me",
+              "local_cwd": str(runs), "overrides": overrides_to_json(Overrides())}
+    plan = plan_run(profile, run_id=run_id, local_run_dir=str(runs / run_id), overrides=Overrides(),
+                    **{k: v for k, v in inputs.items() if k != "overrides"})
+    run = create_run(plan, profile, render_scripts(plan), text, inputs)
+    run.change(state=RunState.SUCCEEDED, started_at="2026-11-01T10:00:00+00:00",
+               finished_at="2026-11-01T11:00:00+00:00", exit_code=0)
+    return run
+
+
+class Server:
+    """``fsdpctl dashboard`` in a process of its own, for a runs directory."""
+
+    def __init__(self, runs: Path, root: Path, wrap=lambda argv: argv):
+        env = {**fsdpctl_env(root), "FSDPCTL_STATE_DIR": str(root / "state")}
+        self.process = subprocess.Popen(wrap([sys.executable, "-m", "fsdpctl", "dashboard", "--runs-dir", str(runs),
+                                              "--port", "0"]), env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+        url = self.process.stdout.readline().strip()
+        self.port = int(url.split(":")[2].split("/")[0])
+        self.cookie = "fsdpctl_token=" + url.split("token=")[1]
+
+    def pid(self) -> int:
+        """The server's Python (under ``ip netns exec`` when wrapped)."""
+        pid = self.process.pid
+        for _ in range(3):
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if not children:
+                break
+            pid = int(children[0])
+        return pid
+
+    def get(self, path: str) -> tuple[float, bytes]:
+        started = time.perf_counter()
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        connection.request("GET", path, headers={"Cookie": self.cookie})
+        body = connection.getresponse().read()
+        connection.close()
+        return time.perf_counter() - started, body
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def registry(args, root: Path) -> dict:
+    runs = root / "many"
+    runs.mkdir()
+    for i in range(args.runs):
+        make_run(runs, i, 2, 100)
+    server = Server(runs, root)
+    try:
+        first, body = server.get("/api/runs")
+        again = [server.get("/api/runs")[0] for _ in range(5)]
+        listed = len(json.loads(body)["runs"])
+    finally:
+        server.close()
+    env = {**fsdpctl_env(root), "FSDPCTL_RUNS_DIR": str(runs)}
+    cli = [time_command([sys.executable, "-m", "fsdpctl", "runs", "--json"], env=env) for _ in range(3)]
+    return {"runs": listed, "first_s": round(first, 3), "again_median_s": round(sorted(again)[2], 3),
+            "cli_runs_json_median_s": round(sorted(cli)[1], 3)}
+
+
+def long_run(args, root: Path) -> dict:
+    runs = root / "long"
+    runs.mkdir()
+    run = make_run(runs, 1, 16, args.steps)
+    live = run.root / "live"
+    rng = random.Random(0)
+    copy = live / "node0" / "metrics.jsonl"
+    copy.parent.mkdir(parents=True)
+    t0 = 1_790_000_000.0
+    with copy.open("w") as out:
+        for step in range(1, args.steps + 1):
+            ranks = [{"rank": r, "node": r // 8, "host": f"10.9.0.{r // 8 + 1}", "local_rank": r % 8,
+                      "compute_s": round(0.3 * (1.4 if r == 13 else 1.0) + rng.random() * 0.01, 6), "comm_s": 0.1,
+                      "data_s": 0.001, "wall_s": 0.5, "mem_mb": 61000.0} for r in range(128)]
+            out.write(json.dumps({"kind": "train", "step": step, "loss": 10 / (1 + step / 1000),
+                                  "tokens_per_s": 4.2e6, "mfu": 0.41, "time": t0 + step * 0.5, "step_time_s": 0.5,
+                                  "ranks": ranks}) + "\n")
+    samples_per_node = int(args.steps * 0.5 / 5)
+    for node in range(16):
+        path = live / f"node{node}" / "gpu" / f"node{node}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as out:
+            for i in range(samples_per_node):
+                gpus = [{"index": str(g), "bus_id": f"00000000:{0x18 + g:02X}:00.0", "sm_mhz": 1980.0,
+                         "sm_max_mhz": 1980.0, "temp_c": 64.0, "power_w": 690.0, "util_pct": 98.0, "mem_mib": 61000.0,
+                         "mem_total_mib": 81559.0, "ecc_uncorrected": 0.0, "remap_pending": False,
+                         "reasons": []} for g in range(8)]
+                sample = {"t": t0 + i * 5, "node": node, "host": f"10.9.0.{node + 1}", "gpus": gpus}
+                out.write(json.dumps(sample) + "\n")
+    (run.root / "live" / "collect.json").write_text("{}")
+    size_mb = sum(p.stat().st_size for p in live.rglob("*.jsonl")) / 2**20
+    server = Server(runs, root)
+    try:
+        first, body = server.get(f"/api/runs/{run.run_id}")
+        page = json.loads(body)
+        charts = page["charts"]
+        points = {"loss": len(charts["train"]["loss"]["x"]), "heat_columns": len(charts["heat"]["steps"]),
+                  "rank_by_time": max(len(r["x"]) for r in charts["rank_time"]),
+                  "gpu_by_time": max(len(g["sm_mhz"]["x"]) for g in charts["gpus"])}
+        again, _ = server.get(f"/api/runs/{run.run_id}")
+        rss = rss_mb(server.pid())
+    finally:
+        server.close()
+    return {"metrics_and_samples_mb": round(size_mb), "first_s": round(first, 3), "again_s": round(again, 3),
+            "page_kb": round(len(body) / 1024), "chart_points": points, "server_rss_mb": round(rss, 1),
+            "straggler": (page["snapshot"]["straggler"] or {}).get("rank")}
+
+
+def pages_on_a_live_run(args, root: Path) -> dict:
+    if netns_available():
+        return {"skipped": f"the namespace testbed {netns_available()}"}
+    lab = Lab(root / "lab", ["p1", "p2"]).up()
+    try:
+        for name in ("p1", "p2"):
+            lab.start_sshd(name)
+        code = root / "code"
+        code.mkdir()
+        (code / "steps.py").write_text(
+            "import json, os, time\nrank, d = int(os.environ['RANK']), os.environ['FSDPCTL_RUN_DIR']\n"
+            "for step in range(1, 100000):\n    time.sleep(0.5)\n"
+            "    open(os.path.join(d, 'metrics.jsonl'), 'a').write(json.dumps({'step': step, 'rank': rank, "
+            "'loss': 1 / step, 'step_time_s': 0.5}) + '\\n')\n    print(f'step={step}', flush=True)\n")
+        profile = root / "pages.yaml"
+        profile.write_text(lab.profile_yaml(["p1", "p2"], python=sys.executable, name="pages"))
+        env = fsdpctl_env(root)
+        launcher = subprocess.Popen(lab.in_client([sys.executable, "-m", "fsdpctl", "launch", "-p", str(profile),
+                                                   "--code", str(code), "--", "steps.py"]), env=env, cwd=code,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not list((root / "runs").glob("*/logs/merged.log")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(5)
+        run_id = next((root / "runs").glob("*/logs/merged.log")).parent.parent.name
+        server = Server(root / "runs", root, lab.in_client)
+        # the launcher's Python, under `ip netns exec`
+        launcher_python = int(Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()[0])
+
+        def window(pages: int) -> dict:
+            logs_from = {n: h.log.stat().st_size for n, h in lab.hosts.items()}
+            readers = [subprocess.Popen(lab.in_client(
+                [sys.executable, "-c", "import socket,sys\ns=socket.create_connection(('127.0.0.1',int(sys.argv[1])))\n"
+                 "s.sendall(('GET /api/events/run/'+sys.argv[2]+' HTTP/1.0\\r\\nHost: 127.0.0.1:'+sys.argv[1]+"
+                 "'\\r\\nCookie: '+sys.argv[3]+'\\r\\n\\r\\n').encode())\nwhile s.recv(65536): pass",
+                 str(server.port), run_id, server.cookie]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for _ in range(pages)]
+            time.sleep(2)
+            cpu = {"launcher": cpu_seconds(launcher_python), "server": cpu_seconds(server.pid())}
+            time.sleep(args.window)
+            used = {k: round(cpu_seconds(launcher_python if k == "launcher" else server.pid()) - v, 2)
+                    for k, v in cpu.items()}
+            for reader in readers:
+                reader.kill()
+                reader.wait()
+            sessions = sum(h.log.read_bytes()[logs_from[n]:].count(b"Accepted publickey") for n, h in lab.hosts.items())
+            return {"pages": pages, "launcher_cpu_s": used["launcher"], "server_cpu_s": used["server"],
+                    "server_cpu_pct_of_a_core": round(100 * used["server"] / args.window, 1),
+                    "new_ssh_sessions_on_the_nodes": sessions}
+
+        try:
+            none, twenty = window(0), window(20)
+        finally:
+            server.close()
+            launcher.terminate()
+            launcher.wait(timeout=120)
+        return {"window_s": args.window, "no_pages": none, "twenty_pages": twenty}
+    finally:
+        lab.down()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--window", type=float, default=30.0)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="fsdpctl-bench-dashboard-"))
+    try:
+        result = {"benchmark": "dashboard", "machine": machine(),
+                  "goal": "runs page <= 1 s at 1,000 runs; a 16x8-rank, 100,000-step run's page <= 2 s, a few "
+                          "thousand points per chart, server <= 200 MB; 20 pages: nodes and launcher unchanged",
+                  "registry": registry(args, root), "long_run": long_run(args, root),
+                  "pages": pages_on_a_live_run(args, root)}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "dashboard.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

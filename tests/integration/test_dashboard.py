@@ -1,0 +1,279 @@
+"""``fsdpctl dashboard`` in a real browser (Debian's Chromium, driven by Playwright), on a live two-node
+run of the namespace testbed: two hosts with a fake nvidia-smi (two GPUs each, sampled every second),
+their sshd pinned to a core each. The run is a program of the user's: each rank times a busy loop per
+step and writes it to metrics.jsonl; rank 1 prints hostile markup. While it goes: the runs page lists
+it; its page shows both nodes, its step count and its loss chart grow, a throttled rank is marked the
+straggler, d2's GPU reporting a HW slowdown shows on d2's line and chart, the markup shows as text and
+runs nothing; the stop button ends the run. The hosts page, the attacks a page of another origin can
+try, and ``report --html`` opened from a file with the network off. Screenshots go to tmp_path (and
+to ``$FSDPCTL_SCREENSHOTS`` when set).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.conftest import require_netns
+from tests.integration.test_launch import processes_of, run, run_dir_of, start
+from tests.integration.test_live import SLOWED, healthy
+from tests.testbed import fake_gpu
+from tests.testbed.lab import Lab
+from tests.testbed.throttle import Throttle
+
+pytestmark = pytest.mark.integration
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+PROGRAM = """\
+import json, os, sys, time
+rank, run_dir = int(os.environ["RANK"]), os.environ["FSDPCTL_RUN_DIR"]
+if rank == 1:
+    print("<script>alert(1)</script> and <img src=x onerror=alert(2)>", flush=True)
+for step in range(1, int(sys.argv[1]) + 1):
+    started, spin = time.perf_counter(), time.process_time()
+    while time.process_time() - spin < 0.05:  # compute, slowed for real when the rank is held off the CPU
+        pass
+    took = time.perf_counter() - started
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as out:
+        out.write(json.dumps({"step": step, "rank": rank, "loss": 4.0 / step, "step_time_s": took,
+                              "time": time.time()}) + "\\n")
+    if rank == 0:
+        print(f"step={step} loss={4.0 / step:.4f}", flush=True)
+    time.sleep(0.2)
+"""
+
+
+def browser_or_skip():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the dashboard's browser tests need playwright (the test extra)")
+        pytest.skip("needs playwright")
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI") == "true":
+            pytest.fail("the dashboard's browser tests need Debian's chromium (.ci/run installs it)")
+        pytest.skip("needs chromium")
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def dash_lab(tmp_path_factory):
+    require_netns()
+    sync_playwright = browser_or_skip()
+    lab = Lab(tmp_path_factory.mktemp("dashlab"), ["d1", "d2"]).up()
+    try:
+        for index, name in enumerate(("d1", "d2")):
+            scenario = lab.hosts[name].dir / "gpu.json"
+            bin_dir = fake_gpu.install(lab.hosts[name].dir / "bin", scenario)
+            healthy(lab, name)
+            lab.start_sshd(name, f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n",
+                           setup=f"taskset -p -c {index} $$ >/dev/null && ")
+        # The browser runs in the client namespace, beside the dashboard (whose stop button reaches the
+        # nodes from there): Playwright talks to it over a pipe, which no namespace stands in the way of.
+        wrapper = lab.root / "chromium-in-client"
+        wrapper.write_text(f"#!/bin/sh\nexec ip netns exec {lab.client_ns} {CHROMIUM} \"$@\"\n")
+        wrapper.chmod(0o755)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(wrapper), args=["--no-sandbox"])
+            try:
+                yield lab, browser
+            finally:
+                browser.close()
+    finally:
+        lab.down()
+
+
+class Dashboard:
+    """``fsdpctl dashboard`` on loopback, for the test's runs directory."""
+
+    def __init__(self, lab: Lab, tmp_path: Path):
+        # the same HOME and state as the launches' (test_launch.fsdpctl): the hosts' last checks
+        env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+        self.process = subprocess.Popen(lab.in_client([sys.executable, "-m", "fsdpctl", "dashboard", "--runs-dir",
+                                                       str(tmp_path / "runs"), "--port", "0"]),
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.url = self.process.stdout.readline().strip()
+        assert self.url.startswith("http://127.0.0.1:"), self.process.stderr.read()
+        self.base = self.url.split("/?")[0]
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def shot(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    where = os.environ.get("FSDPCTL_SCREENSHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(where) / path.name)
+    return path
+
+
+def wait(test, what: str, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = test()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"never: {what}")
+
+
+def test_a_live_run_in_the_browser_then_stopped_from_it(dash_lab, tmp_path):
+    lab, browser = dash_lab
+    d1, d2 = lab.hosts["d1"].address, lab.hosts["d2"].address
+    profile = tmp_path / "dash.yaml"
+    profile.write_text(lab.profile_yaml(["d1", "d2"], python=sys.executable, name="dash",
+                                        extra="health:\n  sample_seconds: 1\n"))
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "train.py").write_text(PROGRAM)
+    started = run(lab, tmp_path, "launch", "-p", str(profile), "--code", str(code), "--detach", "--", "train.py", "400")
+    assert started.returncode == 0, started.stderr[-2000:]
+    run_id = started.stdout.strip().splitlines()[0]
+    dashboard = Dashboard(lab, tmp_path)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    dialogs: list[str] = []
+    errors: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.accept()))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    throttle = None
+    try:
+        page.goto(dashboard.url)
+        assert page.url == dashboard.base + "/"  # the token left the address bar for a cookie
+        page.wait_for_selector(f'#runs-table tr[data-run="{run_id}"]', timeout=30_000)
+        shot(page, tmp_path, "dashboard-runs")
+        page.click(f'#runs-table tr[data-run="{run_id}"]')
+        page.wait_for_selector('#nodes-table tr[data-node="1"]', timeout=30_000)
+        nodes = page.inner_text("#nodes-table")
+        assert d1 in nodes and d2 in nodes
+
+        def step() -> int:
+            text = page.inner_text("#run-step") if page.query_selector("#run-step") else "0"
+            return int(text) if text.isdigit() else 0
+
+        def points() -> int:
+            return int(page.get_attribute("#chart-loss", "data-points") or 0)
+
+        first_step = wait(lambda: step() or None, "a step")
+        first_points = wait(lambda: points() or None, "the loss chart drawn")
+        wait(lambda: step() > first_step + 3 and points() > first_points, "the step count and the loss chart growing")
+
+        throttle = Throttle(lab.root, rank=1, module="train.py")
+        healthy(lab, "d2", **SLOWED)
+        wait(lambda: "straggler: rank 1" in page.inner_text("#nodes"), "rank 1 marked the straggler", 150)
+        d2_row = '#nodes-table tr[data-node="1"][data-gpu="0"]'
+        wait(lambda: "HW slowdown" in page.inner_text(d2_row), "d2's GPU 0 slowed on d2's line")
+        assert "HW slowdown" not in page.inner_text('#nodes-table tr[data-node="0"][data-gpu="0"]')
+        slowed = wait(lambda: int(page.get_attribute(f'[data-node-key="1 {d2}"] .gpu-chart', "data-slowed") or 0),
+                      "the slowdown marked on d2's GPU chart")
+        assert slowed > 0 and page.get_attribute(f'[data-node-key="0 {d1}"] .gpu-chart', "data-slowed") == "0"
+
+        logs = page.inner_text("#logs")
+        assert "<script>alert(1)</script> and <img src=x onerror=alert(2)>" in logs
+        assert page.evaluate("document.querySelectorAll('#logs script, #logs img').length") == 0
+        page.select_option("#log-rank", "1")
+        assert page.inner_text("#logs").strip().startswith(f"[{d2} r1] <script>")
+        print(f"\n--- screenshots in {tmp_path} ---")
+        shot(page, tmp_path, "dashboard-run-straggler-and-slowed-gpu")
+        throttle.stop()
+        healthy(lab, "d2")
+
+        page.click("#stop-button")  # confirm() is accepted
+        wait(lambda: "stopped" in page.inner_text("#run-state"), "the run stopped", 60)
+        assert dialogs == [f"Stop run {run_id} on every node?"]  # the markup raised no alert
+        assert not errors, errors
+        wait(lambda: not processes_of(run_id), "every process of the run gone", 30)
+
+        page.goto(f"{dashboard.base}/hosts/dash")
+        page.wait_for_selector("#hosts-table")
+        hosts = page.inner_text("#hosts-table")
+        assert d1 in hosts and d2 in hosts and "active" in hosts and "the preflight of run" in hosts
+        shot(page, tmp_path, "dashboard-hosts")
+    finally:
+        if throttle is not None:
+            throttle.stop()
+        healthy(lab, "d2")
+        page.close()
+        dashboard.close()
+    assert not processes_of(run_id)
+
+
+def test_a_page_of_another_origin_can_neither_read_nor_act(dash_lab, tmp_path):
+    lab, browser = dash_lab
+    profile = tmp_path / "dash.yaml"
+    profile.write_text(lab.profile_yaml(["d1", "d2"], python=sys.executable, name="dash"))
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "train.py").write_text(PROGRAM)
+    launched = start(lab, tmp_path, "launch", "-p", str(profile), "--code", str(code), "--", "train.py", "150")
+    run_dir = run_dir_of(tmp_path)
+    dashboard = Dashboard(lab, tmp_path)
+    evil = subprocess.Popen(lab.in_client([sys.executable, "-m", "tests.testbed.other_origin", dashboard.base,
+                                           run_dir.name]), stdout=subprocess.PIPE, text=True, cwd=REPO)
+    context = browser.new_context()
+    try:
+        evil_port = evil.stdout.readline().strip()
+        page = context.new_page()
+        page.goto(dashboard.url)  # the victim is logged in: the cookie is set for 127.0.0.1
+        evil_page = context.new_page()
+        evil_page.goto(f"http://127.0.0.2:{evil_port}/")
+        results = wait(lambda: evil_page.evaluate("window.results.length === 3 && window.results"),
+                       "the attacker's three tries", 30)
+        print(f"\n--- a page of another origin tried: {results} ---")
+        assert "read refused" in results  # no CORS: it cannot read the runs
+        assert "post refused" in results or "post:403" in results or "post:401" in results
+        time.sleep(1)
+        assert launched.process.poll() is None, "a page of another origin stopped the run"
+        assert '"state": "running"' in (run_dir / "run.json").read_text()
+    finally:
+        context.close()
+        evil.terminate()
+        evil.wait(timeout=30)
+        dashboard.close()
+        launched.process.terminate()
+        launched.finish(timeout=120)
+
+
+def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
+    lab, browser = dash_lab
+    profile = tmp_path / "dash.yaml"
+    profile.write_text(lab.profile_yaml(["d1", "d2"], python=sys.executable, name="dash",
+                                        extra="health:\n  sample_seconds: 1\n"))
+    code = tmp_path / "project"
+    code.mkdir()
+    (code / "train.py").write_text(PROGRAM)
+    ids = []
+    for steps in ("30", "40"):
+        done = run(lab, tmp_path, "launch", "-p", str(profile), "--code", str(code), "--", "train.py", steps)
+        assert done.returncode == 0, done.stderr[-2000:]
+        ids.append(re.search(r"run (\S+) succeeded", done.stderr).group(1))
+    out = tmp_path / "report.html"
+    reported = run(lab, tmp_path, "report", *ids, "--html", str(out))
+    assert reported.returncode == 0, reported.stderr[-2000:]
+    context = browser.new_context(offline=True)
+    requests: list[str] = []
+    try:
+        page = context.new_page()
+        page.on("request", lambda request: requests.append(request.url))
+        page.goto(out.as_uri())
+        for run_id in ids:
+            column = f'.report-run[data-run="{run_id}"]'
+            page.wait_for_selector(f"{column} .uplot", timeout=30_000)
+            assert int(page.get_attribute(f"{column} #chart-loss", "data-points")) in (30, 40)
+            assert "<script>alert(1)</script>" in page.inner_text(f"{column} #logs")
+        assert page.evaluate("document.querySelectorAll('#logs script').length") == 0
+        shot(page, tmp_path, "report-html")
+    finally:
+        context.close()
+    assert requests == [out.as_uri()], requests  # nothing but the file itself
