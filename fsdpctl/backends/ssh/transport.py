@@ -7,6 +7,7 @@ refuses changed ones. Every failure becomes an ``SSHError`` with a cause a perso
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import socket
@@ -20,10 +21,14 @@ import paramiko
 from ...errors import HostError
 from ...profiles.schema import HostSpec, SSHSpec
 from ..transport import MarkerReader, ReadingSession, read_lines
+from .jumps import JUMPS, Hop, handshake_slot, jump_chain
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 KEEPALIVE_SECONDS = 5
 SEND_CHUNK = 1 << 16  # at least one packet's worth (paramiko's largest is 32 KiB)
+CONNECT_TRIES = 4
+"""Tries of a connection that was dropped while it was set up (a busy sshd's MaxStartups), with a
+growing pause between them, before the host counts as unreachable."""
 
 
 class SSHError(HostError):
@@ -195,16 +200,32 @@ class _SSHSession(ReadingSession):
         self.channel.close()
 
 
+def _dropped(exc: BaseException) -> bool:
+    """A connection the server dropped while it was being set up (what a busy sshd's MaxStartups
+    does), worth trying again; a refusal, a wrong key or a timeout is not."""
+    if isinstance(exc, (paramiko.AuthenticationException, paramiko.BadHostKeyException, socket.gaierror)):
+        return False
+    if isinstance(exc, (ConnectionResetError, EOFError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, (paramiko.SSHException, OSError)) and (
+        "banner" in text or "reset by peer" in text or "connection closed" in text or "eof" in text)
+
+
 class SSHTransport:
     """One node over SSH: one connection, reused for every command of one fsdpctl command."""
 
-    def __init__(self, host: HostSpec | str, ssh: SSHSpec, config: paramiko.SSHConfig | None = None):
+    def __init__(self, host: HostSpec | str, ssh: SSHSpec, config: paramiko.SSHConfig | None = None,
+                 seen: tuple[str, ...] = ()):
         self.spec = ssh
         self.config = config if config is not None else _ssh_config()
         self.target = resolve_target(host, ssh, self.config)
         self.host = self.target.alias
         self.client: paramiko.SSHClient | None = None
         self.jump: SSHTransport | None = None
+        self.jump_key: tuple | None = None
+        self.seen = (*seen, self.target.hostname)
+        """The hosts this connection goes through to get here: a jump host never jumps through itself."""
 
     def _client(self, target: Target) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -216,43 +237,82 @@ class SSHTransport:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         return client
 
+    def _through(self) -> list[Hop]:
+        """The jump hosts on the way to this host, the first one first (none of the hosts this
+        connection itself goes through: a jump host never jumps through itself)."""
+        if not self.target.proxy_jump or self.target.proxy_jump.strip().lower() == "none":
+            return []  # OpenSSH's "none": no jump host (ssh_config's ProxyJump switched off for a host)
+        try:
+            hops = jump_chain(self.target.proxy_jump)
+        except ValueError as exc:
+            raise SSHError(self.host, "ssh", f"ssh.proxy_jump {self.target.proxy_jump!r}: {exc}",
+                           "write it as OpenSSH does: [user@]host[:port], several separated by commas") from None
+        return [hop for hop in hops if hop.host not in self.seen]
+
+    def _open_jump(self, hops: list[Hop]) -> paramiko.Channel:
+        """A channel to this host through the last hop, whose own connection (shared by every host
+        behind it in this process) goes through the hops before it."""
+        target, timeout = self.target, self.spec.connect_timeout
+        last, before = hops[-1], hops[:-1]
+        spec = dataclasses.replace(self.spec, proxy_jump=",".join(map(str, before)) or None)
+        key = (last.user, last.host, last.port, spec.proxy_jump, self.spec.identity_file, self.spec.known_hosts)
+        try:
+            self.jump = JUMPS.acquire(key, lambda: SSHTransport(HostSpec(host=last.host, port=last.port,
+                                                                          user=last.user),
+                                                                 spec, self.config, seen=self.seen))
+        except SSHError as exc:
+            raise SSHError(target.alias, exc.cause, f"via jump host {last.host}: {exc.detail}",
+                           exc.hint or "") from None
+        self.jump_key = key
+        assert self.jump.client is not None
+        inner = self.jump.client.get_transport()
+        assert inner is not None
+        return inner.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0), timeout=timeout)
+
     def connect(self) -> None:
-        """Open the connection (through the jump host when there is one); raises SSHError."""
+        """Open the connection (through the jump hosts when there are any; a connection the server
+        drops while it is set up is tried again, paced); raises SSHError."""
         if self.client is not None:
             return
         target, timeout = self.target, self.spec.connect_timeout
-        sock = None
-        try:
-            if target.proxy_jump:
-                jump_host, _, jump_port = target.proxy_jump.split(",")[0].rpartition("@")[2].partition(":")
-                jump_user = target.proxy_jump.split("@")[0] if "@" in target.proxy_jump else None
-                self.jump = SSHTransport(HostSpec(host=jump_host, port=int(jump_port) if jump_port else None,
-                                                  user=jump_user), self.spec, self.config)
-                try:
-                    self.jump.connect()
-                except SSHError as exc:
-                    raise SSHError(target.alias, exc.cause, f"via jump host {jump_host}: {exc.detail}",
-                                   exc.hint or "") from None
-                assert self.jump.client is not None
-                jump_transport = self.jump.client.get_transport()
-                assert jump_transport is not None
-                sock = jump_transport.open_channel("direct-tcpip", (target.hostname, target.port), ("", 0),
-                                                   timeout=timeout)
-            client = self._client(target)
-            client.connect(
-                target.hostname, port=target.port, username=target.user,
-                key_filename=list(target.identity_files) or None, timeout=timeout, banner_timeout=timeout,
-                auth_timeout=timeout, channel_timeout=timeout, sock=sock,
-                allow_agent=True, look_for_keys=not target.identity_files, transport_factory=_transport,
-            )
-        except SSHError:
-            raise
-        except Exception as exc:  # paramiko and socket errors of every kind become one SSHError
-            raise _classify(target, exc, timeout) from None
+        hops = self._through()
+        dropped = 0
+        while True:
+            try:
+                sock = self._open_jump(hops) if hops else None
+                client = self._client(target)
+                with handshake_slot(target.hostname, target.port):
+                    client.connect(
+                        target.hostname, port=target.port, username=target.user,
+                        key_filename=list(target.identity_files) or None, timeout=timeout, banner_timeout=timeout,
+                        auth_timeout=timeout, channel_timeout=timeout, sock=sock,
+                        allow_agent=True, look_for_keys=not target.identity_files, transport_factory=_transport,
+                    )
+                break
+            except SSHError:
+                self._drop_jump()
+                raise
+            except Exception as exc:  # paramiko and socket errors of every kind become one SSHError
+                self._drop_jump()
+                dropped += 1
+                if _dropped(exc) and dropped < CONNECT_TRIES:
+                    time.sleep(0.5 * 2 ** (dropped - 1))
+                    continue
+                error = _classify(target, exc, timeout)
+                if _dropped(exc):
+                    error = SSHError(target.alias, error.cause, f"{error.detail} (dropped {dropped} times while the "
+                                     f"connection was set up)", "a busy sshd drops connections past its "
+                                     "MaxStartups: raise it there, or reach many hosts through one ssh.proxy_jump")
+                raise error from None
         self.client = client
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(KEEPALIVE_SECONDS)  # notice a host that stops answering
+
+    def _drop_jump(self) -> None:
+        if self.jump is not None and self.jump_key is not None:
+            JUMPS.release(self.jump_key, self.jump)
+        self.jump, self.jump_key = None, None
 
     def run(self, argv_text: str, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
         """Run one shell command line on the node; returns (exit status, stdout, stderr).
@@ -323,10 +383,8 @@ class SSHTransport:
         return _SSHSession(self.host, channel)
 
     def close(self) -> None:
-        """Close the connection (and the jump host's)."""
+        """Close the connection (and the jump host's, once no other host goes through it)."""
         if self.client is not None:
             self.client.close()
             self.client = None
-        if self.jump is not None:
-            self.jump.close()
-            self.jump = None
+        self._drop_jump()

@@ -1,0 +1,99 @@
+"""Reaching hosts through jump hosts, and not too many handshakes at once with any one sshd.
+
+A ProxyJump chain ``a,user@b:2222`` is followed as OpenSSH follows it; every host behind a jump host
+is a channel over one connection to it per process (as OpenSSH's ControlMaster shares one), so 24
+hosts behind a bastion cost the bastion one connection, not 24 that its MaxStartups may drop. And a
+process opens at most ``HANDSHAKES_PER_SSHD`` connections at once to any one sshd.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+HANDSHAKES_PER_SSHD = 8
+"""Connections to one sshd still being set up at once, at most: OpenSSH's default MaxStartups
+(10:30:100) starts dropping new ones at random once 10 are unauthenticated."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One jump host of a ProxyJump chain: ``[user@]host[:port]``."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    def __str__(self) -> str:
+        return (f"{self.user}@" if self.user else "") + self.host + (f":{self.port}" if self.port else "")
+
+
+def jump_chain(text: str) -> list[Hop]:
+    """OpenSSH's ProxyJump, ``a,user@b:2222``: the hops, the first one reached first. ValueError on a
+    hop that is not ``[user@]host[:port]``."""
+    hops = []
+    for word in text.split(","):
+        word = word.strip()
+        user, _, rest = word.rpartition("@")
+        if rest.startswith("["):  # [v6::addr]:port
+            host, _, port = rest[1:].partition("]")
+            port = port.lstrip(":")
+        else:
+            host, _, port = rest.partition(":")
+        if not host or (port and not port.isdigit()):
+            raise ValueError(f"{word!r} is not [user@]host[:port]")
+        hops.append(Hop(host=host, user=user or None, port=int(port) if port else None))
+    return hops
+
+
+class Jumps:
+    """One connection per jump host per process, shared by every host behind it (as OpenSSH's
+    ControlMaster shares one): each host is a channel over it, so 24 hosts behind a bastion cost the
+    bastion one connection, not 24 that its MaxStartups may drop."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: dict[tuple, list] = {}  # key -> [transport, users, its own lock]
+
+    def acquire(self, key: tuple, make: Callable[[], Any]) -> Any:
+        with self.lock:
+            entry = self.held.get(key)
+            if entry is None or (entry[0].client is not None and not _alive(entry[0])):
+                entry = self.held[key] = [make(), 0, threading.Lock()]
+            entry[1] += 1
+        with entry[2]:  # one connect for all who wait on it
+            try:
+                entry[0].connect()
+            except BaseException:
+                self.release(key, entry[0])
+                raise
+        return entry[0]
+
+    def release(self, key: tuple, transport: Any) -> None:
+        with self.lock:
+            entry = self.held.get(key)
+            if entry is None or entry[0] is not transport:
+                transport.close()
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del self.held[key]
+        transport.close()
+
+
+JUMPS = Jumps()
+_HANDSHAKES: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_HANDSHAKES_LOCK = threading.Lock()
+
+
+def handshake_slot(hostname: str, port: int) -> threading.BoundedSemaphore:
+    with _HANDSHAKES_LOCK:
+        return _HANDSHAKES.setdefault((hostname, port), threading.BoundedSemaphore(HANDSHAKES_PER_SSHD))
+
+
+def _alive(transport: Any) -> bool:
+    inner = transport.client.get_transport() if transport.client is not None else None
+    return inner is not None and inner.is_active()

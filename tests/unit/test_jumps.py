@@ -1,0 +1,104 @@
+"""Jump hosts as OpenSSH follows them, one shared connection per jump host, paced handshakes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fsdpctl.backends.ssh.jumps import HANDSHAKES_PER_SSHD, Hop, Jumps, handshake_slot, jump_chain
+
+
+def test_a_proxyjump_chain_is_read_as_openssh_writes_it():
+    assert jump_chain("bastion") == [Hop("bastion")]
+    assert jump_chain("alice@a, bob@b:2222,[fd00::1]:22") == [Hop("a", "alice"), Hop("b", "bob", 2222),
+                                                              Hop("fd00::1", None, 22)]
+    assert str(Hop("b", "bob", 2222)) == "bob@b:2222"
+    for bad in ("a,,b", "a:port", "@:22"):
+        with pytest.raises(ValueError, match="is not \\[user@\\]host\\[:port\\]"):
+            jump_chain(bad)
+
+
+class Live:
+    """A paramiko client whose transport is up."""
+
+    def get_transport(self):
+        return self
+
+    def is_active(self):
+        return True
+
+
+class FakeJump:
+    """A jump host's connection: counts its connects and closes."""
+
+    def __init__(self):
+        self.client, self.connects, self.closed = None, 0, 0
+
+    def connect(self):
+        if self.client is None:
+            self.connects += 1
+            self.client = Live()
+
+    def close(self):
+        self.closed += 1
+        self.client = None
+
+
+def test_hosts_behind_one_jump_host_share_one_connection_until_the_last_lets_go():
+    pool, made = Jumps(), []
+
+    def make():
+        made.append(FakeJump())
+        return made[-1]
+
+    held = []
+    threads = [threading.Thread(target=lambda: held.append(pool.acquire(("bastion",), make))) for _ in range(24)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1 and made[0].connects == 1 and all(h is made[0] for h in held)
+    for transport in held[:-1]:
+        pool.release(("bastion",), transport)
+    assert made[0].closed == 0
+    pool.release(("bastion",), held[-1])
+    assert made[0].closed == 1
+    assert pool.acquire(("bastion",), make) is made[1]  # a new connection once the last one closed
+
+
+def test_a_jump_host_that_fails_to_connect_is_not_kept():
+    pool = Jumps()
+
+    class Refusing(FakeJump):
+        def connect(self):
+            raise OSError("refused")
+
+    with pytest.raises(OSError):
+        pool.acquire(("b",), Refusing)
+    assert pool.held == {}
+
+
+def test_handshakes_to_one_sshd_are_bounded_below_openssh_maxstartups():
+    slot = handshake_slot("10.0.0.9", 22)
+    assert slot is handshake_slot("10.0.0.9", 22) and slot is not handshake_slot("10.0.0.9", 2222)
+    taken = [slot.acquire(blocking=False) for _ in range(HANDSHAKES_PER_SSHD + 1)]
+    assert taken == [True] * HANDSHAKES_PER_SSHD + [False] and HANDSHAKES_PER_SSHD < 10
+    for _ in range(HANDSHAKES_PER_SSHD):
+        slot.release()
+
+
+def test_a_connection_dropped_while_set_up_is_worth_another_try_and_a_refusal_is_not():
+    import socket
+
+    import paramiko
+
+    from fsdpctl.backends.ssh.transport import _dropped
+
+    assert _dropped(ConnectionResetError(104, "Connection reset by peer"))
+    assert _dropped(paramiko.SSHException("Error reading SSH protocol banner"))
+    assert _dropped(EOFError())
+    assert not _dropped(paramiko.AuthenticationException("Authentication failed."))
+    assert not _dropped(socket.gaierror(-2, "Name or service not known"))
+    assert not _dropped(ConnectionRefusedError(111, "Connection refused"))
+    assert not _dropped(TimeoutError("timed out"))
