@@ -67,6 +67,11 @@ def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Em
             checked.staged.close()  # staged agents that hear no "go" remove what they unpacked
         raise
     follower = backend.start(run, payload, detached=detached, preflight=checked)
+    from ..rundir.timeline import forget
+
+    timed = forget(run.plan.run_id, run.plan.attempt)
+    if timed is not None:  # the launcher's part; whoever collects the run adds what the nodes' lines show
+        run.add_timeline(timed, run.plan.attempt)
     if detached:  # nobody here follows it: a process of its own collects it and records its end
         from .detached import spawn_follower
 

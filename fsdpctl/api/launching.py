@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from time import time as wall_clock  # submit() has a parameter named time
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..errors import UsageError
@@ -75,7 +76,9 @@ def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
                          "drop --detach (or --max-restarts)")
     if fetch and detach:
         raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
+    began = wall_clock()
     prepared = prepare_run(profile, opts, runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    time_plan(prepared, began)
     refuse_queued(prepared)
     fetch = tuple(fetch) or prepared.job.fetch
     if fetch and detach:
@@ -100,10 +103,27 @@ def submit(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
     profile's ``slurm`` section; the other keywords are ``launch``'s."""
     opts = resolve_options(options, command, {"nodes": nodes, "time": time, "partition": partition, "via": via,
                                               "requeue": requeue, "spares": spares, **values})
+    began = wall_clock()
     prepared = prepare_run(profile, opts, backend=SUBMIT_BACKEND,
                            runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    time_plan(prepared, began)
     return start_prepared(prepared, Emitter(on_event), preflight=False, detach=not follow, fetch=(),
                           signals=handle_signals)
+
+
+def time_plan(prepared: Prepared, began: float) -> None:
+    """The launch's first phases on its timeline: this process's start (for the CLI, which says when
+    it began) and the profile and plan."""
+    from ..rundir import timeline
+
+    started = timeline.take_process_start()
+    plan = prepared.plan
+    line = timeline.timeline_for(plan.run_id, plan.attempt, origin=started if started is not None else began)
+    if started is not None:
+        line.begin("startup", at=started)
+        line.end("startup", at=began)
+    line.begin("plan", at=began)
+    line.end("plan")
 
 
 def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach: bool, fetch: tuple[str, ...],

@@ -118,6 +118,19 @@ class Run:
                        started_at=record.started_at or record.submitted_at,
                        ended_at=record.finished_at or record.stopped_at, logs_complete=record.logs_complete)
 
+    def timeline(self, attempt: Optional[int] = None) -> list[dict[str, Any]]:
+        """Where an attempt's seconds went (default: the newest attempt's), asking no node: each phase
+        of its launch in order (``phase``, ``what``), when its first node began it and its slowest
+        node was done (``begin``, ``done``: seconds after the launch began), what it added to the
+        launch (``added``), and where nodes differ the fastest and slowest node."""
+        from ..rundir.timeline import rows
+
+        record = self._dir.record
+        if attempt is None or attempt == record.attempt:
+            return rows(record.timeline)
+        earlier = next((a for a in record.attempts if a.attempt == attempt), None)
+        return rows(earlier.timeline) if earlier is not None else []
+
     def __repr__(self) -> str:
         return f"<fsdpctl.Run {self.run_id} {self.info.state}>"
 

@@ -22,6 +22,11 @@ def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
     series = read_run_files(found["metrics.jsonl"], run.run_id, next(iter(found["summary.json"]), None))
     summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
     summary_.notes = [*run.info.recoveries, *notes]
+    timed = run.timeline()
+    if timed:
+        from ..rundir.timeline import render
+
+        summary_.timeline = render(timed, {str(n.node_rank): n.host for n in run.plan.nodes})
     _gpu_findings(summary_, found["gpu"])
     return series, summary_
 

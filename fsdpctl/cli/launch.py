@@ -43,10 +43,12 @@ def launch(
     fsdpctl launch -p two-node            (the bundled GPT: checks the cluster end to end)"""
     import fsdpctl
 
+    from ..rundir.timeline import note_process_start
     from .events import EventPrinter, exit_code_of
     from .show import print_dry_run
     from .top import watching
 
+    note_process_start()  # the launch's timeline begins with this process
     if flags.resume is not None:
         flags.refuse_with_resume(exclude=exclude, allow_busy_gpus=allow_busy_gpus)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with

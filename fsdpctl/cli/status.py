@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 def status(
     run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+    timings: bool = typer.Option(False, "--timings", help="Where the launch's seconds went: every phase of it "
+                                 "(connect, probe, staging, the agents, torchrun, the rendezvous, the first step, "
+                                 "the end), when the slowest node was done, and which node that was."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", min=1, help="With --timings: an earlier attempt's."),
 ) -> None:
     """Per node: running, succeeded or failed, exit codes, its GPUs now (clocks, slowdowns, heat), and
     the last step and loss; the straggler, with its cause when its GPU's samples show one."""
@@ -22,6 +26,9 @@ def status(
     from fsdpctl.metrics.gpu_samples import gpu_cause, latest_by_node, now_text
     from fsdpctl.rundir.status import attempt_changes
 
+    if timings:
+        print_timings(run_id, attempt, as_json)
+        return
     with fsdpctl.get_run(run_id) as run:
         info = run.status()
     if as_json:
@@ -62,6 +69,23 @@ def status(
         cause = gpu_cause(info.gpu_samples, str(where.get("host")), where.get("local_ranks") or []) if where else None
         if cause:
             typer.echo(f"  cause, from its GPU's samples: {cause}")
+
+
+def print_timings(run_id: Optional[str], attempt: Optional[int], as_json: bool) -> None:
+    """``status --timings``: the attempt's timeline, from run.json (no node is asked)."""
+    import fsdpctl
+    from fsdpctl.rundir.timeline import render
+
+    with fsdpctl.get_run(run_id) as run:
+        rows = run.timeline(attempt)
+        which = attempt or run.attempt
+        hosts = {str(n.node_rank): n.host for n in run.plan.nodes}
+        if as_json:
+            typer.echo(json.dumps({"run_id": run.run_id, "attempt": which, "timeline": rows}, indent=2))
+            return
+        typer.echo(f"{run.run_id}: attempt {which}, seconds after the launch began")
+        for line in render(rows, hosts):
+            typer.echo(f"  {line}")
 
 
 def loss_text(loss: object) -> str:

@@ -31,10 +31,12 @@ def submit(
     submitit). The run directory, your code included, goes once to storage every node shares."""
     import fsdpctl
 
+    from ..rundir.timeline import note_process_start
     from .events import EventPrinter, exit_code_of
     from .show import print_dry_run
     from .top import watching
 
+    note_process_start()  # the launch's timeline begins with this process
     if not slurm:
         raise UsageError("submit needs a scheduler", "add --slurm")
     if top and not follow:

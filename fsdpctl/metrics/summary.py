@@ -38,6 +38,8 @@ class RunSummary:
     """What could not be done (metrics not fetched again from nodes that are gone)."""
     gpus: list[str] = field(default_factory=list)
     """Each node's GPUs over the run, from its samples (clocks, heat, utilisation, slowdowns seen)."""
+    timeline: list[str] = field(default_factory=list)
+    """Where its launch's seconds went (``status --timings``), as text lines."""
 
     @property
     def restarts(self) -> int:
@@ -132,6 +134,9 @@ def render(summaries: list[RunSummary]) -> str:
         lines += [f"{prefix}{line}" for line in s.gpus]
         for note in s.notes:
             lines.append(f"{prefix}{note}")
+        if s.timeline:
+            lines.append(f"{prefix}where the launch's seconds went (seconds after it began):")
+            lines += [f"{prefix}  {line}" for line in s.timeline]
         if s.skipped_lines:
             lines.append(f"{prefix}{s.skipped_lines} line(s) of metrics.jsonl were not JSON rows with a step: skipped")
     return "\n".join(lines)

@@ -145,12 +145,15 @@ def torchrun_args(plan: LaunchPlan, *, node_rank: str, nproc: str, master_addr: 
         # One node: torchrun picks a free port itself, so concurrent local runs never collide.
         args += ["--standalone"]
     elif plan.rdzv_backend == "static":
+        # static's store waits ``timeout`` for every node (its default: 600 s, unsaid)
         args += ["--rdzv-backend", "static", "--master-addr", master_addr,
-                 "--master-port", str(plan.master_port), "--node-rank", node_rank]
+                 "--master-port", str(plan.master_port), "--node-rank", node_rank,
+                 "--rdzv-conf", f"timeout={plan.rdzv_timeout}"]
     else:
         endpoint = (NodeExpr(f"{master_addr}:{plan.master_port}") if isinstance(master_addr, NodeExpr)
                     else f"{master_addr}:{plan.master_port}")
-        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                 "--rdzv-conf", f"join_timeout={plan.rdzv_timeout}"]
     if local_addr:
         args += ["--local-addr", local_addr]
     # torchrun's log folder in the run directory, wherever the ranks start.
@@ -272,7 +275,7 @@ def make_plan(
                              else profile.health.allow_busy_gpus),
         max_restarts=placement.max_restarts if placement.max_restarts is not None
         else overrides.max_restarts if overrides.max_restarts is not None else profile.max_restarts,
-        entry=entry, container=container, export=export,
+        entry=entry, container=container, export=export, rdzv_timeout=profile.rendezvous.timeout,
     )
     nodes = _nodes(plan, profile, overrides, placement)
     counts = [n.nproc for n in nodes] or [nproc] * plan.num_nodes

@@ -307,6 +307,9 @@ class LaunchPlan:
     shared_run_dir: bool = False
     """The nodes' run directory is on storage this machine reads too (a scheduler's runs): what they
     write is read there, nothing is copied."""
+    rdzv_timeout: int = 600
+    """Seconds torchrun waits at the rendezvous for every node before it gives up (the profile's
+    ``rendezvous.timeout``)."""
     export: Mapping[str, Any] = field(default_factory=dict)
     """Where the run's numbers go (``fsdpctl.plan.export``): ``tensorboard`` (this run's folder),
     ``prometheus`` (the textfile), ``wandb`` and ``mlflow`` (their settings)."""

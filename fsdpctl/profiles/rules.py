@@ -44,6 +44,8 @@ def _network_rules(net: schema.NetworkSpec):
 def _rendezvous_rules(rdzv: schema.RendezvousSpec):
     if rdzv.host is not None and not schema.HOST_PATTERN.match(rdzv.host):
         return "host", f"{rdzv.host!r} is not a host name", "name one of the profile's hosts"
+    if not 30 <= rdzv.timeout <= 86400:
+        return "timeout", f"{rdzv.timeout} is outside 30-86400", "give seconds, e.g. 600"
     return _port_problem("port", rdzv.port if isinstance(rdzv.port, int) else None)
 
 

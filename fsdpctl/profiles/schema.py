@@ -182,8 +182,13 @@ class RendezvousSpec:
     port: Union[int, Literal["auto"]] = "auto"
     """TCP port on the master node for the rendezvous store; auto: one derived from the run id
     (20000-29999, so concurrent runs differ), checked free and reachable before launch."""
+    timeout: int = 600
+    """Seconds torchrun waits at the rendezvous for every node before it gives up (c10d's
+    ``join_timeout``, static's store timeout); the launcher says what the rendezvous waits for when
+    no rank has started after a minute."""
     host: Optional[str] = None
-    """Which of ``hosts`` is the master (by its ``host`` value); default: the first."""
+    """Which of ``hosts`` is the master (by its ``host`` value); default: the first. Under static
+    rendezvous it is node rank 0 (static's store is served by node rank 0)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -89,6 +89,8 @@ class RunRecord:
     recovery: Optional[Recovery] = None
     """How long the run stood still from the last attempt's failure to this one's first step, and
     how many steps it trains again."""
+    timeline: Optional[Mapping[str, Any]] = None
+    """Where this attempt's seconds went: each phase, per node (``rundir.timeline``)."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend keeps of the run (Slurm: ``job_id``, ``via``, ``slurm_output``, ``slurm_state``)."""
 
@@ -122,7 +124,7 @@ class RunRecord:
                            from_step=self.from_step, ended_by=failure.describe() if failure else None,
                            started_at=self.started_at or self.submitted_at, finished_at=self.finished_at,
                            job_id=self.job_id, nodes=self.nodes, replacements=self.replacements,
-                           recovery=self.recovery)
+                           recovery=self.recovery, timeline=self.timeline)
 
     def recoveries(self) -> tuple[str, ...]:
         """Each attempt's spares and what its restart cost, in a line ("attempt 2: n4 in the place of
@@ -204,5 +206,5 @@ class RunRecord:
 
 # Plain optional fields, written when set.
 _OPTIONAL = ("created_at", "started_at", "submitted_at", "finished_at", "stopped_at", "resumed_at", "exit_code",
-             "from_step", "detached", "logs_complete")
+             "from_step", "detached", "logs_complete", "timeline")
 _KNOWN = {f.name for f in dataclasses.fields(RunRecord)} - {"job"}

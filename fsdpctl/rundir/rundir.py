@@ -22,6 +22,7 @@ from ..profiles.loader import parse_profile
 from ..profiles.schema import ClusterProfile
 from .paths import RunPaths, private_dir, read_json, write_json_atomic, write_private
 from .record import RunRecord, now
+from .timeline import Timeline
 
 INPUTS = "inputs.json"
 """What the run's plan was made from (the overrides and make_plan's other inputs)."""
@@ -99,6 +100,16 @@ class RunDir:
             record = record.replace(**changes)
             write_json_atomic(self.paths.run_record, record.to_json())
         return record
+
+    def add_timeline(self, timeline: Timeline, attempt: int) -> None:
+        """Merge what ``timeline`` timed into run.json's (each process times its part of a launch),
+        unless run.json has moved on to another attempt."""
+        with _locked(self.root / ".run.json.lock"):
+            record = self.record
+            if record.attempt != attempt:
+                return
+            merged = timeline.merged(Timeline.from_json(record.timeline))
+            write_json_atomic(self.paths.run_record, record.replace(timeline=merged.to_json()).to_json())
 
     def begin(self, record: RunRecord) -> RunRecord:
         """Write ``record`` as the whole of run.json (a new run, or a new attempt of it)."""

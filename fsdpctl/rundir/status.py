@@ -118,6 +118,8 @@ class AttemptInfo:
     """Spares it ran on in the place of excluded hosts."""
     recovery: Optional[Recovery] = None
     """How long the run stood still before its first step, and the steps done again."""
+    timeline: Optional[Mapping[str, Any]] = None
+    """Where its seconds went (``rundir.timeline``)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttemptInfo:
@@ -127,7 +129,8 @@ class AttemptInfo:
                    finished_at=data.get("finished_at"), job_id=data.get("job_id"),
                    nodes=tuple(NodeStatus.from_json(n) for n in data.get("nodes") or ()),
                    replacements=tuple(Replacement.from_json(r) for r in data.get("replacements") or ()),
-                   recovery=Recovery.from_json(data.get("recovery")))
+                   recovery=Recovery.from_json(data.get("recovery")),
+                   timeline=data.get("timeline") if isinstance(data.get("timeline"), Mapping) else None)
 
     def to_json(self) -> dict[str, Any]:
         data = {"attempt": self.attempt, "state": str(self.state), "exit_code": self.exit_code,
@@ -135,7 +138,8 @@ class AttemptInfo:
                 "finished_at": self.finished_at, "job_id": self.job_id,
                 "nodes": [n.to_json() for n in self.nodes] or None,
                 "replacements": [r.to_json() for r in self.replacements] or None,
-                "recovery": self.recovery.to_json() if self.recovery else None}
+                "recovery": self.recovery.to_json() if self.recovery else None,
+                "timeline": dict(self.timeline) if self.timeline else None}
         return {k: v for k, v in data.items() if v is not None}
 
 

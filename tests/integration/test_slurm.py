@@ -82,6 +82,16 @@ def test_two_node_job_completes(lab, slurm, tmp_path, via):
     status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
     assert status["state"] == "succeeded" and status["job_id"]
     assert [n["host"] for n in status["nodes"]] == ["n1", "n2"]
+    # where its seconds went: submitted, queued, each node's torchrun, rendezvous and lines, the end
+    rows = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--timings", "--json").stdout)["timeline"]
+    phases = [row["phase"] for row in rows]
+    expected = ["startup", "plan", "submit", "queued", "torchrun", "rendezvous", "first_line", "first_step",
+                "last_line", "exit", "logs"]
+    assert phases == expected, rows
+    by_phase = {row["phase"]: row for row in rows}
+    assert by_phase["torchrun"]["nodes"] == 2 and by_phase["rendezvous"]["nodes"] == 2, rows
+    done = [by_phase[p]["done"] for p in expected if p != "last_line"]
+    assert all(b >= a - 0.05 for a, b in zip(done, done[1:], strict=False)), rows
 
 
 @pytest.mark.parametrize("via", ["sbatch", "submitit"])

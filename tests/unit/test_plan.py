@@ -105,6 +105,27 @@ def test_static_rendezvous_passes_node_rank_and_master():
     assert args[args.index("--master-port") + 1] == "29600"
 
 
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_the_rendezvous_host_serves_the_store_under_either_backend(backend):
+    """Static's store is served by node rank 0: a rendezvous host that is not the first host
+    becomes node rank 0 there, so --master-addr is where the store is; c10d keeps the order."""
+    text = (f"name: p\nbackend: ssh\nhosts: [10.0.0.1, 10.0.0.2, 10.0.0.3]\n"
+            f"rendezvous:\n  backend: {backend}\n  host: 10.0.0.2\n  port: 29600\n")
+    plan = plan_run(parse_profile(text, "p.yaml"), run_id="p-20261121-120000-abcd", local_run_dir="r")
+    assert plan.master_addr == "10.0.0.2"
+    order = [n.host for n in plan.nodes]
+    if backend == "static":
+        assert order == ["10.0.0.2", "10.0.0.1", "10.0.0.3"]
+        for node in plan.nodes:
+            args = node.torchrun_args
+            assert args[args.index("--node-rank") + 1] == str(node.node_rank)
+            assert args[args.index("--master-addr") + 1] == "10.0.0.2"
+        assert plan.nodes[0].host == "10.0.0.2" and plan.nodes[0].node_rank == 0
+    else:
+        assert order == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+        assert all("10.0.0.2:29600" in node.torchrun_args for node in plan.nodes)
+
+
 def test_local_profile_uses_standalone_rendezvous_and_the_running_python():
     plan = plan_run(load_profile("local").profile, run_id="local-20261121-120000-abcd", local_run_dir="r",
                     local_python="/venv/bin/python")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,3 +26,12 @@ def test_the_example_job_trains_and_brings_its_checkpoints_back(tmp_path):
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert (run_dir / "checkpoints" / "step_0000020" / "DONE").is_file()
     assert f"fetched from node 0 (localhost): 8 file(s) in {run_dir}/checkpoints" in result.stderr
+    # where its seconds went, on a local run started without the preflight: no probe, no parity
+    timed = subprocess.run([sys.executable, "-m", "fsdpctl", "status", "--timings", "--json"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    rows = json.loads(timed.stdout)["timeline"]
+    assert [row["phase"] for row in rows] == ["startup", "plan", "stage", "agents", "torchrun", "rendezvous",
+                                              "first_line", "first_step", "last_line", "exit", "logs"], rows
+    done = [row["done"] for row in rows if row["phase"] not in ("last_line", "logs")]
+    assert all(b >= a - 0.05 for a, b in zip(done, done[1:], strict=False)), rows
+    assert all(row["nodes"] == 1 for row in rows if row["phase"] not in ("startup", "plan")), rows

@@ -135,6 +135,10 @@ class NodesBackend(Backend):
         master = next(n.node_rank for n in plan.nodes if n.host == plan.master_host)
         report = self.doctor(request, on_host, runner=starter.probe_runner(), nodes=nodes,
                              master=(master, plan.master_addr), python=plan.host_python)
+        answered = [span[1] for span in starter.timeline.spans.get("probe", {}).values()]
+        if answered:  # judged once the last probe answered
+            starter.timeline.begin("parity", at=starter.timeline.origin + max(answered))
+            starter.timeline.end("parity")
         return Preflight(report, staged=starter)
 
     # ---- a run -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
@@ -22,9 +23,10 @@ from ...live.exports import LiveExports
 from ...live.layout import collector_lock
 from ...node.mask import Masker
 from ...plan.types import NodeSpec
-from ...rundir.record import now
+from ...rundir.record import epoch, now
 from ...rundir.rundir import RunDir
 from ...rundir.state import NodeState, Outcome, RunState
+from ...rundir.timeline import Timeline
 from ..base import LineSink
 from ..hang_watch import HangWatch
 from ..transport import Transport
@@ -77,7 +79,8 @@ class NodesFollower:
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
         result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner or collector is not None,
                             stop_on_interrupt=owner, mask=masker.text if masker else None, watch=watch, signals=signals,
-                            leave=None if owner else leave, collector=collector).run()
+                            leave=None if owner else leave, collector=collector,
+                            **self._timeline(collector)).run()
         if result.left:
             return Outcome(exit_code=0, state=RunState.RUNNING, message=f"stopped following; run {plan.run_id} goes on")
         if result.interrupted and not owner:
@@ -85,6 +88,20 @@ class NodesFollower:
                            message=f"stopped following; run {plan.run_id} goes on (end it with "
                                    f"`fsdpctl stop {plan.run_id}`)")
         return self._settle(result, node_runs, masker)
+
+    def _timeline(self, collector: Optional[Collector]) -> dict:
+        """The run's collector adds the moments its nodes' lines show to run.json's timeline."""
+        if collector is None:
+            return {}
+        run, attempt = self.run, self.run.plan.attempt
+        known = Timeline.from_json(run.record.timeline)
+        started = epoch(run.record.started_at)
+        # a collector that comes late (its run's lines are behind it) neither times nor warns on them
+        fresh = self.owner or (started is not None and time.time() - started < 30)
+        if not fresh:
+            return {}
+        return {"timeline": Timeline(known.origin if known is not None else None),
+                "save_timeline": lambda timeline: run.add_timeline(timeline, attempt)}
 
     def _side_command(self, collector: Optional[Collector]) -> Optional[Callable[[NodeRun], Optional[str]]]:
         """For a collecting follower of a run it did not start: the command that sends a node's side files."""

@@ -21,6 +21,7 @@ from ...live.collector import side_specs
 from ...plan.types import LaunchPlan, NodeSpec
 from ...rundir.attempts import attempt_folder, node_files
 from ...rundir.state import NodeState
+from ...rundir.timeline import timeline_for
 from ...shell import OUTPUT_MARK, marked
 from ..transport import Session, Transport
 from .agent import GO
@@ -38,6 +39,7 @@ class NodeStarter:
         self.plan, self.payload, self.connect, self.python = plan, payload, connect, python
         self.nodes = {node.node_rank: node for node in plan.nodes}
         self.sessions: dict[int, Session] = {}
+        self.timeline = timeline_for(plan.run_id, plan.attempt)
 
     def _agent(self, rank: int, probe: dict[str, Any] | None, timeout: float) -> Session:
         """The node's agent, its payload sent; what a chatty shell rc printed before it is read past."""
@@ -54,19 +56,26 @@ class NodeStarter:
         side = side_specs(Path(self.plan.local_run_dir), self.plan, rank, self.nodes[rank].host)
         if side:  # its metrics and GPU samples come with its log, to the collector here
             args["side"] = side
-        session = self.connect(self.nodes[rank]).session(marked(agent_command(self.python, args)))
-        self.sessions[rank] = session
-        for chunk in self.payload.files.chunks():  # the tar as it is made: never all of it in memory
-            session.send(chunk)
-        session.send(secrets)
-        session.read_until(OUTPUT_MARK, timeout)
+        transport = self.connect(self.nodes[rank])
+        opening = getattr(transport, "connect", None)  # a connection of its own (SSH): timed apart
+        if opening is not None:
+            with self.timeline.span("connect", rank):
+                opening()
+        with self.timeline.span("stage", rank):
+            session = transport.session(marked(agent_command(self.python, args)))
+            self.sessions[rank] = session
+            for chunk in self.payload.files.chunks():  # the tar as it is made: never all of it in memory
+                session.send(chunk)
+            session.send(secrets)
+            session.read_until(OUTPUT_MARK, timeout)
         return session
 
     def probe_runner(self) -> ProbeRunner:
         """Runs each node's preflight probe inside its agent, which then waits for ``start``."""
         def run(job: HostJob, timeout: float) -> tuple[int, str, str]:
             session = self._agent(job.node_rank, job.args, timeout)
-            out = session.read_until(END, timeout)
+            with self.timeline.span("probe", job.node_rank):
+                out = session.read_until(END, timeout)
             if END in out:
                 return 0, out, ""
             self.sessions.pop(job.node_rank, None)
@@ -83,8 +92,9 @@ class NodeStarter:
 
         def start_one(run: NodeRun) -> None:
             session = self.sessions.get(run.rank) or self._agent(run.rank, None, COMMAND_TIMEOUT)
-            session.send(f"{GO} {watch:g}\n".encode())
-            out = session.read_until(AGENT_STARTED, COMMAND_TIMEOUT)
+            with self.timeline.span("agents", run.rank):
+                session.send(f"{GO} {watch:g}\n".encode())
+                out = session.read_until(AGENT_STARTED, COMMAND_TIMEOUT)
             words = out.rsplit(AGENT_STARTED, 1)[-1].split() if AGENT_STARTED in out else []
             if words and words[0].isdigit() and watch > 0:
                 run.pid, run.state, run.session = int(words[0]), NodeState.RUNNING, session

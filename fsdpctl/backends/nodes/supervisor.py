@@ -27,6 +27,7 @@ from ...rundir.lines import LineSplitter, LogLine, shown
 from ...rundir.outcome import HANG_EXIT, NODE_LOST_EXIT, NodeEnd, settle
 from ...rundir.paths import private_dir
 from ...rundir.state import Failure, NodeState, RunState
+from ...rundir.timeline import LineMoments, Timeline
 from ..base import LineSink
 from ..hang_watch import HangWatch
 from ..signals import Interrupted, on_stop_signals
@@ -41,6 +42,11 @@ ROOM_CHUNKS = 64
 """Chunks of log bytes (up to 64 KiB each) waiting to be shown: a feed that finds no room waits, and
 so does the node behind it (its log waits on disk). The launcher's memory stays bounded."""
 ANSWERS = (Exited, Running, Gone, Lost)
+TIMELINE_EVERY = 1.0
+"""Seconds between writes of the run's timeline while new moments come in."""
+RENDEZVOUS_NOTICE = 60.0
+"""Seconds after the start with a node whose ranks have not started, before the launcher says what
+the rendezvous waits for (sooner with a rendezvous timeout under twice this)."""
 
 
 class Supervisor:
@@ -49,7 +55,8 @@ class Supervisor:
     def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink, feed: Feed,
                  grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True,
                  mask: Callable[[str], str] | None = None, watch: HangWatch | None = None, signals: bool = False,
-                 leave: threading.Event | None = None, collector: Collector | None = None):
+                 leave: threading.Event | None = None, collector: Collector | None = None,
+                 timeline: Timeline | None = None, save_timeline: Callable[[Timeline], None] | None = None):
         self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
         batch = getattr(sink, "lines", None)  # a sink that takes a batch at once (see api.events)
         self.sink_lines = batch if callable(batch) else (lambda lines: [sink(line) for line in lines])
@@ -74,6 +81,12 @@ class Supervisor:
         self.watch = watch
         self.hang_failure: Failure | None = None  # the watchdog ended the run
         self.collector = collector  # the run's one collector: side files' copies and the follower's word
+        self.timeline = timeline  # the moments the nodes' lines show (the collector keeps them)
+        self.moments = LineMoments(timeline) if timeline is not None else None
+        self.save_timeline = save_timeline
+        self.timeline_saved = 0.0
+        self.began = time.monotonic()
+        self.rendezvous_said = timeline is None
 
     def _open(self, name: str, binary: bool = False):
         target = self.log_dir / name if self.write_local else Path(os.devnull)
@@ -121,7 +134,17 @@ class Supervisor:
                 handle.close()
             if self.collector is not None:
                 self.collector.beat(self.node_states, ended=True)
+            self._save_timeline(force=True)
         return self._result(signum)
+
+    def _save_timeline(self, force: bool = False) -> None:
+        if self.timeline is None or self.save_timeline is None or not self.timeline.changed:
+            return
+        if not force and time.monotonic() - self.timeline_saved < TIMELINE_EVERY:
+            return
+        self.timeline.changed = False
+        self.timeline_saved = time.monotonic()
+        self.save_timeline(self.timeline)
 
     def node_states(self) -> list[dict[str, Any]]:
         """How each node stands as this follower knows it (the follower's word, for viewers)."""
@@ -170,10 +193,45 @@ class Supervisor:
         self._flush()
         if self.collector is not None:
             self.collector.beat(self.node_states, extra={"run_state": str(RunState.RUNNING)})
+        self._save_timeline()
+        if not self.rendezvous_said and time.monotonic() - self.began > min(RENDEZVOUS_NOTICE,
+                                                                           self.plan.rdzv_timeout / 2):
+            self._say_rendezvous()
         if self.watch is not None and not self.stopping and self.failed is None:
             silent = self.watch.due()
             if silent is not None:
                 self._hang(silent)
+
+    def _say_rendezvous(self) -> None:
+        """A minute on and a node's ranks have not started: say, on each such node, what torchrun
+        waits for at the rendezvous and when it gives up (rather than stay silent until it does)."""
+        self.rendezvous_said = True
+        if self.stopping or self.failed is not None or self.moments is None:
+            return
+        seen = self.moments.seen
+        waiting = [r for r in self.runs if r.state == NodeState.RUNNING and "rendezvous" not in seen.get(r.rank, ())]
+        if not waiting:
+            return
+        plan = self.plan
+        began = [r.rank for r in self.runs if "torchrun" in seen.get(r.rank, ())]
+        master = next((n for n in plan.nodes if n.host == plan.master_host), None)
+        where = f"{plan.master_addr}:{plan.master_port}"
+        if plan.rdzv_backend == "static":
+            store = f"static: node rank 0 ({plan.nodes[0].host if plan.nodes else '?'}) serves the store at {where}"
+        else:
+            serving = f"node {master.node_rank} ({master.host})" if master is not None else plan.master_host
+            store = f"c10d: the store at {where}, served by {serving}"
+        after = time.monotonic() - self.began
+        for run in waiting:
+            if run.rank in began:
+                text = (f"fsdpctl: no rank has started here after {after:.0f} s: torchrun waits for all "
+                        f"{plan.num_nodes} nodes at the rendezvous ({store}); torchrun has started on {len(began)} of "
+                        f"{plan.num_nodes} nodes; it gives up after {plan.rdzv_timeout} s (rendezvous.timeout)")
+            else:
+                text = (f"fsdpctl: torchrun has not started here after {after:.0f} s: the node script is still "
+                        f"before it (the profile's setup lines, a container's start); the other nodes wait for "
+                        f"it at the rendezvous for up to {plan.rdzv_timeout} s (rendezvous.timeout)")
+            self._show(run, [LogLine(run.rank, run.node.host, text)])
 
     def _drain_ended(self) -> None:
         """Every node has ended: take what is still on its way, from each node as long as it is heard
@@ -233,6 +291,8 @@ class Supervisor:
         assert splitter is not None
         if isinstance(message, StreamEnded):
             run.streaming = False
+            if self.timeline is not None:
+                self.timeline.reached("logs", run.rank)
             if run.state != NodeState.LOST:  # a cut stream's last piece comes whole with the rest (log_copy)
                 self._show(run, splitter.end())
             return
@@ -253,6 +313,8 @@ class Supervisor:
             lines = [line._replace(text=self.mask(line.text)) for line in lines]
         if self.watch is not None:
             self.watch.saw_any(line.text for line in lines)
+        if self.moments is not None:
+            self.moments.saw(run.rank, lines)
         run.tail.extend(lines[-KEEP_LINES:])
         self.merged.write(shown(lines))
         self.sink_lines(lines)
@@ -269,6 +331,8 @@ class Supervisor:
         if run.state != NodeState.RUNNING:
             return
         if isinstance(answer, Exited):
+            if self.timeline is not None:
+                self.timeline.reached("exit", run.rank)
             run.exit_code = answer.code
             run.state = NodeState.SUCCEEDED if run.exit_code == 0 else NodeState.FAILED
         elif isinstance(answer, Lost):

@@ -100,7 +100,11 @@ class SlurmBackend(Backend):
     # ---- a run -----------------------------------------------------------------------------------
     def start(self, run: RunDir, payload: Payload, *, detached: bool,
               preflight: Optional[Preflight] = None) -> SlurmFollower:
-        return SlurmFollower(run, f"submitted as Slurm job {submit_slurm(run, payload)}", collect=True)
+        from ...rundir.timeline import timeline_for
+
+        with timeline_for(run.run_id, run.attempt).span("submit"):
+            job_id = submit_slurm(run, payload)
+        return SlurmFollower(run, f"submitted as Slurm job {job_id}", collect=True)
 
     def attach(self, run: RunDir, *, collect: bool = False) -> SlurmFollower:
         return SlurmFollower(run, "", collect=collect)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -15,9 +16,10 @@ from ...live.exports import LiveExports
 from ...live.layout import collector_lock
 from ...rundir.lines import LogLine
 from ...rundir.outcome import HANG_EXIT, NodeEnd, settle
-from ...rundir.record import RunRecord, now
+from ...rundir.record import RunRecord, epoch, now
 from ...rundir.rundir import RunDir
 from ...rundir.state import Failure, NodeState, Outcome, RunState
+from ...rundir.timeline import LAUNCHER, LineMoments, Timeline
 from ..base import LineSink
 from ..hang_watch import HangWatch
 from ..signals import Interrupted, on_stop_signals, raise_interrupted, restore
@@ -61,11 +63,33 @@ class SlurmFollower:
         plan, job_id = run.plan, str(run.record.job_id)
         previous = on_stop_signals(raise_interrupted) if signals else {}  # SIGTERM and SIGHUP as Ctrl-C
         hang: list[Failure] = []
+        timeline = self._timeline(collector)
+        moments = LineMoments(timeline) if timeline is not None else None
+        queued = [timeline is not None]
+
+        def out_of_the_queue() -> None:
+            if queued[0] and timeline is not None:
+                queued[0] = False
+                timeline.end("queued")
 
         def show(line: LogLine) -> None:
             if watch is not None:
                 watch.saw(line.text)
+            if moments is not None:
+                out_of_the_queue()  # a node's line: the job runs (Slurm may say so a poll later)
+                moments.saw(line.node_rank, (line,))
             sink(line)
+
+        def on_state(state: client.JobState, logs: NodeLogs) -> None:
+            _said(collector, state, logs)
+            if timeline is not None:
+                if state.finished or states.live_state(state.state) is RunState.RUNNING:
+                    out_of_the_queue()
+                if state.finished:
+                    timeline.reached("exit")
+                if timeline.changed:
+                    timeline.changed = False
+                    run.add_timeline(timeline, plan.attempt)
 
         def hung() -> bool:
             silent = watch.due() if watch is not None else None
@@ -77,14 +101,19 @@ class SlurmFollower:
 
         left = f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop {plan.run_id}` or " \
                f"`scancel {job_id}`)"
+        state: Optional[client.JobState] = None
         try:
             state = follow(Path(plan.run_dir), plan.num_nodes, job_id, show, requeueable=SlurmPlan.of(plan).requeue,
-                           give_up=hung, leave=leave, on_state=lambda state, logs: _said(collector, state, logs))
+                           give_up=hung, leave=leave, on_state=on_state)
         except (Interrupted, KeyboardInterrupt) as stop:
             signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
             return Outcome(exit_code=128 + signum, state=RunState.RUNNING, interrupted_by=signum, message=left)
         finally:
             restore(previous)
+            if timeline is not None:
+                if state is not None and state.finished:
+                    timeline.reached("logs")
+                run.add_timeline(timeline, plan.attempt)
         if state is None:
             return Outcome(exit_code=0, state=RunState.RUNNING, message=left)
         if hang:
@@ -97,6 +126,23 @@ class SlurmFollower:
             batch_output(run.record, f"job {job_id} ended {state.state}"))
         return Outcome(exit_code=code, state=outcome_state, first_failure=failure,
                        message=f"Slurm job {job_id} {state.state} (exit {code})", notes=notes)
+
+
+    def _timeline(self, collector: Optional[Collector]) -> Optional[Timeline]:
+        """The collector of a job it saw queued (or just started) times its queue and its nodes' lines."""
+        run = self.run
+        record = run.record
+        submitted = epoch(record.submitted_at)
+        late = record.state not in (RunState.SUBMITTED, RunState.STARTING) and time.time() - submitted > 30 \
+            if submitted is not None else True
+        if collector is None or late:
+            return None
+        known = Timeline.from_json(record.timeline)
+        timeline = Timeline(known.origin if known is not None else submitted)
+        sent = known.spans.get("submit", {}).get(LAUNCHER) if known is not None else None
+        # queued from sbatch's answer (run.json's submitted_at has whole seconds only)
+        timeline.begin("queued", at=known.origin + sent[1] if known is not None and sent else submitted)
+        return timeline
 
 
 def record_end(run: RunDir, state: client.JobState, *, unless_ended: bool = False) -> RunRecord:

@@ -27,14 +27,18 @@ class SSHBackend(NodesBackend):
 
     @classmethod
     def placement(cls, profile: ClusterProfile, overrides: Overrides, context: PlanContext) -> Placement:
-        """The profile's hosts in node-rank order; an IP given as the host is also where the others
-        reach it, and torchrun binds to it."""
+        """The profile's hosts in node-rank order (under static rendezvous the rendezvous host
+        first); an IP given as the host is also where the others reach it, and torchrun binds to it."""
         if not profile.hosts:
             raise UsageError(f"profile {profile.name}: has no hosts", "list the nodes under hosts:")
         nodes = tuple(NodeTarget(host=h.host, address=h.address or h.host,
                                  bind=h.address or (h.host if is_ip(h.host) else None), gpus=h.gpus,
                                  interface=h.interface) for h in profile.hosts)
         master = next((n for n in nodes if n.host == profile.rendezvous.host), nodes[0])
+        if profile.rendezvous.backend == "static" and master is not nodes[0]:
+            # Static rendezvous: node rank 0 serves the store at --master-addr, so the rendezvous
+            # host must be node rank 0 (elsewhere every rank waits on a store nobody serves).
+            nodes = (master, *(n for n in nodes if n is not master))
         warnings = () if is_ip(master.address) else (
             f"rendezvous address {master.address!r} is a host name: every node must resolve it the same way; "
             f"give hosts[].address an IP to be sure",)

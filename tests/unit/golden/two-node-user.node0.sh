@@ -29,4 +29,4 @@ export FSDPCTL_HOST=node1  # how fsdpctl names this node (per-rank timings say i
 "$HOME"/venv/bin/python -m fsdpctl.node.gpu_watch --out "$FSDPCTL_RUN_DIR/gpu/node0.jsonl" --every 5.0 --parent $$ --node 0 --host node1 </dev/null &
 cd code
 echo "fsdpctl: node 0 of 2 on $(hostname) in $PWD"
-exec "$HOME"/venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node gpu --rdzv-id two-node-user-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:23981 --local-addr 10.0.0.1 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node0 --tee 3 train.py --config 'conf/a b.yaml' '$(id)'
+exec "$HOME"/venv/bin/python -m torch.distributed.run --nnodes 2 --nproc-per-node gpu --rdzv-id two-node-user-20261121-120000-abcd --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:23981 --rdzv-conf join_timeout=600 --local-addr 10.0.0.1 --max-restarts 0 --log-dir "$FSDPCTL_RUN_DIR"/logs/node0 --tee 3 train.py --config 'conf/a b.yaml' '$(id)'
