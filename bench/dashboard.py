@@ -199,8 +199,7 @@ def pages_on_a_live_run(args, root: Path) -> dict:
         time.sleep(5)
         run_id = next((root / "runs").glob("*/logs/merged.log")).parent.parent.name
         server = Server(root / "runs", root, lab.in_client)
-        # the launcher's Python, under `ip netns exec`
-        launcher_python = int(Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()[0])
+        launcher_python = launcher.pid  # (`ip netns exec` execs it: the same process)
 
         def window(pages: int) -> dict:
             logs_from = {n: h.log.stat().st_size for n, h in lab.hosts.items()}
