@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..profiles.loader import LoadedProfile
 
 
-def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, concurrency: int = 32,
+def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, concurrency: int = 1024,
            port_check: bool = True, requirements: Union[PathLike, Sequence[str], None] = None,
            collectives: bool = False, health: bool = False, allow_busy_gpus: Optional[bool] = None,
            exclude_unhealthy: bool = False, compute: bool = False, links: bool = False,

@@ -59,7 +59,7 @@ def init_profile(name: str, hosts: Sequence[str] = (), *, hostfile: Optional[Pat
                  port: Optional[int] = None, identity_file: Optional[str] = None, known_hosts: Optional[str] = None,
                  workdir: Optional[str] = None, output: Optional[PathLike] = None, force: bool = False,
                  write: bool = True,
-                 timeout: float = 20.0, concurrency: int = 32,
+                 timeout: float = 20.0, concurrency: int = 1024,
                  on_event: Optional[EventHandler] = None) -> InitResult:
     """Probe ``hosts`` (names, addresses or ``~/.ssh/config`` aliases), a DeepSpeed/MPI ``hostfile``,
     or with ``slurm`` the nodes of ``nodelist`` (default: this allocation's) through ``srun``, and

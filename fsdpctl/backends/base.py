@@ -55,7 +55,8 @@ class DoctorRequest:
     """Import torch on every node (device count, NCCL's own version)."""
     timeout: float = 20.0
     """Seconds a node's probe may take once connected."""
-    concurrency: int = 32
+    concurrency: int = 1024
+    """Hosts probed at once, at most (every host of a 256-node profile: see ``transport.FAN_OUT``)."""
     port_check: bool = True
     nproc: Optional[int] = None
     """Processes per node the run will start (GPUs needed), when known."""

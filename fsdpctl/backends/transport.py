@@ -19,6 +19,32 @@ from typing import IO, Protocol
 
 from ..errors import HostError
 
+FAN_OUT = 1024
+"""Nodes spoken to at once, at most (a thread each): every node of a 256-node run at once, since a
+node probed or started in a later wave waits on the ones before it (and a probe's port window on
+the master would close before the last wave's nodes tried it)."""
+
+
+def fan_out(count: int) -> int:
+    """Workers for ``count`` nodes at once."""
+    return max(1, min(FAN_OUT, count))
+
+
+def raise_open_files(nodes: int) -> None:
+    """Make room for a run's descriptors (a connection, a log and side files' copies per node):
+    the soft limit up to the hard one where ``nodes`` could reach it (a 256-node run passes the
+    usual soft limit of 1024)."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 256 + 8 * nodes
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
 
 class Stream(Protocol):
     """A running command's output, line by line."""

@@ -18,7 +18,8 @@ def doctor(
     deep: bool = typer.Option(False, "--deep", help="Also import torch on every host (device count, NCCL's own "
                                                      "version); slower."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
-    concurrency: int = typer.Option(32, "--concurrency", min=1, help="Hosts probed at once."),
+    concurrency: int = typer.Option(1024, "--concurrency", min=1, help="Hosts probed at once (every host, up to "
+                                    "1024: the rendezvous port check wants them all within its window)."),
     timeout: float = typer.Option(20.0, "--timeout", min=1.0, help="Seconds a host's probe may take once "
                                                                   "connected (after ssh.connect_timeout)."),
     no_port_check: bool = typer.Option(False, "--no-port-check", help="Skip the rendezvous port check."),

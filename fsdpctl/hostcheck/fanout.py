@@ -140,7 +140,7 @@ _CAUSE_CHECK = {"auth": "authenticated", "unknown-host-key": "authenticated", "c
 
 
 def run_doctor(profile: ClusterProfile, jobs: Sequence[HostJob], *, python: str, timeout: float,
-               nproc: Optional[int], concurrency: int = 32,
+               nproc: Optional[int], concurrency: int = 1024,
                on_host: Callable[[HostReport], None] | None = None,
                runner: ProbeRunner | None = None) -> DoctorReport:
     """Probe every host (at most ``concurrency`` at once) and build the report."""

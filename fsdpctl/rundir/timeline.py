@@ -46,15 +46,15 @@ _STEP = "step="
 
 
 def process_started() -> Optional[float]:
-    """When this process started (seconds since the epoch), from /proc; None where there is none."""
+    """When this process started (seconds since the epoch, to a clock tick), from /proc; None where
+    there is none. (Its start is kept in ticks since boot: the boot clock, read now, places it.)"""
     try:
         with open("/proc/self/stat") as handle:
             ticks = int(handle.read().rpartition(")")[2].split()[19])
-        with open("/proc/stat") as handle:
-            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, ValueError, IndexError, AttributeError):
         return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 class Timeline:

@@ -38,7 +38,7 @@ from ...rundir.state import NodeState, RunState
 from ...rundir.status import NodeStatus, RunStatus
 from ...shell import after_mark, marked, quote_path
 from ..base import Backend, DoctorRequest, LineSink, Preflight, ProfileProblem, TraceNode
-from ..transport import Transport
+from ..transport import Transport, fan_out, raise_open_files
 from .commands import STAGED, Exited, Running, parse_poll, poll_command, stacks_command
 from .follow import NodesFollower
 from .log_copy import complete_logs, launcher_record
@@ -87,7 +87,7 @@ class NodesBackend(Backend):
             transport.close()
 
     def _parallel(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(items)))) as pool:
+        with ThreadPoolExecutor(max_workers=fan_out(len(items))) as pool:
             return list(pool.map(fn, items))
 
     # ---- checking the nodes ----------------------------------------------------------------------
@@ -100,6 +100,7 @@ class NodesBackend(Backend):
             nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
             master = (next(i for i, t in enumerate(placed.nodes) if t.host == placed.master_host), placed.master_addr)
             python = host_python(self.profile, placed.python)
+        raise_open_files(len(nodes))
         jobs = make_jobs(self.profile, nodes, master[0], master[1], request.port, request.deep,
                          request.port_check and self.port_check, requirements=request.requirements,
                          extra=request.extra)
@@ -148,6 +149,7 @@ class NodesBackend(Backend):
         staged = preflight.staged if preflight is not None else None
         reuse = isinstance(staged, NodeStarter) and staged.plan.run_id == run.run_id \
             and staged.plan.attempt == run.attempt
+        raise_open_files(run.plan.num_nodes)
         starter = staged if reuse else NodeStarter(run.plan, payload, self.connection, run.plan.host_python)
         if staged is not None and staged is not starter:
             staged.close()

@@ -23,7 +23,7 @@ from ...rundir.paths import private_dir
 from ...rundir.record import Launcher, RunRecord
 from ...rundir.rundir import RunDir
 from ...shell import OUTPUT_MARK, marked, quote_path
-from ..transport import Transport
+from ..transport import Transport, fan_out
 
 MISSING = "missing"
 IDLE_SECONDS = 30.0
@@ -142,7 +142,7 @@ def complete_logs(run: RunDir, connect: Callable[[NodeSpec], Transport], lost: f
     logs = private_dir(run.paths.logs)
     with _locked(logs):
         asked = [node for node in run.plan.nodes if node.node_rank not in lost]
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(asked) or 1))) as pool:
+        with ThreadPoolExecutor(max_workers=fan_out(len(asked))) as pool:
             notes = [note for note in pool.map(lambda node: _complete_node(run, node, connect(node), logs), asked)
                      if note]
         notes += [_not_asked(run, node, logs) for node in run.plan.nodes if node.node_rank in lost]

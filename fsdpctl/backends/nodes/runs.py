@@ -29,7 +29,7 @@ from ...rundir.state import Failure, NodeState
 from ...rundir.status import NodeStatus
 from ...shell import after_mark, marked, quote_path
 from ..torchrun import torchrun_failure
-from ..transport import Session, Transport
+from ..transport import Session, Transport, fan_out
 from .agent import GRACE_SECONDS
 from .commands import FETCH_MISSING, fetch_command, kill_command
 
@@ -106,7 +106,7 @@ class RunResult:
 
 
 def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any]:
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(runs)))) as pool:
+    with ThreadPoolExecutor(max_workers=fan_out(len(runs))) as pool:
         return list(pool.map(fn, runs))
 
 
@@ -121,7 +121,7 @@ def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_
         except HostError as exc:
             return f"unreachable: {exc.detail}"
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(transports)))) as pool:
+    with ThreadPoolExecutor(max_workers=fan_out(len(transports))) as pool:
         return dict(zip([t.host for t in transports], pool.map(kill, transports), strict=True))
 
 

@@ -23,7 +23,7 @@ from ...rundir.attempts import attempt_folder, node_files
 from ...rundir.state import NodeState
 from ...rundir.timeline import timeline_for
 from ...shell import OUTPUT_MARK, marked
-from ..transport import Session, Transport
+from ..transport import Session, Transport, fan_out
 from .agent import GO
 from .commands import AGENT_REFUSED, AGENT_STARTED, agent_command
 from .runs import COMMAND_TIMEOUT, NodeRun, stop_run
@@ -110,7 +110,7 @@ class NodeStarter:
             run.pid, run.state = int(words[0]), NodeState.RUNNING
 
         try:
-            with ThreadPoolExecutor(max_workers=max(1, min(32, len(runs)))) as pool:
+            with ThreadPoolExecutor(max_workers=fan_out(len(runs))) as pool:
                 list(pool.map(start_one, runs))
         except HostError:
             for run in runs:
