@@ -21,6 +21,22 @@ CLOCK_WARN_SECONDS = 30.0
 PORT_WINDOW_SECONDS = 5.0
 
 
+def port_window(nodes: int) -> float:
+    """Seconds the master's probe holds the rendezvous port open and the others try it: longer with
+    more nodes, whose probes start over a longer spread (a launcher connects to 256 nodes over some
+    seconds; on the testbed, 64 nodes' probes began 10 s apart and the 5 s window closed on them)."""
+    return PORT_WINDOW_SECONDS + 0.1 * max(0, nodes)
+
+
+def probe_budget(timeout: float, nodes: int, port_check: bool) -> float:
+    """Seconds a node's probe may take, for ``nodes`` probed at once: the asked ``timeout``, or more
+    where the launcher's own share grows with the nodes (a connection, the payload and an answer to
+    read for each: at 64 nodes on a small launcher the last probes answered after 26 s), and where
+    the probe waits out the port window."""
+    budget = max(timeout, 20.0 + 0.5 * max(0, nodes))
+    return max(budget, port_window(nodes) + 15.0) if port_check else budget
+
+
 @dataclass(frozen=True)
 class Check:
     """One verdict about one host (or across hosts)."""

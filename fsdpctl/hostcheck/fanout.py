@@ -17,7 +17,7 @@ from ..container.judge import container_checks
 from ..errors import HostError
 from ..plan.make import container_plan
 from ..profiles.schema import ClusterProfile
-from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity
+from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity, port_window
 from .health import judge_health
 from .probe import ProbeOutputError, container_probe_args, parse_probe_output, probe_command
 from .requirements import requirement_name
@@ -74,6 +74,7 @@ def make_jobs(profile: ClusterProfile, nodes: Sequence[NodeProbe], master_rank: 
     ``extra``: more the probes are asked (``init``'s discoveries)."""
     jobs = []
     others = len(nodes) - 1
+    window = max(window, port_window(len(nodes)))
     for node in nodes:
         args = {**probe_args(profile, deep, requirements), **(extra or {})}
         if node.interface:

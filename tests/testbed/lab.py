@@ -81,6 +81,8 @@ class Lab:
     mode: str = "netns"
     hosts: dict[str, Host] = field(default_factory=dict)
     subnet: str = ""
+    prefix: int = 24
+    """The subnet's length: a /23 (two /24s) for more than 250 hosts."""
     tag: str = ""
     client_ns: str | None = None
     switch_ns: str | None = None
@@ -116,9 +118,12 @@ class Lab:
     def _network_up(self) -> None:
         # Guard first: until teardown, the root namespace answers "unreachable" for the subnet. A
         # subnet whose guard exists already belongs to another lab: take another.
+        self.prefix = 24 if len(self.names) <= PER_24 else 23
+        if len(self.names) > 2 * PER_24:
+            raise ValueError(f"a lab holds up to {2 * PER_24} hosts")
         for _ in range(50):
-            self.subnet = f"10.251.{random.randrange(1, 250)}"
-            guard = _run("ip", "route", "add", "unreachable", f"{self.subnet}.0/24", check=False)
+            self.subnet = f"10.251.{random.randrange(1, 125) * 2}"  # even: the first half of a /23
+            guard = _run("ip", "route", "add", "unreachable", f"{self.subnet}.0/{self.prefix}", check=False)
             if guard.returncode == 0:
                 break
         else:
@@ -127,7 +132,7 @@ class Lab:
         self.switch_ns = self._add_namespace(f"{self.tag}sw")
         _run("ip", "-n", self.switch_ns, "link", "add", "br0", "type", "bridge")
         _run("ip", "-n", self.switch_ns, "link", "set", "br0", "up")
-        members = [(name, i) for i, name in enumerate(self.names, start=1)] + [("client", 254)]
+        members = [(name, i) for i, name in enumerate(self.names, start=1)] + [("client", 0)]
         for name, i in members:
             ns = self._add_namespace(f"{self.tag}{name}")
             _run("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}",
@@ -135,17 +140,27 @@ class Lab:
             _run("ip", "-n", self.switch_ns, "link", "set", f"p{i}", "master", "br0")
             _run("ip", "-n", self.switch_ns, "link", "set", f"p{i}", "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "-n", ns, "addr", "add", f"{self.subnet}.{i}/24", "dev", "eth0")
+            _run("ip", "-n", ns, "addr", "add", f"{self.address(i)}/{self.prefix}", "dev", "eth0")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
             if name == "client":
                 self.client_ns = ns
             else:
-                self.hosts[name] = Host(name, i, f"{self.subnet}.{i}", 22, ns, self.root / name)
+                self.hosts[name] = Host(name, i, self.address(i), 22, ns, self.root / name)
         hosts_file = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts.values())
         for name, _ in members:
             folder = Path("/etc/netns") / f"{self.tag}{name}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "hosts").write_text(hosts_file)
+
+    def address(self, index: int) -> str:
+        """The address of the lab's host ``index`` (1-based; 0 is the client, at .254): past 250 hosts,
+        in the /23's second half."""
+        if index == 0:
+            return f"{self.subnet}.254"
+        if index <= PER_24:
+            return f"{self.subnet}.{index}"
+        head, _, third = self.subnet.rpartition(".")
+        return f"{head}.{int(third) + 1}.{index - PER_24}"
 
     def _keys(self) -> None:
         key = self.root / "ssh" / "id_ed25519"
@@ -241,7 +256,7 @@ class Lab:
         if self.tag and Path("/etc/netns").is_dir() and not any(Path("/etc/netns").iterdir()):
             Path("/etc/netns").rmdir()
         if self._guard:
-            _run("ip", "route", "del", "unreachable", f"{self.subnet}.0/24", check=False)
+            _run("ip", "route", "del", "unreachable", f"{self.subnet}.0/{self.prefix}", check=False)
             self._guard = False
 
     # ---- helpers for tests --------------------------------------------------------------------
@@ -308,6 +323,10 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+PER_24 = 250
+"""Hosts in a lab's first /24 (.1-.250; .254 is the client)."""
 
 
 def _pids_in_namespaces(names: list[str]) -> dict[str, list[int]]:

@@ -24,3 +24,12 @@ def test_the_soft_descriptor_limit_is_raised_for_a_big_run_and_never_lowered():
     hard = int(subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
                .replace("unlimited", str(10**9)))
     assert raised == min(hard, 256 + 8 * 256) and kept == raised
+
+
+def test_the_port_window_and_the_probes_time_grow_with_the_nodes():
+    from fsdpctl.hostcheck.checks import PORT_WINDOW_SECONDS, port_window, probe_budget
+
+    assert port_window(2) == PORT_WINDOW_SECONDS + 0.2 and port_window(256) > 30
+    assert probe_budget(20, 2, False) == 21 and probe_budget(60, 2, False) == 60
+    assert probe_budget(20, 100, True) == 70 and probe_budget(20, 10, True) == 25  # the launcher's share
+    assert probe_budget(20, 256, True) == 148  # the launcher's share at 256 nodes

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Optional, Protocol
 from ...bundle import Payload
 from ...container.runtime import DAEMON_RUNTIMES, container_name, probe_timeout
 from ...errors import HostError
-from ...hostcheck.checks import DoctorReport, HostReport
+from ...hostcheck.checks import DoctorReport, HostReport, probe_budget
 from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, host_python, make_jobs, run_doctor
 from ...hostcheck.probe import container_probe_args
 from ...live import layout
@@ -104,7 +104,8 @@ class NodesBackend(Backend):
         jobs = make_jobs(self.profile, nodes, master[0], master[1], request.port, request.deep,
                          request.port_check and self.port_check, requirements=request.requirements,
                          extra=request.extra)
-        return run_doctor(self.profile, jobs, python=python, timeout=request.timeout, nproc=request.nproc,
+        timeout = probe_budget(request.timeout, len(nodes), request.port_check)
+        return run_doctor(self.profile, jobs, python=python, timeout=timeout, nproc=request.nproc,
                           concurrency=request.concurrency, on_host=on_host, runner=runner)
 
     def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None

@@ -40,6 +40,9 @@ class NodeStarter:
         self.nodes = {node.node_rank: node for node in plan.nodes}
         self.sessions: dict[int, Session] = {}
         self.timeline = timeline_for(plan.run_id, plan.attempt)
+        self.budget = COMMAND_TIMEOUT + 0.5 * len(plan.nodes)
+        """Seconds a node may take to be staged and started: more with more nodes, all sent their
+        payload by this one process (at 256 nodes on a small launcher, 30 s was not enough)."""
 
     def _agent(self, rank: int, probe: dict[str, Any] | None, timeout: float) -> Session:
         """The node's agent, its payload sent; what a chatty shell rc printed before it is read past."""
@@ -91,10 +94,10 @@ class NodeStarter:
         runs = [NodeRun(node, self.connect(node)) for node in self.plan.nodes]
 
         def start_one(run: NodeRun) -> None:
-            session = self.sessions.get(run.rank) or self._agent(run.rank, None, COMMAND_TIMEOUT)
+            session = self.sessions.get(run.rank) or self._agent(run.rank, None, self.budget)
             with self.timeline.span("agents", run.rank):
                 session.send(f"{GO} {watch:g}\n".encode())
-                out = session.read_until(AGENT_STARTED, COMMAND_TIMEOUT)
+                out = session.read_until(AGENT_STARTED, self.budget)
             words = out.rsplit(AGENT_STARTED, 1)[-1].split() if AGENT_STARTED in out else []
             if words and words[0].isdigit() and watch > 0:
                 run.pid, run.state, run.session = int(words[0]), NodeState.RUNNING, session
