@@ -79,15 +79,19 @@ class Launches:
         self.lab, self.root, self.env, self.code = lab, root, env, code
         self.timelines: dict[str, list[dict[str, float]]] = {}
 
-    def run(self, profile: Path, label: str, *extra: str) -> float:
+    def run(self, profile: Path, label: str, *extra: str, tree: Path | None = None) -> float:
+        """One launch (``tree``: of another checkout of fsdpctl, e.g. the commit before)."""
         before = set((self.root / "runs").glob("*")) if (self.root / "runs").exists() else set()
+        env = {**self.env, "PYTHONPATH": str(tree)} if tree is not None else self.env
         started = time.perf_counter()
         subprocess.run(self.lab.in_client([sys.executable, "-m", "fsdpctl", "launch", "-p", str(profile), *extra,
                                            "--code", str(self.code), "--", "five.py"]),
-                       env=self.env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         took = time.perf_counter() - started
         (new,) = set((self.root / "runs").glob("*")) - before
-        self.timelines.setdefault(label, []).append(timeline_of(self.root, new.name))
+        timed = timeline_of(self.root, new.name)
+        if timed:
+            self.timelines.setdefault(label, []).append(timed)
         return took
 
 
@@ -133,10 +137,13 @@ def curve(args) -> dict:
             label = f"fsdpctl launch, {size} nodes"
             quick = f"fsdpctl launch --no-preflight, {size} nodes"
             hand = f"by hand over ssh, {size} nodes"
-            samples = interleaved({label: lambda p=profile, lb=label: launches.run(p, lb),
-                                   quick: lambda p=profile, lb=quick: launches.run(p, lb, "--no-preflight"),
-                                   hand: lambda p=profile, s=size: by_hand(lab, root, env, p, names[:s], code)},
-                                  repeats=args.repeats, warmup=1)
+            cases = {label: lambda p=profile, lb=label: launches.run(p, lb),
+                     quick: lambda p=profile, lb=quick: launches.run(p, lb, "--no-preflight"),
+                     hand: lambda p=profile, s=size: by_hand(lab, root, env, p, names[:s], code)}
+            if args.before:
+                cases[f"fsdpctl launch before ({args.before}), {size} nodes"] = (
+                    lambda p=profile: launches.run(p, "before", tree=Path(args.before)))
+            samples = interleaved(cases, repeats=args.repeats, warmup=1)
             summary = summarize(samples, hand)
             phases = {}
             for case in (label, quick):
@@ -188,27 +195,35 @@ def model(args) -> dict:
             python.write_text(STAND_IN.format(python=sys.executable))
             python.chmod(0o755)
             profile = profile_for(lab, root, names, str(python), f"m{size}")
+            if args.model_node_timeout:  # every "node" shares this machine's cores with the launcher
+                profile.write_text(profile.read_text() + f"node_timeout: {args.model_node_timeout}\n")
             rows = []
             for _ in range(args.repeats):
                 before = set((root / "runs").glob("*")) if (root / "runs").exists() else set()
                 started = time.perf_counter()
                 # the launcher itself, not `ip netns exec` (which execs it: the same process)
-                process = subprocess.Popen(lab.in_client([sys.executable, "-m", "fsdpctl", "launch", "-p", str(profile),
-                                                          "--code", str(code), "--", "five.py"]),
-                                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                err_path = root / f"launch-{time.monotonic_ns()}.err"
+                with err_path.open("w") as err_file:
+                    process = subprocess.Popen(lab.in_client([sys.executable, "-m", "fsdpctl", "launch", "-p",
+                                                              str(profile), *args.model_flags.split(),
+                                                              "--code", str(code), "--", "five.py"]),
+                                               env=env, stdout=err_file, stderr=subprocess.STDOUT)
                 watch = Watch(process.pid)
-                _, err = process.communicate(timeout=1800)
+                _, status, usage = os.wait4(process.pid, 0)  # its own CPU (`ip netns exec` execs it)
+                process.returncode = os.waitstatus_to_exitcode(status)
                 took = time.perf_counter() - started
                 watch.done.set()
                 if process.returncode != 0:
-                    raise SystemExit(f"the {size}-node launch failed: {err[-2000:]}")
+                    said = [line for line in err_path.read_text().splitlines() if "FAIL" in line or "hint" in line]
+                    raise SystemExit(f"the {size}-node launch failed: " + "\n".join(said[-40:]))
                 (new,) = set((root / "runs").glob("*")) - before
                 stat = json.loads((root / "runs" / new.name / "run.json").read_text())
                 phases = timeline_of(root, new.name)
-                rows.append({"wall_s": took, "threads_peak": watch.threads, "fds_peak": watch.fds,
+                rows.append({"wall_s": took, "cpu_s": usage.ru_utime + usage.ru_stime,
+                             "threads_peak": watch.threads, "fds_peak": watch.fds,
                              "rss_peak_mb": watch.rss_kb / 1024, "phases": phases,
                              "state": stat.get("state")})
-            cpu = launcher_cpu(lab, root, env, profile, code)
+            cpu = round(statistics.median(r["cpu_s"] for r in rows), 2)
             best = min(rows, key=lambda r: r["wall_s"])
             out[str(size)] = {
                 "wall_median_s": statistics.median(r["wall_s"] for r in rows),
@@ -218,21 +233,12 @@ def model(args) -> dict:
                 "rss_peak_mb": round(max(r["rss_peak_mb"] for r in rows), 1),
                 "rss_kb_per_node": round(1024 * max(r["rss_peak_mb"] for r in rows) / size, 1),
                 "timeline_done_at_s (fastest run)": best["phases"]}
+            out[str(size)]["flags"] = args.model_flags
+            out[str(size)]["node_timeout"] = args.model_node_timeout or 30
             print(f"model {size} nodes: {json.dumps(out[str(size)])}", flush=True)
         finally:
             lab.down()
     return out
-
-
-def launcher_cpu(lab, root: Path, env: dict[str, str], profile: Path, code: Path) -> float:
-    """The launcher's own CPU seconds (user + system) for one launch, from its rusage."""
-    script = ("import resource, subprocess, sys\n"
-              "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-              "u = resource.getrusage(resource.RUSAGE_CHILDREN)\nprint(u.ru_utime + u.ru_stime)\n")
-    result = subprocess.run(lab.in_client([sys.executable, "-c", script, sys.executable, "-m", "fsdpctl", "launch",
-                                           "-p", str(profile), "--code", str(code), "--", "five.py"]),
-                            env=env, check=True, capture_output=True, text=True, timeout=1800)
-    return round(float(result.stdout.strip().splitlines()[-1]), 2)
 
 
 def main() -> None:
@@ -241,15 +247,20 @@ def main() -> None:
     parser.add_argument("--model", default="64,256")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="launch_scale")
+    parser.add_argument("--model-node-timeout", type=int, default=0, help="the model profile's node_timeout")
+    parser.add_argument("--model-flags", default="", help="launch flags for the model, e.g. --no-preflight")
+    parser.add_argument("--before", default="", help="another checkout of fsdpctl, measured beside this one")
     args = parser.parse_args()
     data = {"benchmark": "launch_scale", "machine": machine(),
             "goal": "whole run <= 1.15x torchrun by hand at 16 nodes; nothing growing faster than linearly"}
+    RESULTS.mkdir(exist_ok=True)
+    target = RESULTS / f"{args.out}.json"
     if args.nodes:
         data["curve"] = curve(args)
+        target.write_text(json.dumps(data, indent=2) + "\n")  # kept, whatever the model does
     if args.model:
         data["model"] = model(args)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(data, indent=2) + "\n")
+        target.write_text(json.dumps(data, indent=2) + "\n")
 
 
 if __name__ == "__main__":
