@@ -7,10 +7,14 @@ hands it to its backend's ``follow``; the backend only keeps the clock and acts 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,8 +70,53 @@ def _new_folder(root: Path) -> Path:
     return folder
 
 
+REPORT = "report.json"
+"""In a hang folder, written last: the failure and the lines shown, for every other follower of the run."""
+
+
+@contextlib.contextmanager
+def _one_reader(root: Path) -> Iterator[None]:
+    """Held while a process reads a run's stacks or flight recorder: a detached run's follower and
+    every ``logs -f`` on it watch the same silence, and the nodes are read once for all of them
+    (their copies of the dumps in ``fetched/`` are not pulled from under each other either)."""
+    fd = os.open(root / ".hang.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # lets the lock go
+
+
+def _shared_report(root: Path, since: float) -> tuple[Failure, list[str]] | None:
+    """The report another follower began at or after ``since`` (epoch seconds), if there is one."""
+    newest: tuple[float, Failure, list[str]] | None = None
+    for folder in root.glob("hang*"):
+        try:
+            data = json.loads((folder / REPORT).read_text())
+            began, failure = float(data["began"]), Failure.from_json(data["failure"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if began >= since and failure is not None and (newest is None or began > newest[0]):
+            newest = (began, failure, [str(line) for line in data.get("lines", [])])
+    return None if newest is None else newest[1:]
+
+
 def gather_hang(backend: Backend, run: RunDir, silent: float) -> tuple[Failure, list[str]]:
-    """Stacks and flight-recorder dumps into a new ``hang/`` folder; (the failure to record, lines to show)."""
+    """Stacks and flight-recorder dumps into a new ``hang/`` folder; (the failure to record, lines to
+    show). Another follower's report of the same silence (begun within half the hang timeout before
+    this one fired, or after) is taken as it is instead of reading the nodes again."""
+    fired = time.time()
+    with _one_reader(run.root):
+        shared = _shared_report(run.root, fired - float(run.plan.hang_timeout or 0) / 2)
+        if shared is not None:
+            return shared
+        failure, lines = _gather(backend, run, silent)
+        write_private(Path(failure.hang_dir or run.root) / REPORT,
+                      json.dumps({"began": fired, "failure": failure.to_json(), "lines": lines}) + "\n")
+        return failure, lines
+
+
+def _gather(backend: Backend, run: RunDir, silent: float) -> tuple[Failure, list[str]]:
     folder = _new_folder(run.root)
     nodes = backend.stacks(run, flight=True, native=True)  # once per hang: every frame there is
     stacks = rank_stacks(nodes)
@@ -96,7 +145,8 @@ def gather_hang(backend: Backend, run: RunDir, silent: float) -> tuple[Failure, 
 def flight_after_failure(backend: Backend, run: RunDir, echo: Callable[[str], None]) -> None:
     """After a failed run: the dumps torch's NCCL watchdog wrote when a collective timed out
     (``flight/on-timeout/`` on the nodes), brought to ``runs/<id>/flight/`` and read."""
-    lines, _ = collect_flight(backend, run, run.root / "flight", "flight/on-timeout")
+    with _one_reader(run.root):
+        lines, _ = collect_flight(backend, run, run.root / "flight", "flight/on-timeout")
     if lines:
         echo("fsdpctl: flight recorder, dumped by torch when the collective timed out:")
         for line in lines:
@@ -121,7 +171,7 @@ def collect_flight(backend: Backend, run: RunDir, into: Path, path: str = "fligh
                 shutil.copyfile(dump, target)
                 target.chmod(0o600)
             if fetched_here in dump.resolve().parents:
-                dump.unlink()  # only carried here to be kept with the run
+                dump.unlink(missing_ok=True)  # only carried here to be kept with the run
     lines: list[str] = []
     found: list[Disagreement] = []
     kinds = sorted(p for p in into.iterdir() if p.is_dir()) if into.is_dir() else []
