@@ -114,7 +114,8 @@ ALLOWED_TOP = set(REQUIREMENTS)  # what doctor checks on every node: nothing els
 
 def test_workload_modules_import_only_torch_numpy_tokenizers_stdlib():
     for path in WORKLOAD.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -127,6 +128,8 @@ def test_workload_modules_import_only_torch_numpy_tokenizers_stdlib():
                     continue
                 if path.name == "slurm_task.py" and top == "submitit":  # runs only inside submitit's task
                     continue
+                if path.name == "trackers.py" and top in ("wandb", "mlflow") and node not in tree.body:
+                    continue  # imported inside the tracker's start, only when a run asks for it
                 assert top in ALLOWED_TOP or top in sys.stdlib_module_names, (path.name, name)
 
 
