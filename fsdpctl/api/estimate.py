@@ -117,15 +117,22 @@ def estimate(profile: Optional[ProfileLike] = None, *, preset: Optional[str] = N
         return EstimateReport(asked, request, nodes * nproc, nodes, nproc, capacity, margins, where=traces.where,
                               seconds=time.monotonic() - started)
     table = grid(multi_node=nodes > 1)
-    traced = [c for c in table if not c.cpu_offload]
+    traced = _distinct(table, asked, nodes * nproc)
     emit.notice(f"estimate: tracing {len(traced)} choices ({nodes * nproc} ranks) on {traces.where_now()}")
     results = traces.run([{**request, "sharding": c.sharding, "activation_checkpointing": c.activation_checkpointing,
                            "cpu_offload": False} for c in traced])
     by_key = {c.key: replace(c, result=r) for c, r in zip(traced, results, strict=True)}
     for c in table:
+        if c.key in by_key or c.cpu_offload:
+            continue
+        # one rank: every sharding holds the whole model, and the traces are the same step
+        same = next(t for t in traced if t.activation_checkpointing == c.activation_checkpointing)
+        by_key[c.key] = replace(c, result=by_key[same.key].result,
+                                derived=f"the same step as {same.sharding}: one rank shards nothing")
+    for c in table:
         if c.cpu_offload:
-            by_key[c.key] = replace(c, result=with_offload(by_key[(c.sharding, c.activation_checkpointing, False)]
-                                                           .result), derived="from the same choice without offload")
+            base = by_key[(c.sharding, c.activation_checkpointing, False)]
+            by_key[c.key] = replace(c, result=with_offload(base.result), derived="from the same choice without offload")
     filled = tuple(by_key[c.key] for c in table)
     if asked.key in by_key and not asked.cpu_offload:
         asked = by_key[asked.key]
@@ -133,10 +140,21 @@ def estimate(profile: Optional[ProfileLike] = None, *, preset: Optional[str] = N
         asked = replace(asked, result=traces.run([request])[0])
     best = pick(filled, capacity, margins, nodes * nproc)
     max_batch, max_result = None, {}
-    if best is not None and not best.derived:
+    if best is not None and not best.cpu_offload:  # an offload choice is derived, not traced
         max_batch, max_result = _largest_batch(best, request, traces, capacity, margins, nodes * nproc)
     return EstimateReport(asked, request, nodes * nproc, nodes, nproc, capacity, margins, filled, best, max_batch,
                           max_result, traces.where, time.monotonic() - started)
+
+
+def _distinct(table: list[Choice], asked: Choice, world: int) -> list[Choice]:
+    """The choices that need a trace of their own: those without offload (offload is derived from
+    them); at one rank, one sharding per checkpointing setting (the asked one's, else full), since
+    no sharding changes what a single rank holds."""
+    plain = [c for c in table if not c.cpu_offload]
+    if world > 1:
+        return plain
+    sharding = asked.sharding if asked.sharding in {c.sharding for c in plain} else "full"
+    return [c for c in plain if c.sharding == sharding]
 
 
 def _request(train: Mapping[str, Any], given: dict[str, Any], *, model: Optional[str], wrap: Optional[str],

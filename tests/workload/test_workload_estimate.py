@@ -80,6 +80,22 @@ def test_estimate_json_names_every_figure_and_the_choice_that_fits(tmp_path):
         assert data["asked"]["breakdown"][name] > 0
 
 
+def test_at_one_rank_the_shardings_are_one_trace_and_the_largest_batch_still_found(tmp_path):
+    result = run_cli("estimate", "--preset", "tiny", "--nproc-per-node", "1", "--batch-size", "8", "--seq-len", "128",
+                     "--gpu-mem", "2GiB", "--mixed-precision", "fp32", "--json", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tracing 2 choices (1 ranks)" in result.stderr
+    choices = json.loads(result.stdout)["choices"]
+    traced = [(c["sharding"], c["activation_checkpointing"]) for c in choices if c["traced"]]
+    assert traced == [("full", False), ("full", True)]  # the asked sharding, with and without checkpointing
+    peaks = {c["activation_checkpointing"]: c["peak_bytes"] for c in choices if c["traced"]}
+    for plain in (c for c in choices if not c["cpu_offload"]):
+        assert plain["peak_bytes"] == peaks[plain["activation_checkpointing"]]
+        assert plain["traced"] or plain["derived"] == "the same step as full: one rank shards nothing"
+    data = json.loads(result.stdout)
+    assert data["best"]["sharding"] == "no-shard" and data["max_batch"] > 8  # a derived best still gets its batch
+
+
 def test_a_launch_that_would_not_fit_the_profiles_gpus_is_warned_before_it_starts(tmp_path, monkeypatch):
     from fsdpctl.api.estimate import memory_warning
 
