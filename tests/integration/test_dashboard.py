@@ -275,6 +275,9 @@ def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
             assert int(page.get_attribute(f"{column} #chart-loss", "data-points")) in (30, 40)
             assert "<script>alert(1)</script>" in page.inner_text(f"{column} #logs")
         assert page.evaluate("document.querySelectorAll('#logs script').length") == 0
+        stray = page.evaluate("[...document.querySelectorAll('.report-run')].flatMap((c) => [...c.childNodes])"
+                              ".filter((n) => n.nodeType !== 1).map((n) => n.textContent)")
+        assert stray == [], stray  # every part of a run's column is a panel: no stray text such as "null"
         shot(page, tmp_path, "report-html")
     finally:
         context.close()

@@ -130,9 +130,9 @@
       el("button", { id: "stop-button", class: "danger", onclick: () => act(id, "stop") }, "Stop the run"),
       el("button", { id: "stacks-button", onclick: () => act(id, "stacks") }, "Dump every rank's stack"),
       el("span", { id: "action-said", class: "dim" }));
-    main.append(
+    main.append(  // a report has no actions: append() would write a null as the text "null"
       el("div", { class: "panel", id: "summary" }),
-      actions,
+      ...(actions ? [actions] : []),
       el("pre", { id: "action-output", hidden: "hidden" }),
       el("div", { class: "row" }, section("chart-loss", "loss"), section("chart-speed", "tokens/s and MFU")),
       section("nodes", "nodes and their GPUs now"),
