@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
-from ..rundir.lines import LogLine
+from ..rundir.lines import STEP_LINE, LogLine
 from .events import AttemptStarting, Emitter, Event, Fetched
 from .following import check, follow, start_attempt
 
@@ -28,9 +27,6 @@ if TYPE_CHECKING:
     from ..rundir.rundir import RunDir
     from ..rundir.state import Outcome
     from .attempts import NextAttempt
-
-_STEP = re.compile(r"\bstep=(\d+) loss=")
-
 
 class StepClock(Emitter):
     """The emitter it wraps, noting when the bundled workload's step lines reach this process: how
@@ -58,7 +54,7 @@ class StepClock(Emitter):
         self.inner.flush()
 
     def _see(self, line: LogLine) -> None:
-        if "step=" not in line.text or (match := _STEP.search(line.text)) is None:
+        if "step=" not in line.text or (match := STEP_LINE.search(line.text)) is None:
             return
         step, at = int(match.group(1)), time.monotonic()
         if self.on_first is not None:

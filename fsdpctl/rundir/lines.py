@@ -32,6 +32,8 @@ for a node of one rank, ``ranks 8-15`` (``ranks 3-3`` in the logs of runs before
 _RANKS = re.compile(_RANKS_TEXT)
 _RANKS_IN_LOG = re.compile(rb"\[rank\d+\]:" + _RANKS_TEXT.encode())
 RANKS_HEAD_BYTES = 256 * 1024
+STEP_LINE = re.compile(r"\bstep=(\d+) loss=")
+"""The bundled workload's training step line (``step=N loss=...``); group 1 is the step."""
 """Of a node's log, what is read for that line: a rank says it before its program starts."""
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Optional
 
-from ..node.startup.sitecustomize import RANKS_LINE
+from .lines import STEP_LINE, ranks_said
 
 PHASES: dict[str, str] = {
     "startup": "fsdpctl started",
@@ -42,7 +42,6 @@ LAUNCHER = "launcher"
 """The node key of a phase the launching process goes through once for all nodes."""
 NODE_HEADER = "fsdpctl: node "
 """The node script's line just before it starts torchrun (templates/torchrun.sh.j2)."""
-_STEP = "step="
 
 
 def process_started() -> Optional[float]:
@@ -69,18 +68,17 @@ class Timeline:
     # ---- recording -------------------------------------------------------------------------------
     def begin(self, phase: str, node: Any = LAUNCHER, at: Optional[float] = None) -> None:
         """``node`` (a node rank, or the launcher) begins ``phase`` (now, or at ``at``)."""
-        at = time.time() if at is None else at
-        with self.lock:
-            span = self.spans.setdefault(phase, {}).setdefault(str(node), [at - self.origin, at - self.origin])
-            span[0] = min(span[0], at - self.origin)
-            self.changed = True
+        self._widen(phase, node, at, 0, min)
 
     def end(self, phase: str, node: Any = LAUNCHER, at: Optional[float] = None) -> None:
         """``node`` is done with ``phase``."""
-        at = time.time() if at is None else at
+        self._widen(phase, node, at, 1, max)
+
+    def _widen(self, phase: str, node: Any, at: Optional[float], side: int, pick) -> None:
+        moment = (time.time() if at is None else at) - self.origin
         with self.lock:
-            span = self.spans.setdefault(phase, {}).setdefault(str(node), [at - self.origin, at - self.origin])
-            span[1] = max(span[1], at - self.origin)
+            span = self.spans.setdefault(phase, {}).setdefault(str(node), [moment, moment])
+            span[side] = pick(span[side], moment)
             self.changed = True
 
     def reached(self, phase: str, node: Any = LAUNCHER, at: Optional[float] = None, last: bool = False) -> None:
@@ -152,37 +150,27 @@ class LineMoments:
         """A batch of one node's LogLines, arrived ``at`` (now)."""
         at = time.time() if at is None else at
         seen = self.seen.setdefault(node_rank, set())
+
+        def mark(phase: str) -> None:
+            if phase not in seen:
+                seen.add(phase)
+                self.timeline.reached(phase, node_rank, at)
+
         any_line = False
         for line in lines:
             any_line = True
-            text = line.text
             if line.rank is None:
-                if "torchrun" not in seen and text.startswith(NODE_HEADER):
-                    seen.add("torchrun")
-                    self.timeline.reached("torchrun", node_rank, at)
+                if line.text.startswith(NODE_HEADER):
+                    mark("torchrun")
                 continue
-            if text.startswith(RANKS_LINE):
-                if "rendezvous" not in seen:
-                    seen.add("rendezvous")
-                    self.timeline.reached("rendezvous", node_rank, at)
+            mark("rendezvous")  # a rank's first words: its own naming of its ranks, or the program's
+            if ranks_said(line) is not None:
                 continue
-            if "rendezvous" not in seen:  # a program run without fsdpctl's rank start-up (none said its ranks)
-                seen.add("rendezvous")
-                self.timeline.reached("rendezvous", node_rank, at)
-            if "first_line" not in seen:
-                seen.add("first_line")
-                self.timeline.reached("first_line", node_rank, at)
-            if "first_step" not in seen and _STEP in text and _is_step(text):
-                seen.add("first_step")
-                self.timeline.reached("first_step", node_rank, at)
+            mark("first_line")
+            if "step=" in line.text and STEP_LINE.search(line.text):
+                mark("first_step")
         if any_line and "first_line" in seen:
             self.timeline.reached("last_line", node_rank, at, last=True)
-
-
-def _is_step(text: str) -> bool:
-    """The bundled workload's training step line (``step=N loss=``)."""
-    index = text.find(_STEP)
-    return index >= 0 and " loss=" in text[index:]
 
 
 # ---- the attempts this process times ------------------------------------------------------------
