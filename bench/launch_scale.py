@@ -121,15 +121,20 @@ def by_hand(lab, root: Path, env: dict[str, str], profile: Path, names: list[str
     return took
 
 
+def the_program(root: Path) -> Path:
+    """The folder of the 5-line program every launch runs."""
+    code = root / "five"
+    code.mkdir()
+    (code / "five.py").write_text(FIVE)
+    return code
+
+
 def curve(args) -> dict:
     sizes = [int(n) for n in args.nodes.split(",") if n]
     names = [f"h{i}" for i in range(1, max(sizes) + 1)]
     root, lab = start_lab("launch_scale", tuple(names))
     try:
-        env = fsdpctl_env(root)
-        code = root / "five"
-        code.mkdir()
-        (code / "five.py").write_text(FIVE)
+        env, code = fsdpctl_env(root), the_program(root)
         launches = Launches(lab, root, env, code)
         out = {}
         for size in sizes:
@@ -187,10 +192,7 @@ def model(args) -> dict:
         names = [f"m{i}" for i in range(1, size + 1)]
         root, lab = start_lab("launch_scale_model", tuple(names))
         try:
-            env = fsdpctl_env(root)
-            code = root / "five"
-            code.mkdir()
-            (code / "five.py").write_text(FIVE)
+            env, code = fsdpctl_env(root), the_program(root)
             python = root / "python"
             python.write_text(STAND_IN.format(python=sys.executable))
             python.chmod(0o755)
