@@ -1,15 +1,17 @@
 """Per-rank timings, the straggler named and `fsdpctl report`, on a namespace testbed of its own:
-two hosts whose sshd (and so every process a run starts there) is pinned to a core of its own, each
-with a fake nvidia-smi first on its PATH (one GPU). One run is made slow for real on s2: a busy
-process shares s2's core, and rank 1 is held off the CPU half of the time (SIGSTOP/SIGCONT by its
-PID); while it runs, s2's GPU reports a HW slowdown, which `status` shows and the straggler's cause
-names. The same run without them names nobody. Then `fsdpctl report` on both runs, and on a program
-of the user's that writes metrics."""
+two hosts, each with a fake nvidia-smi first on its PATH (one GPU). One run is made slow for real on
+s2: rank 1 is held off the CPU half of the time (SIGSTOP/SIGCONT by its PID); while it runs, s2's GPU
+reports a HW slowdown, which `status` shows and the straggler's cause names. The same run without
+them names nobody. Then `fsdpctl report` on both runs, and on a program of the user's that writes
+metrics.
+
+Neither host is pinned to a core: the even run must stay even while a parallel CI worker loads this
+machine, and load that lands on one pinned core made its rank the straggler (1.27x in 14 of 23
+windows, in CI). Unpinned, both ranks share whatever load there is."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -45,26 +47,23 @@ print("wrote metrics", rank)
 
 
 @pytest.fixture(scope="module")
-def pinned_lab(tmp_path_factory):
+def gpu_lab(tmp_path_factory):
     require_netns()
-    if (os.cpu_count() or 1) < 2:
-        pytest.skip("needs 2 CPU cores: one per host")
     lab = Lab(tmp_path_factory.mktemp("reportlab"), ["s1", "s2"]).up()
     try:
-        for core, name in enumerate(("s1", "s2")):
+        for name in ("s1", "s2"):
             scenario = lab.hosts[name].dir / "gpu.json"
             bin_dir = fake_gpu.install(lab.hosts[name].dir / "bin", scenario)
             fake_gpu.write_scenario(scenario, [fake_gpu.gpu(0x18, **{"clocks.sm": 1980})])
-            lab.start_sshd(name, f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n",
-                           setup=f"taskset -p -c {core} $$ >/dev/null && ")
+            lab.start_sshd(name, f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n")
         yield lab
     finally:
         lab.down()
 
 
 def profile(lab: Lab, tmp_path: Path) -> Path:
-    path = tmp_path / "pinned.yaml"
-    path.write_text(lab.profile_yaml(["s1", "s2"], python=sys.executable, name="pinned",
+    path = tmp_path / "report.yaml"
+    path.write_text(lab.profile_yaml(["s1", "s2"], python=sys.executable, name="report",
                                      extra="health:\n  sample_seconds: 1\n"))
     return path
 
@@ -73,14 +72,13 @@ def run_id_of(output: str) -> str:
     return re.search(r"run (\S+) succeeded", output).group(1)
 
 
-def test_the_slow_rank_is_named_and_an_even_run_names_nobody_then_both_are_reported(pinned_lab, tmp_path):
-    lab, path = pinned_lab, profile(pinned_lab, tmp_path)
+def test_the_slow_rank_is_named_and_an_even_run_names_nobody_then_both_are_reported(gpu_lab, tmp_path):
+    lab, path = gpu_lab, profile(gpu_lab, tmp_path)
     even = run(lab, tmp_path, "launch", "-p", str(path), *TRAIN)
     assert even.returncode == 0, even.stderr[-3000:]
     assert "no straggler" in even.stdout and "straggler: rank" not in even.stdout, even.stdout[-3000:]
-    # A busy process on s2's core, and rank 1 itself held off the CPU half of the time (SIGSTOP/SIGCONT,
-    # as a throttled device or a noisy neighbour would): slow whatever else loads this machine.
-    busy = subprocess.Popen(["taskset", "-c", "1", "sh", "-c", "while :; do :; done"])
+    # Rank 1 held off the CPU half of the time (SIGSTOP/SIGCONT, as a throttled device or a noisy
+    # neighbour would): slow whatever else loads this machine.
     throttle = Throttle(lab.root, rank=1)
     s2_gpu = lab.hosts["s2"].dir / "gpu.json"
     try:
@@ -99,8 +97,6 @@ def test_the_slow_rank_is_named_and_an_even_run_names_nobody_then_both_are_repor
     finally:
         fake_gpu.write_scenario(s2_gpu, [fake_gpu.gpu(0x18, **{"clocks.sm": 1980})])
         throttle.stop()
-        busy.kill()
-        busy.wait()
     slow = subprocess.CompletedProcess([], code, out, err)
     assert throttle.pid is not None, "rank 1 was never found to slow down"
     assert slow.returncode == 0, slow.stderr[-3000:]
@@ -130,8 +126,8 @@ def test_the_slow_rank_is_named_and_an_even_run_names_nobody_then_both_are_repor
                       f"step_time_ranks_{even_id}.png": "2", "memory.png": "2"}, series
 
 
-def test_a_users_program_that_writes_metrics_gets_a_report(pinned_lab, tmp_path):
-    lab, path = pinned_lab, profile(pinned_lab, tmp_path)
+def test_a_users_program_that_writes_metrics_gets_a_report(gpu_lab, tmp_path):
+    lab, path = gpu_lab, profile(gpu_lab, tmp_path)
     code = tmp_path / "project"
     code.mkdir()
     (code / "train.py").write_text(USER_PROGRAM)
