@@ -10,13 +10,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..errors import UsageError
-from ..memory.choices import Choice, Margins, Verdict, grid, largest_batch, pick, verdict, with_offload
+from ..memory import choices as pure
+from ..memory.choices import Choice, Margins, Verdict, grid, pick, verdict, with_offload
 from ..workload.config import ESTIMATE_SETTINGS
 from .events import Emitter, EventHandler
 from .prepare import ProfileLike, load_profile
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, TraceNode
+    from ..memory.runner import TracesHere
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,14 @@ def estimate(profile: Optional[ProfileLike] = None, *, preset: Optional[str] = N
     capacity = _capacity(gpu_mem, prof)
     margins = margins or Margins()
     traces = _Tracer(prof, timeout, emit)
+    try:
+        return _estimate(request, nodes, nproc, capacity, margins, choices, traces, emit, started)
+    finally:
+        traces.close()
 
+
+def _estimate(request: dict[str, Any], nodes: int, nproc: int, capacity: Optional[int], margins: Margins,
+              choices: bool, traces: _Tracer, emit: Emitter, started: float) -> EstimateReport:
     asked = _choice(request)
     if not choices or capacity is None:
         asked = replace(asked, result=traces.run([request])[0])
@@ -223,25 +232,23 @@ def _capacity(gpu_mem, prof) -> Optional[int]:
 
 def _largest_batch(best: Choice, request: dict[str, Any], traces: _Tracer, capacity: int, margins: Margins,
                    world: int) -> tuple[Optional[int], dict[str, Any]]:
-    """Two traces of the best choice (its batch and twice it) say how memory grows with the batch;
-    the batch found is traced once more to confirm it."""
+    """The largest batch the best choice takes, guessed from its own trace's breakdown (what each
+    sample holds at the peak) and traced to confirm it, the guess corrected by the line through the
+    traces where it was off (``memory.choices.search_largest_batch``)."""
     batch = best.result.get("batch_size")
     if not batch or best.peak is None:
         return None, {}
     settings = {**request, "sharding": best.sharding, "activation_checkpointing": best.activation_checkpointing,
                 "cpu_offload": best.cpu_offload}
-    doubled = traces.run([{**settings, "batch_size": 2 * batch}])[0]
-    if not doubled.get("traced"):
-        return None, {}
-    found = largest_batch(batch, best.peak, 2 * batch, doubled["peak_bytes"], capacity, margins, world)
-    if not found:
-        return found, {}
-    confirmed = traces.run([{**settings, "batch_size": found}])[0]
-    while found > 1 and confirmed.get("traced") and not verdict(confirmed["peak_bytes"], capacity, margins,
-                                                                world).fits:
-        found = max(1, int(found * 0.95))
-        confirmed = traces.run([{**settings, "batch_size": found}])[0]
-    return found, confirmed
+    results = {batch: best.result}
+
+    def peak_at(size: int) -> Optional[int]:
+        results[size] = traces.run([{**settings, "batch_size": size}])[0]
+        return results[size].get("peak_bytes") if results[size].get("traced") else None
+
+    found, _ = pure.search_largest_batch(batch, best.peak, pure.bytes_per_sample(best.result), peak_at, capacity,
+                                         margins, world)
+    return found, results[found]
 
 
 class _Tracer:
@@ -253,6 +260,12 @@ class _Tracer:
         self.prof, self.timeout, self.emit = prof, timeout, emit
         self.local = torch_here()
         self.where = "this machine" if self.local else None
+        self._here: Optional[TracesHere] = None
+
+    def close(self) -> None:
+        """Ends the trace process kept here, if one was started."""
+        if self._here is not None:
+            self._here.close()
 
     def where_now(self) -> str:
         if self.where is None:
@@ -287,7 +300,9 @@ class _Tracer:
         from ..memory import runner
 
         if self.local:
-            return runner.run_here(requests, self.timeout)
+            if self._here is None:
+                self._here = runner.TracesHere()
+            return self._here.run(requests, self.timeout)
         self.where_now()
         backend = self._backend()
         try:

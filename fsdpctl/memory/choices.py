@@ -7,7 +7,7 @@ Pure: the traced peaks come from ``fsdpctl.workload.estimate`` (run by ``memory.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -125,6 +125,58 @@ def largest_batch(batch: int, peak: int, other_batch: int, other_peak: int, capa
     fixed_margin = margins.cuda_context + (margins.nccl if world > 1 else 0)
     room = (capacity - fixed_margin) / (1 + margins.allocator) - fixed
     return max(0, math.floor(room / per_sample))
+
+
+BATCH_PARTS = ("activations", "temporaries", "inputs")
+"""What a step holds per sample: it grows with the batch; the rest (parameters, gradients, the
+optimizer's states, the collectives' buffers) does not."""
+
+
+def bytes_per_sample(result: dict[str, Any]) -> Optional[float]:
+    """From one trace's breakdown at its peak: what each sample of its batch holds there (None: the
+    breakdown does not say)."""
+    batch, breakdown = result.get("batch_size"), result.get("breakdown") or {}
+    held = sum(breakdown.get(part, 0) for part in BATCH_PARTS)
+    return held / batch if batch and held > 0 else None
+
+
+def search_largest_batch(batch: int, peak: int, per_sample: Optional[float], peak_at: Callable[[int], Optional[int]],
+                         capacity: int, margins: Margins, world: int, tries: int = 4) -> tuple[int, int]:
+    """The largest batch whose traced peak fits, and how many traces it took: the first guess from
+    ``per_sample`` (one trace's own breakdown; without it, twice the batch is traced to learn the
+    slope), then the line through the traced batch and the last guess, until a guess that fits is
+    where the line says to stop, or a batch that fits sits just below one that does not.
+    ``peak_at(b)``: the traced peak at batch b (None: not traced). ``batch`` itself fits."""
+    def fits(bytes_: int) -> bool:
+        return verdict(bytes_, capacity, margins, world).fits
+
+    if per_sample:
+        fixed = peak - per_sample * batch
+        fixed_margin = margins.cuda_context + (margins.nccl if world > 1 else 0)
+        guess = max(1, math.floor(((capacity - fixed_margin) / (1 + margins.allocator) - fixed) / per_sample))
+    else:
+        guess = 2 * batch
+    best, too_big, traced = batch, None, 0
+    for _ in range(tries):
+        if guess <= batch:
+            break
+        found = peak_at(guess)
+        traced += 1
+        if found is None:
+            break
+        if fits(found):
+            best = max(best, guess)
+        else:
+            too_big = guess if too_big is None else min(too_big, guess)
+        following = largest_batch(batch, peak, guess, found, capacity, margins, world)
+        if following is None or (too_big is not None and too_big <= best + 1):
+            break
+        if too_big is not None:
+            following = min(following, too_big - 1)
+        if following <= best:
+            break
+        guess = following
+    return best, traced
 
 
 def pick(choices: Sequence[Choice], capacity: int, margins: Margins, world: int) -> Optional[Choice]:

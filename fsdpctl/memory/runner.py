@@ -1,6 +1,7 @@
-"""Where an estimate runs: torch traces it, and the launcher never imports torch. In a process of
-its own here when this machine has torch, else on a node of the profile (over its transport, with
-the workload package sent along as a zip: nothing of fsdpctl needs to be on the node)."""
+"""Where an estimate runs: torch traces it, and the launcher never imports torch. Here when this
+machine has torch (one trace process kept for every round of traces an estimate asks for), else on a
+node of the profile (a process per round, over its transport, with the workload package sent along
+as a zip: nothing of fsdpctl needs to be on the node). Either way a round's traces run side by side."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..errors import FsdpctlError, UsageError
 from ..shell import after_mark, command_line, marked
-from ..workload.trace_process import answers, trace_in_process
+from ..workload.trace_process import TraceServer, answers
 
 _BOOT = ("import io,sys,tempfile,zipfile;d=tempfile.mkdtemp(prefix='fsdpctl-estimate-');"
          "zipfile.ZipFile(io.BytesIO(sys.stdin.buffer.read())).extractall(d);sys.path.insert(0,d);"
@@ -27,15 +28,32 @@ def torch_here() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def run_here(requests: Sequence[dict[str, Any]], timeout: float, extra_path: Sequence[str] = ()) -> list[dict]:
-    """Trace ``requests`` in a Python of this machine (this one)."""
-    root = str(Path(__file__).resolve().parents[2])
-    try:
-        done = trace_in_process(list(requests), timeout, [root, *extra_path])
-    except subprocess.TimeoutExpired:
-        raise FsdpctlError(f"estimate: the trace took longer than {timeout:g} s",
-                           "estimate fewer choices (--no-choices) or a smaller batch") from None
-    return _results(done.returncode, done.stdout, done.stderr, "this machine")
+class TracesHere:
+    """Traces in a Python of this machine (this one): one trace server, started at the first round
+    and kept until ``close``."""
+
+    def __init__(self, extra_path: Sequence[str] = ()):
+        self._path = [str(Path(__file__).resolve().parents[2]), *extra_path]
+        self._server: TraceServer | None = None
+
+    def run(self, requests: Sequence[dict[str, Any]], timeout: float) -> list[dict]:
+        """Trace ``requests``, side by side; the answers in order."""
+        if self._server is None:
+            self._server = TraceServer(self._path)
+        try:
+            done = self._server.run(list(requests), timeout)
+        except subprocess.TimeoutExpired:
+            self._server = None  # ended by the timeout
+            raise FsdpctlError(f"estimate: the trace took longer than {timeout:g} s",
+                               "estimate fewer choices (--no-choices) or a smaller batch") from None
+        if done.returncode != 0:
+            self.close()
+        return _results(done.returncode, done.stdout, done.stderr, "this machine")
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
 
 
 def workload_zip() -> bytes:

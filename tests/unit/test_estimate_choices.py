@@ -8,7 +8,18 @@ import os
 
 import pytest
 
-from fsdpctl.memory.choices import GIB, Choice, Margins, grid, largest_batch, pick, verdict, with_offload
+from fsdpctl.memory.choices import (
+    GIB,
+    Choice,
+    Margins,
+    bytes_per_sample,
+    grid,
+    largest_batch,
+    pick,
+    search_largest_batch,
+    verdict,
+    with_offload,
+)
 from tests.conftest import REPO, run_cli
 
 
@@ -47,6 +58,55 @@ def test_the_largest_batch_is_read_off_two_traces():
     assert largest_batch(8, 12 * GIB, 16, 20 * GIB, 80 * GIB, margins, world=1) == 75
     assert largest_batch(8, 12 * GIB, 8, 12 * GIB, 80 * GIB, margins, world=1) is None  # one batch size: no slope
     assert largest_batch(8, 12 * GIB, 16, 20 * GIB, 3 * GIB, margins, world=1) == 0
+
+
+class Traces:
+    """A step's peak at each batch, as traces would give it, and which batches were asked for."""
+
+    def __init__(self, peak_at):
+        self.peak_at, self.asked = peak_at, []
+
+    def __call__(self, batch):
+        self.asked.append(batch)
+        return self.peak_at(batch)
+
+
+MARGINS = Margins(cuda_context=GIB, nccl=0, allocator=0.0)
+
+
+def largest_that_fits(peak_at, capacity):
+    return max(b for b in range(1, 10_000) if verdict(peak_at(b), capacity, MARGINS, 1).fits)
+
+
+def test_a_breakdown_that_says_what_a_sample_holds_finds_the_largest_batch_in_one_trace():
+    linear = Traces(lambda b: 4 * GIB + b * GIB)  # 4 GiB of model state, 1 GiB a sample
+    found, traced = search_largest_batch(8, linear(8), GIB, linear, 80 * GIB, MARGINS, 1)
+    assert (found, traced) == (75, 1) and linear.asked == [8, 75] == [8, largest_that_fits(linear.peak_at, 80 * GIB)]
+    result = {"batch_size": 8, "breakdown": {"activations": 5 * GIB, "temporaries": 3 * GIB, "optimizer states": GIB}}
+    assert bytes_per_sample(result) == GIB
+    assert bytes_per_sample({"batch_size": 8, "breakdown": {"optimizer states": GIB}}) is None
+
+
+@pytest.mark.parametrize("per_sample", [1.0 * GIB, 1.5 * GIB], ids=["guessed-low", "guessed-high"])
+def test_a_slope_guessed_wrong_is_corrected_by_the_line_through_the_traces(per_sample):
+    steep = Traces(lambda b: 4 * GIB + b * GIB * 5 // 4)  # 1.25 GiB a sample
+    found, traced = search_largest_batch(8, steep(8), per_sample, steep, 80 * GIB, MARGINS, 1)
+    assert found == largest_that_fits(steep.peak_at, 80 * GIB) == 60 and traced <= 2, steep.asked
+    assert verdict(steep.peak_at(found), 80 * GIB, MARGINS, 1).fits
+
+
+def test_without_a_breakdown_twice_the_batch_is_traced_first_and_a_curve_ends_within_its_tries():
+    linear = Traces(lambda b: 4 * GIB + b * GIB)
+    assert search_largest_batch(8, linear(8), None, linear, 80 * GIB, MARGINS, 1) == (75, 2)
+    assert linear.asked[1:] == [16, 75]
+    curved = Traces(lambda b: 4 * GIB + b * GIB + (b * b * GIB) // 64)  # grows faster than a line
+    found, traced = search_largest_batch(8, curved(8), GIB, curved, 80 * GIB, MARGINS, 1, tries=4)
+    assert traced <= 4 and verdict(curved.peak_at(found), 80 * GIB, MARGINS, 1).fits
+    assert found >= largest_that_fits(curved.peak_at, 80 * GIB) - 3  # close, and never one that does not fit
+    nothing_more = Traces(lambda b: 4 * GIB + b * 9 * GIB)
+    assert search_largest_batch(8, nothing_more(8), 9 * GIB, nothing_more, 80 * GIB, MARGINS, 1) == (8, 0)
+    untraceable = Traces(lambda b: None if b > 8 else 4 * GIB + b * GIB)
+    assert search_largest_batch(8, untraceable(8), GIB, untraceable, 80 * GIB, MARGINS, 1) == (8, 1)
 
 
 def test_offload_moves_the_sharded_states_to_the_host():
