@@ -3,10 +3,12 @@ gpt2-124m at world 8 and for a ~1B model on this machine).
 
 Each case is one trace process (``python -m fsdpctl.workload.estimate``), timed whole and its peak
 resident memory read from the kernel (``wait4``); the baseline is ``python -c "import torch"`` in
-the same run, the floor any trace pays. Also the whole command with its choice table (six traces
-and the largest batch) for gpt2-124m on 8 x 80 GiB.
+the same run, the floor any trace pays. Also the whole command with its choice table (its traces
+side by side, and the largest batch) for gpt2-124m on 1 x 80 GiB and 8 x 80 GiB, and with
+``--before DIR`` the same commands of another checkout of fsdpctl (e.g. the commit before),
+interleaved with this tree's, medians of ``--repeats``.
 
-    .venv/bin/python bench/estimate_time.py [--repeats 2]
+    .venv/bin/python bench/estimate_time.py [--repeats 2] [--before DIR] [--table-only]
 """
 
 from __future__ import annotations
@@ -37,8 +39,17 @@ CASES = {
 }
 
 
-def env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
+def env(tree: Path = REPO) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(HERE), os.environ.get("PYTHONPATH", "")]))
+
+
+def table(ranks: int, tree: Path) -> tuple[float, dict]:
+    """The whole command, every choice and the largest batch, for gpt2-124m on ``ranks`` x 80 GiB."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "fsdpctl", "estimate", "--preset", "gpt2-124m", "--seq-len", "1024",
+                           "--nproc-per-node", str(ranks), "--gpu-mem", "80GiB", "--json"],
+                          capture_output=True, text=True, env=env(tree), check=True, cwd=tree)
+    return time.perf_counter() - start, json.loads(done.stdout)
 
 
 def timed(argv: list[str]) -> tuple[float, int, str]:
@@ -56,11 +67,13 @@ def timed(argv: list[str]) -> tuple[float, int, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--before", default="", help="another checkout of fsdpctl, measured beside this one")
+    parser.add_argument("--table-only", action="store_true", help="only the whole commands")
     args = parser.parse_args()
     floor = min(timed([sys.executable, "-c", "import torch"])[0] for _ in range(args.repeats))
     cases: dict[str, dict] = {}
     print(f"estimate_time (baseline: python -c 'import torch', {floor:.2f} s)")
-    for name, request in CASES.items():
+    for name, request in ({} if args.table_only else CASES).items():
         runs = []
         for _ in range(args.repeats):
             seconds, rss, out = timed([sys.executable, "-m", "fsdpctl.workload.estimate",
@@ -77,18 +90,29 @@ def main() -> None:
                        "peak_gib_per_gpu": result["peak_bytes"] / 2**30, "phase": result["phase"]}
         print(f"  {name:58s} {seconds:6.2f} s (trace {result['seconds']:.2f} s), host {rss} MiB; "
               f"{result['params'] / 1e6:.0f}M params, peak {result['peak_bytes'] / 2**30:.2f} GiB/GPU")
-    start = time.perf_counter()
-    done = subprocess.run([str(REPO / ".venv/bin/fsdpctl"), "estimate", "--preset", "gpt2-124m", "--seq-len", "1024",
-                           "--nproc-per-node", "8", "--gpu-mem", "80GiB", "--json"],
-                          capture_output=True, text=True, env=env(), check=True)
-    table_s = time.perf_counter() - start
-    table = json.loads(done.stdout)
-    cases["gpt2-124m, 8 x 80 GiB, the whole choice table"] = {
-        "median_s": table_s, "ratio_to_baseline": table_s / floor, "traces": 7,
-        "best": table["best"], "max_batch": table["max_batch"]}
-    print(f"  {'gpt2-124m on 8 x 80 GiB, every choice and the largest batch':58s} {table_s:6.2f} s")
+    trees = {"this tree": REPO, **({f"before ({args.before})": Path(args.before)} if args.before else {})}
+    for ranks in (1, 8):
+        times: dict[str, list[float]] = {label: [] for label in trees}
+        answers: dict[str, dict] = {}
+        for _ in range(args.repeats):
+            for label, tree in trees.items():  # interleaved: the machine's drift falls on both alike
+                seconds, answers[label] = table(ranks, tree)
+                times[label].append(seconds)
+        for label in trees:
+            median = sorted(times[label])[len(times[label]) // 2]
+            found = answers[label]
+            cases[f"gpt2-124m, {ranks} x 80 GiB, the whole choice table, {label}"] = {
+                "median_s": median, "runs_s": times[label], "ratio_to_baseline": median / floor,
+                "traced_choices": sum(c["traced"] for c in found["choices"]), "best": found["best"]["sharding"],
+                "max_batch": found["max_batch"], "max_batch_peak_bytes": found["max_batch_peak_bytes"]}
+            print(f"  gpt2-124m on {ranks} x 80 GiB, every choice and the largest batch, {label:28s} {median:6.2f} s "
+                  f"(runs {', '.join(f'{t:.1f}' for t in times[label])}); largest batch {found['max_batch']}")
+        if args.before:
+            now, then = (cases[f"gpt2-124m, {ranks} x 80 GiB, the whole choice table, {label}"]["median_s"]
+                         for label in trees)
+            print(f"  {ranks} rank(s): this tree / before = {now / then:.2f}x")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "estimate_time.json").write_text(json.dumps(
+    (RESULTS / ("estimate_table.json" if args.table_only else "estimate_time.json")).write_text(json.dumps(
         {"baseline": "python -c 'import torch'", "baseline_s": floor, "cases": cases, "machine": machine()},
         indent=2))
 
