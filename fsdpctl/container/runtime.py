@@ -134,8 +134,14 @@ def cleanup_command(runtime: str, run_id: str, node_rank: int | None = None) -> 
     filters = f"--filter label={LABEL_RUN}={shlex.quote(run_id)}"
     if node_rank is not None:
         filters += f" --filter label={LABEL_NODE}={node_rank}"
+    # Its processes have had their grace by now: podman's rm -f would give each container 10 s more
+    # (its stop timeout) unless told 0; a podman without --time removes them the plain way. Docker's
+    # rm -f kills at once.
+    remove = f"{runtime} rm -f $ids >/dev/null 2>&1"
+    if runtime == "podman":
+        remove = f"{{ {runtime} rm -f -t 0 $ids >/dev/null 2>&1 || {remove}; }}"
     return (f"if command -v {runtime} >/dev/null 2>&1; then ids=$({runtime} ps -aq {filters} 2>/dev/null); "
-            f"[ -z \"$ids\" ] || {runtime} rm -f $ids >/dev/null 2>&1; fi; true")
+            f"[ -z \"$ids\" ] || {remove}; fi; true")
 
 
 def probe_spec(container: ContainerPlan, python: str, source: str) -> dict[str, Any]:
