@@ -17,7 +17,8 @@ from fsdpctl.workload.trace_process import MODULE, TraceServer, answers
 
 pytestmark = pytest.mark.workload
 REPO = str(Path(__file__).resolve().parents[2])
-TINY = {"preset": "tiny", "vocab_size": 1024, "seq_len": 64, "batch_size": 4, "device": "cuda", "mixed_precision": "fp32"}
+TINY = {"preset": "tiny", "vocab_size": 1024, "seq_len": 64, "batch_size": 4, "device": "cuda",
+        "mixed_precision": "fp32"}
 ROUND = [{**TINY, "world": 2, "sharding": "full"}, {**TINY, "world": 2, "sharding": "grad-op"},
          {**TINY, "world": 1, "activation_checkpointing": True}]
 SAME = ("peak_bytes", "breakdown", "phase", "module", "batch_size", "params", "traced")
