@@ -25,11 +25,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import os
-import selectors
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +36,7 @@ import torch.nn as nn
 
 from . import parallelize as par
 from .config import ESTIMATE_SETTINGS, ConfigError, make_config
+from .forked import side_by_side
 from .model import GPT, Block, count_params, default_batch_size, preset_config
 from .trace_process import DONE, PREFIX
 
@@ -332,55 +330,11 @@ def _answer(request: dict[str, Any]) -> dict[str, Any]:
         return {"request": request, "traced": False, "refused": str(exc)}
 
 
-def _workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def trace_all(requests: Sequence[dict[str, Any]], workers: int | None = None) -> list[dict[str, Any]]:
-    """Every request's answer, in order: traced side by side in forked processes (torch is imported
-    once, before the fork), each taking every ``workers``-th request; in this process where fork is
-    not available or one worker is all there is."""
-    workers = min(len(requests), workers or _workers())
-    if workers <= 1 or not hasattr(os, "fork"):
-        return [_answer(request) for request in requests]
-    selector = selectors.DefaultSelector()
-    children: list[int] = []
-    for worker in range(workers):
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: its share, one JSON line per answer, then gone
-            os.close(read)
-            code = 0
-            try:
-                with os.fdopen(write, "w") as out:
-                    for index in range(worker, len(requests), workers):
-                        out.write(json.dumps([index, _answer(requests[index])]) + "\n")
-                        out.flush()
-            except BaseException:  # noqa: BLE001 - said on stderr; the parent names what is missing
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(write)
-        children.append(pid)
-        selector.register(os.fdopen(read), selectors.EVENT_READ)
-    found: dict[int, dict[str, Any]] = {}
-    while selector.get_map():
-        for key, _ in selector.select():
-            line = key.fileobj.readline()
-            if not line:
-                selector.unregister(key.fileobj)
-                key.fileobj.close()
-                continue
-            index, answer = json.loads(line)
-            found[index] = answer
-    for pid in children:
-        os.waitpid(pid, 0)
-    return [found.get(index, {"request": request, "traced": False, "error": "its trace process died"})
-            for index, request in enumerate(requests)]
+    """Every request's answer, in order, traced side by side (``forked.side_by_side``): torch and
+    the tracer are imported once, before the fork."""
+    return side_by_side(_answer, requests, workers,
+                        lambda request: {"request": request, "traced": False, "error": "its trace process died"})
 
 
 def _preload() -> None:
