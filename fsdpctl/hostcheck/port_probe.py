@@ -1,15 +1,45 @@
 """The probe's rendezvous-port check (appended to the probe's source): the master holds the port open
 until the other nodes connected, the others connect to it, both within a window. Standard library
 only, Python 3.8+, like the probe.
+
+It runs beside the rest of the probe (``PortCheck``, a thread started first), and its window lasts
+at least as long as the probe's own facts take: a node whose facts are slow (torch imported on a
+loaded host took 15 s in a parallel test session) no longer listens after the others gave up.
 """
 
 import socket
 import struct
+import threading
 import time
 
 
-def listen(spec):
-    """On the master: bind the rendezvous port (is it free?) and accept the other nodes' connects."""
+class PortCheck:
+    """``listen`` or ``connect`` in a thread from now, for at least its window and for as long as
+    the caller is still collecting (until ``finish``)."""
+
+    def __init__(self, args):
+        self.done = threading.Event()
+        self.found = {}
+        kind = "listen" if args.get("listen") else "connect"
+        work = listen if kind == "listen" else connect
+        spec = args[kind]
+
+        def run():
+            self.found[kind] = work(spec, lambda: not self.done.is_set())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def finish(self):
+        """The check's result (``{"listen": ...}`` or ``{"connect": ...}``), once it is over."""
+        self.done.set()
+        self.thread.join()
+        return self.found
+
+
+def listen(spec, busy=lambda: False):
+    """On the master: bind the rendezvous port (is it free?) and accept the other nodes' connects,
+    within the window or while ``busy()``."""
     result = {"port": spec["port"], "free": False, "peers": []}
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -22,12 +52,12 @@ def listen(spec):
     result["free"] = True
     server.listen(64)
     deadline = time.time() + spec["window"]
-    while len(result["peers"]) < spec["expect"] and time.time() < deadline:
-        server.settimeout(max(0.01, deadline - time.time()))
+    while len(result["peers"]) < spec["expect"] and (time.time() < deadline or busy()):
+        server.settimeout(max(0.01, min(0.2, deadline - time.time())))
         try:
             conn, addr = server.accept()
         except socket.timeout:
-            break
+            continue
         result["peers"].append(addr[0])
         # Let the peer close first, then reset: no TIME_WAIT may stay on the rendezvous port, or
         # torchrun could not bind its store there a moment later.
@@ -42,13 +72,14 @@ def listen(spec):
     return result
 
 
-def connect(spec):
-    """On the others: connect to the master's port, retrying until the master's probe listens."""
+def connect(spec, busy=lambda: False):
+    """On the others: connect to the master's port, retrying until the master's probe listens
+    (within the window or while ``busy()``)."""
     deadline = time.time() + spec["window"]
     last = None
-    while time.time() < deadline:
+    while time.time() < deadline or busy():
         try:
-            conn = socket.create_connection((spec["addr"], spec["port"]), timeout=max(0.1, deadline - time.time()))
+            conn = socket.create_connection((spec["addr"], spec["port"]), timeout=max(1.0, deadline - time.time()))
             conn.close()
             return {"addr": spec["addr"], "port": spec["port"], "reached": True}
         except OSError as exc:

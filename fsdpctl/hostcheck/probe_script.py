@@ -299,6 +299,8 @@ def stack_tools():
 def collect(args):
     """Every fact about this node that ``args`` asks for."""
     started = time.time()
+    # The rendezvous port first, beside the rest: PortCheck comes with this source (port_probe.py).
+    ports = PortCheck(args) if args.get("listen") or args.get("connect") else None  # noqa: F821
     facts = {
         "hostname": socket.gethostname(),
         "os": os_name(),
@@ -320,10 +322,6 @@ def collect(args):
         facts["packages"] = packages(args["packages"])
     if args.get("deep"):
         facts["deep"] = deep_torch()
-    if args.get("listen"):  # listen() and connect() come with this source (port_probe.py)
-        facts["listen"] = listen(args["listen"])  # noqa: F821
-    if args.get("connect"):
-        facts["connect"] = connect(args["connect"])  # noqa: F821
     if args.get("init"):  # discover() comes with this source (discover_script.py)
         facts["init"] = discover(args, facts)  # noqa: F821
     if args.get("health"):  # health() comes with this source (node/health_probe.py)
@@ -332,6 +330,8 @@ def collect(args):
         container_into(facts, args)  # noqa: F821 - comes with this source (container/probe_part.py)
     if args.get("shared_file"):  # written by the submitting machine: is this node's view the same?
         facts["shared_file"] = os.path.isfile(os.path.expanduser(args["shared_file"]))
+    if ports is not None:
+        facts.update(ports.finish())
     facts["probe_seconds"] = round(time.time() - started, 3)
     return facts
 

@@ -206,3 +206,26 @@ def test_doctor_with_the_collectives_smoke_test_across_the_namespaces(lab, tmp_p
     assert all(row["busbw_gbps"] > 0 for row in data["results"])
     merged = (tmp_path / "runs" / data["run_id"] / "logs" / "merged.log").read_text()
     assert "on n1 " in merged and "on n2 " in merged  # over eth0, between the two hosts
+
+
+def test_an_estimate_with_no_torch_here_is_traced_on_the_profiles_first_node(lab, tmp_path):
+    """The launching machine without torch (as a laptop may be): every choice is traced on node 0
+    over SSH, the workload shipped as a zip and its traces side by side there, then the largest
+    batch; the same peaks as traced here."""
+    profile = write_profile(lab, tmp_path)
+    reported, done = api(lab, tmp_path, f"""
+        import fsdpctl.memory.runner as runner
+        asked = dict(nodes=1, nproc_per_node=2, gpu_mem="2GiB", mixed_precision="fp32")
+        here = fsdpctl.estimate({str(profile)!r}, **asked)
+        runner.torch_here = lambda: False
+        there = fsdpctl.estimate({str(profile)!r}, **asked)
+        report({{"where": [here.where, there.where], "best": there.best.label(), "max_batch": there.max_batch,
+                "traced": [c.result.get("traced") and c.derived is None for c in there.choices],
+                "peaks": [[c.peak for c in r.choices] for r in (here, there)]}})
+    """)
+    assert done.returncode == 0 and reported, done.stderr[-3000:]
+    found = reported[0]
+    assert found["where"][0] == "this machine" and found["where"][1] != "this machine", found["where"]
+    assert lab.hosts["n1"].address in found["where"][1]
+    assert found["traced"].count(True) == 6 and found["peaks"][0] == found["peaks"][1]  # 3 shardings x 2
+    assert found["best"] == "no-shard" and found["max_batch"] > 4

@@ -203,13 +203,15 @@ def test_a_node_slowed_by_busy_loops_on_its_core_is_named_by_the_compute_check(g
     text = profile(gpu_lab, ["g1", "g2"])
     loops: list[subprocess.Popen] = []
     try:
-        pin(g1.pid, str(first))  # each node's ranks on a core of their own, as on two machines
-        pin(g2.pid, str(second))
-        for _ in range(2):  # an even pair: nobody named
+        # An even pair: nobody named. Neither node is pinned: a parallel CI worker's load that fell on
+        # one pinned core made its node the slower one and named it (CI), in a pair meant to be even.
+        for _ in range(2):
             rc, data, err = doctor_json(gpu_lab, tmp_path, text, "--compute")
             assert rc == 0, (err[-2000:], data.get("compute"))
             assert [c["status"] for h in data["hosts"] for c in h["checks"] if c["name"] == "compute"] == \
                 ["pass", "pass"], data["compute"]
+        pin(g1.pid, str(first))  # each node's ranks on a core of their own, as on two machines
+        pin(g2.pid, str(second))
         loops = [subprocess.Popen(["taskset", "-c", str(second), sys.executable, "-c", "while True: pass"])
                  for _ in range(2)]
         # The other tests of a parallel session load both cores too: g2's rank (global rank 1: c10d
