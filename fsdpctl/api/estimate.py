@@ -10,8 +10,17 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..errors import UsageError
-from ..memory import choices as pure
-from ..memory.choices import Choice, Margins, Verdict, grid, pick, verdict, with_offload
+from ..memory.choices import (
+    Choice,
+    Margins,
+    Verdict,
+    bytes_per_sample,
+    grid,
+    pick,
+    search_largest_batch,
+    verdict,
+    with_offload,
+)
 from ..workload.config import ESTIMATE_SETTINGS
 from .events import Emitter, EventHandler
 from .prepare import ProfileLike, load_profile
@@ -246,8 +255,8 @@ def _largest_batch(best: Choice, request: dict[str, Any], traces: _Tracer, capac
         results[size] = traces.run([{**settings, "batch_size": size}])[0]
         return results[size].get("peak_bytes") if results[size].get("traced") else None
 
-    found, _ = pure.search_largest_batch(batch, best.peak, pure.bytes_per_sample(best.result), peak_at, capacity,
-                                         margins, world)
+    found, _ = search_largest_batch(batch, best.peak, bytes_per_sample(best.result), peak_at, capacity, margins,
+                                    world)
     return found, results[found]
 
 

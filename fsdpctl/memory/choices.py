@@ -119,7 +119,11 @@ def largest_batch(batch: int, peak: int, other_batch: int, other_peak: int, capa
     sizes: a step's memory grows linearly with the batch (activations, temporaries, the logits)."""
     if other_batch == batch or other_peak <= peak:
         return None
-    per_sample = (other_peak - peak) / (other_batch - batch)
+    return _batch_on_line(batch, peak, (other_peak - peak) / (other_batch - batch), capacity, margins, world)
+
+
+def _batch_on_line(batch: int, peak: int, per_sample: float, capacity: int, margins: Margins, world: int) -> int:
+    """The largest batch that fits on the line through (``batch``, ``peak``) of slope ``per_sample``."""
     fixed = peak - per_sample * batch
     # peak(b) + margins(peak(b)) <= capacity, with margins linear in the peak
     fixed_margin = margins.cuda_context + (margins.nccl if world > 1 else 0)
@@ -150,12 +154,7 @@ def search_largest_batch(batch: int, peak: int, per_sample: Optional[float], pea
     def fits(bytes_: int) -> bool:
         return verdict(bytes_, capacity, margins, world).fits
 
-    if per_sample:
-        fixed = peak - per_sample * batch
-        fixed_margin = margins.cuda_context + (margins.nccl if world > 1 else 0)
-        guess = max(1, math.floor(((capacity - fixed_margin) / (1 + margins.allocator) - fixed) / per_sample))
-    else:
-        guess = 2 * batch
+    guess = max(1, _batch_on_line(batch, peak, per_sample, capacity, margins, world)) if per_sample else 2 * batch
     best, too_big, traced = batch, None, 0
     for _ in range(tries):
         if guess <= batch:
