@@ -7,8 +7,11 @@ nodes go on running.
   B (baseline): the floor of tearing the same run down by hand once the failure is known: the
      same run, and `ssh HOST kill -KILL PIDS` to every node at once; timed from the first ssh to
      the last process gone
+  A' (with --also-env KEY=VALUE): A again with that setting in the profile's env, e.g.
+     FSDPCTL_GC_FREEZE=0 for the ranks and agents as they were before the start-up hook froze
+     torch's import-time objects
 Goal: A(1) <= 5 s at 16 nodes. Interleaved. Run as root:
-  .venv/bin/python bench/teardown.py --nodes 16 [--repeats 3]
+  .venv/bin/python bench/teardown.py --nodes 16 [--repeats 3] [--also-env FSDPCTL_GC_FREEZE=0]
 """
 
 from __future__ import annotations
@@ -76,12 +79,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--also-env", default="", help="KEY=VALUE: measure A once more with it in the profile's env")
     args = parser.parse_args()
     names = tuple(f"n{i}" for i in range(1, args.nodes + 1))
     root, lab = start_lab(f"teardown_{args.nodes}", names)
     try:
         profile = root / "many.yaml"
         profile.write_text(lab.profile_yaml(list(names), python=sys.executable, name="many"))
+        other_profile = root / "many_env.yaml"
+        if args.also_env:
+            key, _, value = args.also_env.partition("=")
+            other_profile.write_text(lab.profile_yaml(list(names), python=sys.executable, name="many_env")
+                                     + f"env:\n  {key}: {value!r}\n")
         code = root / "code"
         code.mkdir()
         (code / "beat.py").write_text(PROGRAM)
@@ -92,9 +101,9 @@ def main() -> None:
         first_other: list[float] = []  # the first other node empty: fsdpctl's stop reached the nodes
         failed_lines: list[float] = []
 
-        def start() -> tuple[subprocess.Popen, Lines, str]:
+        def start(chosen: Path = profile) -> tuple[subprocess.Popen, Lines, str]:
             before = set((root / "runs").glob("*")) if (root / "runs").exists() else set()
-            process = subprocess.Popen(lab.in_client([sys.executable, "-m", "fsdpctl", "launch", "-p", str(profile),
+            process = subprocess.Popen(lab.in_client([sys.executable, "-m", "fsdpctl", "launch", "-p", str(chosen),
                                                       "--no-preflight", "--", "beat.py"]),
                                        cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             lines = Lines(process)
@@ -102,8 +111,8 @@ def main() -> None:
             run_id = next(iter(set((root / "runs").glob("*")) - before)).name
             return process, lines, run_id
 
-        def killed_rank() -> float:
-            process, lines, run_id = start()
+        def killed_rank(chosen: Path = profile) -> float:
+            process, lines, run_id = start(chosen)
             workers = [pid for pid in processes_of(run_id, victim)
                        if b"beat.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
                        and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -115,6 +124,8 @@ def main() -> None:
             empty, per_node = wait_empty(run_id, killed, args.nodes)
             failed_line = lines.wait_for(r"^fsdpctl: run \S+ FAILED", killed) - killed
             process.wait(timeout=120)
+            if chosen != profile:
+                return empty
             launcher_exit.append(time.perf_counter() - killed)
             victim_empty.append(per_node[victim])
             others = [t for r, t in enumerate(per_node) if r != victim]
@@ -144,7 +155,10 @@ def main() -> None:
 
         case = f"fsdpctl: {args.nodes} nodes, a rank killed -> the last process of the run gone"
         baseline = "by hand: ssh kill -KILL to every node at once -> the last process gone"
-        samples = interleaved({case: killed_rank, baseline: by_hand}, repeats=args.repeats, warmup=1)
+        cases = {case: killed_rank, baseline: by_hand}
+        if args.also_env:
+            cases[f"{case}, with {args.also_env}"] = lambda: killed_rank(other_profile)
+        samples = interleaved(cases, repeats=args.repeats, warmup=1)
         phases = {"the killed rank's node empty": victim_empty, "the first other node empty": first_other,
                   "the launcher's FAILED line": failed_lines, "the launcher exits": launcher_exit}
         for values in phases.values():

@@ -188,3 +188,36 @@ def test_the_startup_hook_arms_a_rank_and_leaves_its_children_and_other_processe
         rank.kill()
         rank.wait()
     assert json.loads(json.dumps(threads))  # plain data, ready for the node's JSON answer
+
+
+FREEZE_PROGRAM = """\
+import gc, weakref
+frozen_before = gc.get_freeze_count()
+import torch
+class Holder:
+    pass
+held = Holder()
+held.self = held  # a cycle made after the import: only the collector frees it
+gone = weakref.ref(held)
+del held
+gc.collect()
+print(frozen_before, gc.get_freeze_count(), gone() is None, type(torch.__spec__.loader).__name__,
+      torch.__loader__ is torch.__spec__.loader)
+"""
+
+
+@pytest.mark.parametrize("setting", ["default", "0"])
+def test_the_startup_hook_freezes_what_importing_torch_made_and_collects_what_came_after(setting):
+    """torch's import-time objects leave the collector's view right after ``import torch`` (every full
+    collection and the exit's last one skip them), torch keeps its own loader, and a cycle the user
+    made afterwards is still collected. ``FSDPCTL_GC_FREEZE=0`` freezes nothing."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "fsdpctl" / "node" / "startup")}
+    env.pop("FSDPCTL_GC_FREEZE", None)
+    if setting == "0":
+        env["FSDPCTL_GC_FREEZE"] = "0"
+    shown = subprocess.run([sys.executable, "-c", FREEZE_PROGRAM], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    before, after, collected, loader, same = shown.stdout.split()
+    assert before == "0" and collected == "True" and loader == "SourceFileLoader" and same == "True"
+    assert int(after) > 10_000 if setting == "default" else after == "0"

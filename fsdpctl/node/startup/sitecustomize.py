@@ -11,12 +11,21 @@ as ``sitecustomize`` before the rank's own code (the bundled workload or the use
   makes it dump torch's flight recorder (the last collectives of each process group, NCCL's and the
   CPU backends') under ``$FSDPCTL_RUN_DIR/flight/<kind>/rank_<RANK>``.
 
-Only the process torchrun started for a rank sets these up (not its children, which inherit the
+- Once ``torch`` is imported (in torchrun's agent, in a rank, in a worker it spawns), the objects that
+  exist then are frozen (``gc.freeze``): torch's hundred-thousand-odd import-time objects leave the
+  collector's view. Each full collection of the run is then cheaper, and so is the interpreter's
+  last one at exit: 0.6 s of CPU per process, 0.1-0.25 s frozen. That last one is what 15 ranks and
+  16 agents spend together when one rank of a 16-node run dies. Objects made after the import,
+  the user's own among them, are collected as before. ``FSDPCTL_GC_FREEZE=0`` leaves the collector
+  alone.
+
+Only the process torchrun started for a rank sets the dumps up (not its children, which inherit the
 environment). Any other ``sitecustomize`` further on the path is run afterwards, as if this one were
 not there. Standard library only; nothing here imports torch.
 """
 
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -112,6 +121,47 @@ def _install():
                      daemon=True).start()
 
 
+class _FreezeAfterImport:
+    """A finder that answers for ``torch`` alone, once: the real spec, whose module freezes the
+    collector's objects as soon as its own code has run, then is given its own loader back."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _FreezingLoader(spec.loader)
+        return spec
+
+
+class _FreezingLoader:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        gc.freeze()
+
+
+def _freeze_after_torch():
+    if os.environ.get("FSDPCTL_GC_FREEZE", "1") != "0" and "torch" not in sys.modules:
+        sys.meta_path.insert(0, _FreezeAfterImport("torch"))
+
+
 def _chain():
     """Run the next ``sitecustomize`` on the path, which this one hides."""
     import importlib.machinery
@@ -127,6 +177,7 @@ def _chain():
 
 
 if __name__ == "sitecustomize":
+    _freeze_after_torch()
     try:
         _install()
     except Exception as exc:  # noqa: BLE001 - a rank must start even where the hook cannot be set up
