@@ -158,8 +158,9 @@ class MarkerReader:
 
     def rest(self, timeout: float) -> str:
         """Everything until the end of output."""
+        deadline = time.monotonic() + timeout
         while not self.ended:
-            self.until("\0never\0", timeout)
+            self._fill(deadline, timeout)
         text, self.pending = self.pending, b""
         return text.decode("utf-8", "replace")
 

@@ -241,6 +241,18 @@ def _network_checks(profile: ClusterProfile, facts: dict[str, Any], name: Option
                             "set network.ib: true to let NCCL use InfiniBand"))
     else:
         checks.append(Check("infiniband", "pass", f"active ports: {', '.join(active)}" if active else "none (TCP)"))
+    checks += port_checks(facts)
+    skew = abs(facts.get("clock", time.time()) - facts.get("_received", time.time()))
+    if skew > CLOCK_WARN_SECONDS:
+        checks.append(Check("clock", "warn", f"clock differs from this machine's by {skew:.0f} s",
+                            "run NTP/chrony: logs and timeouts compare times across nodes"))
+    return checks
+
+
+def port_checks(facts: dict[str, Any], how: str = "") -> list[Check]:
+    """The rendezvous port's verdicts from a probe's ``listen`` (the master) or ``connect`` (the
+    others) answer; ``how`` is said after a verdict the port round reached (``fanout.recheck_ports``)."""
+    checks = []
     listen, connect = facts.get("listen"), facts.get("connect")
     if listen is not None:
         if not listen.get("free"):
@@ -248,18 +260,14 @@ def _network_checks(profile: ClusterProfile, facts: dict[str, Any], name: Option
                                 "stop what holds it, or set rendezvous.port / --master-port"))
         else:
             checks.append(Check("port", "pass", f"port {listen['port']} free; reached by {len(listen['peers'])} "
-                                                f"node(s)"))
+                                                f"node(s){how}"))
     if connect is not None:
         if connect.get("reached"):
-            checks.append(Check("port", "pass", f"reached the master at {connect['addr']}:{connect['port']}"))
+            checks.append(Check("port", "pass", f"reached the master at {connect['addr']}:{connect['port']}{how}"))
         else:
             checks.append(Check("port", "fail", f"cannot reach the master at {connect['addr']}:{connect['port']} "
-                                                f"({connect.get('error')})",
+                                                f"({connect.get('error')}){how}",
                                 "check the master's address (hosts[].address) and firewalls on that port"))
-    skew = abs(facts.get("clock", time.time()) - facts.get("_received", time.time()))
-    if skew > CLOCK_WARN_SECONDS:
-        checks.append(Check("clock", "warn", f"clock differs from this machine's by {skew:.0f} s",
-                            "run NTP/chrony: logs and timeouts compare times across nodes"))
     return checks
 
 

@@ -1,8 +1,12 @@
 """Probe every host of a profile in parallel, judge each one, and diff them against each other.
 
 One connection and one remote command per host: the probe also holds the rendezvous port open on
-the master while the other hosts' probes connect to it, so port reachability needs no extra round.
-A host that fails never stops the others; each failure carries its precise cause and a hint.
+the master while the other hosts' probes connect to it, so port reachability needs no extra round
+when the probes start close together. Where some did not reach the master (their probes began
+after its window had closed: 256 probes started over minutes on a loaded launcher), the port alone
+is checked again in a round of its own once every probe has answered, all nodes at once; only what
+fails that round too is a failure. A host that fails never stops the others; each failure carries
+its precise cause and a hint.
 """
 
 from __future__ import annotations
@@ -17,9 +21,25 @@ from ..container.judge import container_checks
 from ..errors import HostError
 from ..plan.make import container_plan
 from ..profiles.schema import ClusterProfile
-from .checks import PORT_WINDOW_SECONDS, Check, DoctorReport, HostReport, judge_host, judge_parity, port_window
+from .checks import (
+    PORT_WINDOW_SECONDS,
+    Check,
+    DoctorReport,
+    HostReport,
+    judge_host,
+    judge_parity,
+    port_checks,
+    port_window,
+)
 from .health import judge_health
-from .probe import ProbeOutputError, container_probe_args, parse_probe_output, probe_command
+from .probe import (
+    PORT_LISTENING,
+    ProbeOutputError,
+    container_probe_args,
+    parse_probe_output,
+    port_round_command,
+    probe_command,
+)
 from .requirements import requirement_name
 
 
@@ -147,13 +167,97 @@ def run_doctor(profile: ClusterProfile, jobs: Sequence[HostJob], *, python: str,
     """Probe every host (at most ``concurrency`` at once) and build the report."""
     started = time.monotonic()
     reports: list[HostReport] = []
+    held: list[HostReport] = []  # their port verdict may change in the port round: shown after it
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs)))) as pool:
         futures = [pool.submit(probe_host, job, python, timeout, profile, nproc, runner) for job in jobs]
         for future in as_completed(futures):
             report = future.result()
             reports.append(report)
-            if on_host:
+            if _unreached(report):
+                held.append(report)
+            elif on_host:
                 on_host(report)
     reports.sort(key=lambda r: r.node_rank)
+    recheck_ports(jobs, reports, python)
+    for report in held:
+        if on_host:
+            on_host(report)
     return DoctorReport(profile=profile.name, hosts=reports, parity=judge_parity(profile, reports),
                         seconds=time.monotonic() - started)
+
+
+PORT_ROUND_SLACK_SECONDS = 30.0
+"""What a node's part of the port round may take beyond its window: a Python started over its open
+connection, on a node that may still be loaded."""
+AGAIN = " (checked again once every probe had answered)"
+
+
+def _unreached(report: Optional[HostReport]) -> bool:
+    connect = (report.facts or {}).get("connect") if report is not None else None
+    return bool(connect) and not connect.get("reached")
+
+
+def recheck_ports(jobs: Sequence[HostJob], reports: Sequence[HostReport], python: str) -> None:
+    """Check the rendezvous port again, alone, for the nodes whose probe did not reach the master,
+    when the master's probe found its port free: their probes may simply have started after the
+    master's window closed. The master listens first; once it says so, those nodes connect, all
+    at once, within the window; then the master is told the round is over. Their reports (and the
+    master's) take the round's verdicts; a node that cannot reach it then either stays failed, said so."""
+    master_job = next((job for job in jobs if job.args.get("listen")), None)
+    by_rank = {report.node_rank: report for report in reports}
+    master = by_rank.get(master_job.node_rank) if master_job is not None else None
+    if master is None or not ((master.facts or {}).get("listen") or {}).get("free"):
+        return  # no port check, or the master's own probe failed or found its port taken: that verdict stands
+    failed = [job for job in jobs if _unreached(by_rank.get(job.node_rank))]
+    if not failed:
+        return
+    window = port_window(len(failed) + 1)
+    listening = {"listen": {**master_job.args["listen"], "expect": len(failed), "window": 0}}
+    answers: dict[int, dict[str, Any] | str] = {}
+    try:
+        session = master_job.transport.session(port_round_command(python, listening))
+        try:
+            said = session.read_until(PORT_LISTENING, PORT_ROUND_SLACK_SECONDS)
+            if PORT_LISTENING in said:
+                with ThreadPoolExecutor(max_workers=len(failed)) as pool:
+                    answers.update(zip((job.node_rank for job in failed), pool.map(
+                        lambda job: _port_round(job, python, {"connect": {**job.args["connect"], "window": window}},
+                                                window + PORT_ROUND_SLACK_SECONDS), failed), strict=True))
+            status, rest, err = session.finish(PORT_ROUND_SLACK_SECONDS)
+        finally:
+            session.close()
+        answers[master_job.node_rank] = _answer(status, said + rest, err)
+    except HostError as exc:
+        answers[master_job.node_rank] = exc.detail
+    for rank, answer in answers.items():
+        report = by_rank[rank]
+        if isinstance(answer, str):  # the round could not run there: the probe's own verdict stands
+            report.checks = [*report.checks, Check("port", "warn", f"the port round could not run: {answer}")]
+            continue
+        facts = report.facts or {}
+        if "listen" in answer:
+            answer["listen"]["peers"] = [*facts["listen"].get("peers", []), *answer["listen"].get("peers", [])]
+        facts.update(answer)
+        report.checks = [check for check in report.checks if check.name != "port"] + port_checks(answer, AGAIN)
+    for job in failed:
+        if job.node_rank not in answers:  # the master never listened: said on the master's line
+            report = by_rank[job.node_rank]
+            report.checks = [*report.checks, Check("port", "warn", "the port round could not run: the master's "
+                                                                   "part of it did not listen")]
+
+
+def _port_round(job: HostJob, python: str, args: dict[str, Any], timeout: float) -> dict[str, Any] | str:
+    """One node's part of the port round: its answer, or why there is none."""
+    try:
+        return _answer(*job.transport.run(port_round_command(python, args), timeout))
+    except HostError as exc:
+        return exc.detail
+
+
+def _answer(status: int, out: str, err: str) -> dict[str, Any] | str:
+    if status != 0:
+        return f"exited {status}: {(err.strip().splitlines() or ['(no output)'])[-1]}"
+    try:
+        return parse_probe_output(out)
+    except ProbeOutputError as exc:
+        return str(exc)

@@ -37,9 +37,9 @@ class PortCheck:
         return self.found
 
 
-def listen(spec, busy=lambda: False):
+def listen(spec, busy=lambda: False, on_listening=None):
     """On the master: bind the rendezvous port (is it free?) and accept the other nodes' connects,
-    within the window or while ``busy()``."""
+    within the window or while ``busy()``; ``on_listening()`` once the port is bound and listening."""
     result = {"port": spec["port"], "free": False, "peers": []}
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -51,6 +51,8 @@ def listen(spec, busy=lambda: False):
         return result
     result["free"] = True
     server.listen(64)
+    if on_listening is not None:
+        on_listening()
     deadline = time.time() + spec["window"]
     while len(result["peers"]) < spec["expect"] and (time.time() < deadline or busy()):
         server.settimeout(max(0.01, min(0.2, deadline - time.time())))

@@ -5,6 +5,7 @@ that never listens is reported unreachable once both the window and the collecti
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 
@@ -53,3 +54,84 @@ def test_the_master_holds_the_port_while_it_collects_and_a_taken_port_is_said_at
         taken = PortCheck({"listen": {"port": port, "expect": 1, "window": 5, "addr": "127.0.0.1"}})
         started = time.monotonic()
         assert taken.finish()["listen"]["free"] is False and time.monotonic() - started < 1
+
+
+def _profile():
+    from fsdpctl.profiles.loader import parse_profile
+
+    return parse_profile("name: p\nbackend: ssh\nhosts: [a, b]\nnproc_per_node: 1\ndevice: cpu\n", "p.yaml")
+
+
+def test_a_node_whose_probe_began_after_the_masters_window_is_reached_in_the_port_round_and_shown_after_it():
+    """As at 256 nodes on a loaded launcher: the other node's probe is over (window 0.5 s, nobody
+    listened) before the master's begins. The port round, run once every probe has answered, reaches
+    the master; only then is the other node's report handed on, with the round's verdict."""
+    from fsdpctl.backends.transport import LocalTransport
+    from fsdpctl.hostcheck.fanout import NodeProbe, make_jobs, run_doctor, run_probe_command
+
+    port = free_port()
+    jobs = make_jobs(_profile(), [NodeProbe(0, LocalTransport()), NodeProbe(1, LocalTransport())], 0, "127.0.0.1",
+                     port, deep=False, port_check=True)
+    for job in jobs:
+        next(iter(v for k, v in job.args.items() if k in ("listen", "connect")))["window"] = 0.5
+    other_done = threading.Event()
+
+    def runner(job, timeout):
+        if job.node_rank == 0:
+            assert other_done.wait(60)
+        answer = run_probe_command(job, sys.executable, timeout)
+        other_done.set()
+        return answer
+
+    shown = []
+    report = run_doctor(_profile(), jobs, python=sys.executable, timeout=60, nproc=1, runner=runner,
+                        on_host=lambda r: shown.append((r.node_rank, [c.detail for c in r.checks if c.name == "port"])))
+    master, other = report.hosts
+    assert [rank for rank, _ in shown] == [0, 1]  # the other's report waited for the round
+    assert other.facts["connect"]["reached"] and shown[1][1] == [f"reached the master at 127.0.0.1:{port} "
+                                                                 "(checked again once every probe had answered)"]
+    assert master.facts["listen"]["peers"] == ["127.0.0.1"], master.checks
+    assert [c.status for c in master.checks + other.checks if c.name == "port"] == ["pass", "pass"]
+
+
+def _reports(port, master_facts):
+    from fsdpctl.backends.transport import LocalTransport
+    from fsdpctl.hostcheck.checks import Check, HostReport, port_checks
+    from fsdpctl.hostcheck.fanout import HostJob
+
+    jobs = [HostJob(0, LocalTransport(), {"listen": {"addr": "127.0.0.2", "port": port, "expect": 1, "window": 0.5}}),
+            HostJob(1, LocalTransport(), {"connect": {"addr": "127.0.0.1", "port": port, "window": 0.5}})]
+    other_facts = {"connect": {"addr": "127.0.0.1", "port": port, "reached": False, "error": "Connection refused"}}
+    reports = [HostReport("a", 0, master_facts, [Check("reachable", "pass", "connected"), *port_checks(master_facts)]),
+               HostReport("b", 1, other_facts, [Check("reachable", "pass", "connected"), *port_checks(other_facts)])]
+    return jobs, reports
+
+
+def test_a_node_the_port_round_cannot_reach_either_stays_failed_and_a_taken_port_gets_no_round():
+    """The master listens on 127.0.0.2 only, the other tries 127.0.0.1 (a firewall, in effect): the
+    round fails too and says it checked again. A master whose port was taken is that verdict: no
+    round runs, nothing changes."""
+    from fsdpctl.hostcheck.fanout import recheck_ports
+
+    port = free_port()
+    jobs, reports = _reports(port, {"listen": {"port": port, "free": True, "peers": []}})
+    recheck_ports(jobs, reports, sys.executable)
+    master, other = ([c for c in r.checks if c.name == "port"] for r in reports)
+    assert [c.status for c in other] == ["fail"] and "refused" in other[0].detail.lower()
+    assert other[0].detail.endswith("(checked again once every probe had answered)")
+    assert master[0].status == "pass" and "reached by 0 node(s)" in master[0].detail
+
+    jobs, reports = _reports(port, {"listen": {"port": port, "free": False, "peers": [], "error": "in use"}})
+    before = [list(r.checks) for r in reports]
+    recheck_ports(jobs, reports, sys.executable)
+    assert [r.checks for r in reports] == before
+
+
+def test_a_session_finished_after_a_marker_hands_back_everything_said_after_it():
+    """What the port round's master says after 'listening' (its answer) comes back from finish(),
+    however long after the marker it comes: the rest of the output was dropped before."""
+    from fsdpctl.backends.transport import LocalTransport
+
+    session = LocalTransport().session("echo first; echo MARK; cat >/dev/null; sleep 0.3; echo after; echo end")
+    assert session.read_until("MARK", 10) == "first\nMARK\n"
+    assert session.finish(10) == (0, "after\nend\n", "")
