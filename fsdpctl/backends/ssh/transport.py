@@ -25,6 +25,11 @@ from .jumps import JUMPS, Hop, handshake_slot, jump_chain
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 KEEPALIVE_SECONDS = 5
+IDLE_POLL_SECONDS = 1.0
+"""How often a connection's paramiko thread wakes when nothing arrives, once connected (paramiko's
+0.1 s: 0.45 ms of launcher CPU per connection per second, 11 % of a core for 256 idle nodes,
+measured here; 0.07 ms at 1 s). Data is read the moment it arrives either way; only a close and the
+keepalive are noticed on these wakes, and the keepalive is 5 s."""
 SEND_CHUNK = 1 << 16  # at least one packet's worth (paramiko's largest is 32 KiB)
 CONNECT_TRIES = 4
 """Tries of a connection that was dropped while it was set up (a busy sshd's MaxStartups), with a
@@ -308,6 +313,7 @@ class SSHTransport:
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(KEEPALIVE_SECONDS)  # notice a host that stops answering
+            transport.sock.settimeout(IDLE_POLL_SECONDS)  # the handshake is over: its 0.1 s poll is not needed
 
     def _drop_jump(self) -> None:
         if self.jump is not None and self.jump_key is not None:
