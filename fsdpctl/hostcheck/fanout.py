@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from ..container.judge import container_checks
 from ..errors import HostError
@@ -32,14 +32,9 @@ from .checks import (
     port_window,
 )
 from .health import judge_health
-from .probe import (
-    PORT_LISTENING,
-    ProbeOutputError,
-    container_probe_args,
-    parse_probe_output,
-    port_round_command,
-    probe_command,
-)
+from .port_probe import PORT_OVER, PORT_READY, port_round_request
+from .probe import ProbeOutputError, container_probe_args, parse_probe_output, port_round_command, probe_command
+from .probe_script import END
 from .requirements import requirement_name
 
 
@@ -163,8 +158,9 @@ _CAUSE_CHECK = {"auth": "authenticated", "unknown-host-key": "authenticated", "c
 def run_doctor(profile: ClusterProfile, jobs: Sequence[HostJob], *, python: str, timeout: float,
                nproc: Optional[int], concurrency: int = 1024,
                on_host: Callable[[HostReport], None] | None = None,
-               runner: ProbeRunner | None = None) -> DoctorReport:
-    """Probe every host (at most ``concurrency`` at once) and build the report."""
+               runner: ProbeRunner | None = None, port_sessions: PortSessions | None = None) -> DoctorReport:
+    """Probe every host (at most ``concurrency`` at once) and build the report. ``port_sessions``:
+    where the port round asks the nodes (default: a command of its own on each)."""
     started = time.monotonic()
     reports: list[HostReport] = []
     held: list[HostReport] = []  # their port verdict may change in the port round: shown after it
@@ -178,7 +174,7 @@ def run_doctor(profile: ClusterProfile, jobs: Sequence[HostJob], *, python: str,
             elif on_host:
                 on_host(report)
     reports.sort(key=lambda r: r.node_rank)
-    recheck_ports(jobs, reports, python)
+    recheck_ports(jobs, reports, port_sessions or CommandSessions(python))
     for report in held:
         if on_host:
             on_host(report)
@@ -187,9 +183,43 @@ def run_doctor(profile: ClusterProfile, jobs: Sequence[HostJob], *, python: str,
 
 
 PORT_ROUND_SLACK_SECONDS = 30.0
-"""What a node's part of the port round may take beyond its window: a Python started over its open
-connection, on a node that may still be loaded."""
+"""What a node's part of the port round may take beyond its window (doctor's starts a Python on each
+node over its open connection, on a node that may still be loaded)."""
 AGAIN = " (checked again once every probe had answered)"
+
+
+class RoundSession(Protocol):
+    """What the port round needs of a node's session (a transport's ``Session``)."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def read_until(self, marker: str, timeout: float) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class PortSessions(Protocol):
+    """Where a node's part of the port round is asked: a session that reads ``port_round_request``
+    lines and answers between the probe's sentinels."""
+
+    def open(self, job: HostJob) -> RoundSession:
+        """The node's session for the round. Raises HostError."""
+
+    def done(self, job: HostJob, session: RoundSession) -> None:
+        """The node's part is over."""
+
+
+class CommandSessions:
+    """doctor's: a command of its own on each node (``probe.port_round_command``)."""
+
+    def __init__(self, python: str):
+        self.python = python
+
+    def open(self, job: HostJob) -> RoundSession:
+        return job.transport.session(port_round_command(self.python))
+
+    def done(self, job: HostJob, session: RoundSession) -> None:
+        session.close()
 
 
 def _unreached(report: Optional[HostReport]) -> bool:
@@ -197,7 +227,7 @@ def _unreached(report: Optional[HostReport]) -> bool:
     return bool(connect) and not connect.get("reached")
 
 
-def recheck_ports(jobs: Sequence[HostJob], reports: Sequence[HostReport], python: str) -> None:
+def recheck_ports(jobs: Sequence[HostJob], reports: Sequence[HostReport], sessions: PortSessions) -> None:
     """Check the rendezvous port again, alone, for the nodes whose probe did not reach the master,
     when the master's probe found its port free: their probes may simply have started after the
     master's window closed. The master listens first; once it says so, those nodes connect, all
@@ -215,18 +245,19 @@ def recheck_ports(jobs: Sequence[HostJob], reports: Sequence[HostReport], python
     listening = {"listen": {**master_job.args["listen"], "expect": len(failed), "window": 0}}
     answers: dict[int, dict[str, Any] | str] = {}
     try:
-        session = master_job.transport.session(port_round_command(python, listening))
+        session = sessions.open(master_job)
         try:
-            said = session.read_until(PORT_LISTENING, PORT_ROUND_SLACK_SECONDS)
-            if PORT_LISTENING in said:
+            session.send(port_round_request(listening).encode())
+            said = session.read_until(PORT_READY, PORT_ROUND_SLACK_SECONDS)
+            if f"{PORT_READY} listening" in said:
                 with ThreadPoolExecutor(max_workers=len(failed)) as pool:
                     answers.update(zip((job.node_rank for job in failed), pool.map(
-                        lambda job: _port_round(job, python, {"connect": {**job.args["connect"], "window": window}},
-                                                window + PORT_ROUND_SLACK_SECONDS), failed), strict=True))
-            status, rest, err = session.finish(PORT_ROUND_SLACK_SECONDS)
+                        lambda job: _port_round(job, sessions, window), failed), strict=True))
+                session.send(f"{PORT_OVER}\n".encode())
+            said += session.read_until(END, PORT_ROUND_SLACK_SECONDS)
         finally:
-            session.close()
-        answers[master_job.node_rank] = _answer(status, said + rest, err)
+            sessions.done(master_job, session)
+        answers[master_job.node_rank] = _answer(said)
     except HostError as exc:
         answers[master_job.node_rank] = exc.detail
     for rank, answer in answers.items():
@@ -246,17 +277,20 @@ def recheck_ports(jobs: Sequence[HostJob], reports: Sequence[HostReport], python
                                                                    "part of it did not listen")]
 
 
-def _port_round(job: HostJob, python: str, args: dict[str, Any], timeout: float) -> dict[str, Any] | str:
-    """One node's part of the port round: its answer, or why there is none."""
+def _port_round(job: HostJob, sessions: PortSessions, window: float) -> dict[str, Any] | str:
+    """One node's part of the port round (it connects): its answer, or why there is none."""
     try:
-        return _answer(*job.transport.run(port_round_command(python, args), timeout))
+        session = sessions.open(job)
+        try:
+            session.send(port_round_request({"connect": {**job.args["connect"], "window": window}}).encode())
+            return _answer(session.read_until(END, window + PORT_ROUND_SLACK_SECONDS))
+        finally:
+            sessions.done(job, session)
     except HostError as exc:
         return exc.detail
 
 
-def _answer(status: int, out: str, err: str) -> dict[str, Any] | str:
-    if status != 0:
-        return f"exited {status}: {(err.strip().splitlines() or ['(no output)'])[-1]}"
+def _answer(out: str) -> dict[str, Any] | str:
     try:
         return parse_probe_output(out)
     except ProbeOutputError as exc:

@@ -7,25 +7,34 @@ at least as long as the probe's own facts take: a node whose facts are slow (tor
 loaded host took 15 s in a parallel test session) no longer listens after the others gave up.
 """
 
+import json
 import socket
 import struct
 import threading
 import time
+
+PORT_WORD = "port"
+"""launcher -> node, in a port round: ``port <json>`` (``{"listen": ...}`` or ``{"connect": ...}``)."""
+PORT_OVER = "over"
+"""launcher -> the master, in a port round: every other node has tried; stop listening."""
+PORT_READY = "<<<FSDPCTL-PORT-READY>>>"
+"""the master -> launcher: ``<marker> listening`` once it listens (then the others are started), or
+``<marker> not-listening`` (its port is taken: its answer follows at once, no ``over`` is awaited)."""
 
 
 class PortCheck:
     """``listen`` or ``connect`` in a thread from now, for at least its window and for as long as
     the caller is still collecting (until ``finish``)."""
 
-    def __init__(self, args):
+    def __init__(self, args, on_listening=None):
         self.done = threading.Event()
         self.found = {}
         kind = "listen" if args.get("listen") else "connect"
-        work = listen if kind == "listen" else connect
         spec = args[kind]
 
         def run():
-            self.found[kind] = work(spec, lambda: not self.done.is_set())
+            busy = lambda: not self.done.is_set()  # noqa: E731
+            self.found[kind] = (listen(spec, busy, on_listening) if kind == "listen" else connect(spec, busy))
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
@@ -88,3 +97,24 @@ def connect(spec, busy=lambda: False):
             last = exc.strerror or str(exc)
             time.sleep(0.05)
     return {"addr": spec["addr"], "port": spec["port"], "reached": False, "error": last or "timed out"}
+
+
+def answer_port(asked, wait_over, say):
+    """One node's part of a port round, once every probe has answered: the master listens (and says
+    so) until ``wait_over()`` returns, the launcher's word that the others have tried; the others
+    connect. The answer, as the probe gives it (``{"listen": ...}`` or ``{"connect": ...}``)."""
+    if not asked.get("listen"):
+        return {"connect": connect(asked["connect"])}
+    listening = threading.Event()
+    check = PortCheck({"listen": asked["listen"]}, on_listening=listening.set)
+    while not listening.is_set() and check.thread.is_alive():
+        listening.wait(0.05)
+    say("%s %s" % (PORT_READY, "listening" if listening.is_set() else "not-listening"))
+    if listening.is_set():
+        wait_over()
+    return check.finish()
+
+
+def port_round_request(asked):
+    """The line that asks a node for its part of a port round."""
+    return "%s %s\n" % (PORT_WORD, json.dumps(asked, sort_keys=True))

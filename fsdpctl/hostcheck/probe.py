@@ -35,43 +35,32 @@ def probe_source() -> str:
     return probe + "\n\n" + ports + "\n\n" + discover + "\n\n" + health + "\n\n" + inside + "\n" + guard + main
 
 
-PORT_LISTENING = "<<<FSDPCTL-PORT-LISTENING>>>"
-"""What the port round's master prints once it listens: the others are started only then."""
 PORT_ROUND_MAIN = f"""
 if __name__ == "__main__":
-    import json, os, sys
-    asked = json.loads(sys.argv[1])
-    if asked.get("listen"):
-        # The master listens until it has every peer or its stdin closes (the round is over).
-        # The descriptor itself, not sys.stdin: a thread still blocked in the buffered reader at
-        # exit aborts the interpreter.
-        stdin_open = threading.Event()
-        stdin_open.set()
+    import json, sys
 
-        def until_closed():
-            while os.read(0, 4096):
-                pass
-            stdin_open.clear()
+    def say(text):
+        sys.stdout.write(text + "\\n")
+        sys.stdout.flush()
 
-        threading.Thread(target=until_closed, daemon=True).start()
-        found = {{"listen": listen(asked["listen"], stdin_open.is_set,
-                                  lambda: print({PORT_LISTENING!r}, flush=True))}}
-    else:
-        found = {{"connect": connect(asked["connect"])}}
-    print({BEGIN!r}); print(json.dumps(found)); print({END!r}, flush=True)
+    line = sys.stdin.readline()
+    if line.startswith(PORT_WORD + " "):
+        found = answer_port(json.loads(line[len(PORT_WORD) + 1:]), sys.stdin.readline, say)
+        say({BEGIN!r}); say(json.dumps(found)); say({END!r})
 """
 
 
 @functools.lru_cache(maxsize=1)
 def port_round_source() -> str:
-    """The rendezvous-port check alone (``port_probe``, standard library only): the round that
+    """The rendezvous-port check alone (``port_probe``, standard library only), for the round that
     checks the port again once every probe has answered (``fanout.recheck_ports``)."""
     return (Path(__file__).resolve().parent / "port_probe.py").read_text(encoding="utf-8") + PORT_ROUND_MAIN
 
 
-def port_round_command(python: str, args: dict[str, Any]) -> str:
-    """The shell command line that runs the port check alone (``{"listen": ...}`` or ``{"connect": ...}``)."""
-    return command_line(python, ["-c", port_round_source(), json.dumps(args, sort_keys=True)])
+def port_round_command(python: str) -> str:
+    """The shell command line that runs a node's part of a port round alone (doctor's; a launch asks
+    the node agents it already has): it reads the request (``port_probe.port_round_request``) on stdin."""
+    return command_line(python, ["-c", port_round_source()])
 
 
 def probe_command(python: str, args: dict[str, Any]) -> str:

@@ -111,11 +111,11 @@ def test_a_node_the_port_round_cannot_reach_either_stays_failed_and_a_taken_port
     """The master listens on 127.0.0.2 only, the other tries 127.0.0.1 (a firewall, in effect): the
     round fails too and says it checked again. A master whose port was taken is that verdict: no
     round runs, nothing changes."""
-    from fsdpctl.hostcheck.fanout import recheck_ports
+    from fsdpctl.hostcheck.fanout import CommandSessions, recheck_ports
 
     port = free_port()
     jobs, reports = _reports(port, {"listen": {"port": port, "free": True, "peers": []}})
-    recheck_ports(jobs, reports, sys.executable)
+    recheck_ports(jobs, reports, CommandSessions(sys.executable))
     master, other = ([c for c in r.checks if c.name == "port"] for r in reports)
     assert [c.status for c in other] == ["fail"] and "refused" in other[0].detail.lower()
     assert other[0].detail.endswith("(checked again once every probe had answered)")
@@ -123,7 +123,7 @@ def test_a_node_the_port_round_cannot_reach_either_stays_failed_and_a_taken_port
 
     jobs, reports = _reports(port, {"listen": {"port": port, "free": False, "peers": [], "error": "in use"}})
     before = [list(r.checks) for r in reports]
-    recheck_ports(jobs, reports, sys.executable)
+    recheck_ports(jobs, reports, CommandSessions(sys.executable))
     assert [r.checks for r in reports] == before
 
 
@@ -135,3 +135,59 @@ def test_a_session_finished_after_a_marker_hands_back_everything_said_after_it()
     session = LocalTransport().session("echo first; echo MARK; cat >/dev/null; sleep 0.3; echo after; echo end")
     assert session.read_until("MARK", 10) == "first\nMARK\n"
     assert session.finish(10) == (0, "after\nend\n", "")
+
+
+def _agent(tmp_path, rank, probe):
+    """A real node agent on this machine, its payload (a node script that prints) sent and its probe answered."""
+    import io
+    import tarfile
+
+    from fsdpctl.backends.nodes.commands import agent_command
+    from fsdpctl.backends.transport import LocalTransport
+    from fsdpctl.hostcheck.probe import parse_probe_output
+    from fsdpctl.hostcheck.probe_script import END
+
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as archive:
+        script = f"echo node {rank} ran\n".encode()
+        info = tarfile.TarInfo(f"node{rank}.sh")
+        info.size = len(script)
+        archive.addfile(info, io.BytesIO(script))
+    args = {"run_id": "r-port", "run_dir": str(tmp_path / f"run{rank}"), "rank": rank, "attempt": 1,
+            "bytes": len(tar.getvalue()), "secret_bytes": 0, "probe": probe, "go_timeout": 60}
+    session = LocalTransport().session(agent_command(sys.executable, args))
+    session.send(tar.getvalue())
+    facts = parse_probe_output(session.read_until(END, 60))
+    return session, facts
+
+
+def test_in_a_launch_the_port_round_is_asked_of_the_agents_which_then_still_start_their_nodes(tmp_path):
+    """The agents that answered the probe (and wait for ``go``) answer the port round too, with no
+    command of its own: the other node's probe is over before the master's begins, the round reaches
+    the master, and both agents then start their node scripts."""
+    from fsdpctl.backends.nodes.agent import AGENT_STARTED
+    from fsdpctl.backends.nodes.starter import AgentSessions
+    from fsdpctl.backends.transport import LocalTransport
+    from fsdpctl.hostcheck.checks import HostReport, port_checks
+    from fsdpctl.hostcheck.fanout import HostJob, recheck_ports
+
+    port = free_port()
+    asked = {0: {"listen": {"port": port, "expect": 1, "window": 0.5}},
+             1: {"connect": {"addr": "127.0.0.1", "port": port, "window": 0.5}}}
+    other, other_facts = _agent(tmp_path, 1, {"workdir": str(tmp_path), **asked[1]})
+    master, master_facts = _agent(tmp_path, 0, {"workdir": str(tmp_path), **asked[0]})
+    assert not other_facts["connect"]["reached"]  # nobody listened while it tried
+    jobs = [HostJob(rank, LocalTransport(), asked[rank]) for rank in (0, 1)]
+    reports = [HostReport("a", 0, master_facts, port_checks(master_facts)),
+               HostReport("b", 1, other_facts, port_checks(other_facts))]
+    recheck_ports(jobs, reports, AgentSessions({0: master, 1: other}))
+    assert [c.status for r in reports for c in r.checks] == ["pass", "pass"], reports
+    assert reports[0].facts["listen"]["peers"] == ["127.0.0.1"]
+    for session in (master, other):
+        session.send(b"go 0\n")
+        assert AGENT_STARTED in session.read_until(AGENT_STARTED, 30)
+        assert session.finish(30)[0] == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all((tmp_path / f"run{r}" / f"node{r}.exit").exists() for r in (0, 1)):
+        time.sleep(0.05)
+    assert [(tmp_path / f"run{r}" / f"node{r}.log").read_text() for r in (0, 1)] == ["node 0 ran\n", "node 1 ran\n"]

@@ -14,7 +14,10 @@ secret_bytes, probe, go_timeout):
    package (``pkg/``) and the user's code (``code/``); the agent unpacks it into ``run_dir``
    (privately first, so nodes sharing ``run_dir`` on NFS never see half a file, and readable by this
    user only); then ``secret_bytes`` bytes of JSON, the run's secrets, kept in memory only;
-2. with ``probe``: the agent prints the probe's facts between its sentinels;
+2. with ``probe``: the agent prints the probe's facts between its sentinels; then, where some
+   nodes' probes did not reach the master's rendezvous port, the launcher may ask for a port round
+   (``port <json>``: ``port_probe.answer_port``; the master listens until ``over``), each answered
+   between the same sentinels;
 3. it reads one line: ``go <node_timeout>`` starts the node; anything else (or the end of input,
    or ``go_timeout`` seconds) does not, and what this agent staged is removed again; with
    ``archive`` (a later attempt of the run), the last attempt's files of this node move into
@@ -245,6 +248,14 @@ def end_run(run_id, grace, node_rank=None, attempt=None, cleanup=None):
     return run_processes(run_id, node_rank, attempt)
 
 
+def say(text):
+    """One line to the launcher, at once."""
+    import sys
+
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def agent(args):
     """Steps 1-5 above; returns the exit status."""
     import json
@@ -260,7 +271,12 @@ def agent(args):
     secrets = json.loads(inp.read_exactly(args["secret_bytes"]).decode("utf-8")) if args.get("secret_bytes") else {}
     if args.get("probe") is not None:
         answer(collect(args["probe"]))  # noqa: F821 - the probe's functions come first in the source
-    word = inp.read_line(args.get("go_timeout", 120.0)).split()
+    line = inp.read_line(args.get("go_timeout", 120.0))
+    while line.startswith(PORT_WORD + " "):  # noqa: F821 - a port round (port_probe, in the probe's source)
+        asked = json.loads(line[len(PORT_WORD) + 1:])  # noqa: F821
+        answer(answer_port(asked, lambda: inp.read_line(args.get("go_timeout", 120.0)), say))  # noqa: F821
+        line = inp.read_line(args.get("go_timeout", 120.0))
+    word = line.split()
     if word[:1] != [GO]:
         for name in placed:
             shutil.rmtree(name, ignore_errors=True) if os.path.isdir(name) else os.remove(name)

@@ -19,7 +19,15 @@ from ...bundle import Payload
 from ...container.runtime import DAEMON_RUNTIMES, container_name, probe_timeout
 from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport, probe_budget
-from ...hostcheck.fanout import NodeProbe, ProbeRunner, health_args, host_python, make_jobs, run_doctor
+from ...hostcheck.fanout import (
+    NodeProbe,
+    PortSessions,
+    ProbeRunner,
+    health_args,
+    host_python,
+    make_jobs,
+    run_doctor,
+)
 from ...hostcheck.probe import container_probe_args
 from ...live import layout
 from ...live.layout import collector_alive
@@ -93,7 +101,8 @@ class NodesBackend(Backend):
     # ---- checking the nodes ----------------------------------------------------------------------
     def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None,
                runner: ProbeRunner | None = None, nodes: list[NodeProbe] | None = None,
-               master: tuple[int, str] | None = None, python: str | None = None) -> DoctorReport:
+               master: tuple[int, str] | None = None, python: str | None = None,
+               port_sessions: PortSessions | None = None) -> DoctorReport:
         """Probe every node (default: the profile's, as a run would be placed) and diff them."""
         if nodes is None or master is None or python is None:
             placed = self.placement(self.profile, Overrides(), PlanContext.here("doctor"))
@@ -106,7 +115,8 @@ class NodesBackend(Backend):
                          extra=request.extra)
         timeout = probe_budget(request.timeout, len(nodes), request.port_check)
         return run_doctor(self.profile, jobs, python=python, timeout=timeout, nproc=request.nproc,
-                          concurrency=request.concurrency, on_host=on_host, runner=runner)
+                          concurrency=request.concurrency, on_host=on_host, runner=runner,
+                          port_sessions=port_sessions)
 
     def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None
                     ) -> DoctorReport:
@@ -136,7 +146,8 @@ class NodesBackend(Backend):
         nodes = [NodeProbe(n.node_rank, self.connection(n), n.interface) for n in plan.nodes]
         master = next(n.node_rank for n in plan.nodes if n.host == plan.master_host)
         report = self.doctor(request, on_host, runner=starter.probe_runner(), nodes=nodes,
-                             master=(master, plan.master_addr), python=plan.host_python)
+                             master=(master, plan.master_addr), python=plan.host_python,
+                             port_sessions=starter.port_sessions())
         answered = [span[1] for span in starter.timeline.spans.get("probe", {}).values()]
         if answered:  # judged once the last probe answered
             starter.timeline.begin("parity", at=starter.timeline.origin + max(answered))

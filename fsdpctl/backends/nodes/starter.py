@@ -73,6 +73,11 @@ class NodeStarter:
             session.read_until(OUTPUT_MARK, timeout)
         return session
 
+    def port_sessions(self) -> AgentSessions:
+        """Where the preflight's port round asks each node: its agent, which answered the probe and
+        now waits for ``start``."""
+        return AgentSessions(self.sessions)
+
     def probe_runner(self) -> ProbeRunner:
         """Runs each node's preflight probe inside its agent, which then waits for ``start``."""
         def run(job: HostJob, timeout: float) -> tuple[int, str, str]:
@@ -131,3 +136,19 @@ class NodeStarter:
         for session in self.sessions.values():
             session.close()
         self.sessions.clear()
+
+
+class AgentSessions:
+    """The port round's sessions in a launch: the node agents, kept open for ``start``."""
+
+    def __init__(self, sessions: dict[int, Session]):
+        self.sessions = sessions
+
+    def open(self, job: HostJob) -> Session:
+        session = self.sessions.get(job.node_rank)
+        if session is None:
+            raise HostError(job.transport.host, "probe", "its agent has ended", "look at the node's own line")
+        return session
+
+    def done(self, job: HostJob, session: Session) -> None:
+        """The agent stays: it waits for ``start``."""
