@@ -64,7 +64,8 @@ def listen(spec, busy=lambda: False, on_listening=None):
         on_listening()
     deadline = time.time() + spec["window"]
     while len(result["peers"]) < spec["expect"] and (time.time() < deadline or busy()):
-        server.settimeout(max(0.01, min(0.2, deadline - time.time())))
+        left = deadline - time.time()
+        server.settimeout(max(0.01, min(0.2, left)) if left > 0 else 0.2)  # past the window: while busy()
         try:
             conn, addr = server.accept()
         except socket.timeout:
