@@ -271,11 +271,12 @@ def agent(args):
     secrets = json.loads(inp.read_exactly(args["secret_bytes"]).decode("utf-8")) if args.get("secret_bytes") else {}
     if args.get("probe") is not None:
         answer(collect(args["probe"]))  # noqa: F821 - the probe's functions come first in the source
-    line = inp.read_line(args.get("go_timeout", 120.0))
+    go_timeout = args.get("go_timeout", 120.0)
+    line = inp.read_line(go_timeout)
     while line.startswith(PORT_WORD + " "):  # noqa: F821 - a port round (port_probe, in the probe's source)
         asked = json.loads(line[len(PORT_WORD) + 1:])  # noqa: F821
-        answer(answer_port(asked, lambda: inp.read_line(args.get("go_timeout", 120.0)), say))  # noqa: F821
-        line = inp.read_line(args.get("go_timeout", 120.0))
+        answer(answer_port(asked, lambda: inp.read_line(go_timeout), say))  # noqa: F821
+        line = inp.read_line(go_timeout)
     word = line.split()
     if word[:1] != [GO]:
         for name in placed:
