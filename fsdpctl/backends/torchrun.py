@@ -4,10 +4,12 @@ torchrun per node, and reads a failed node's last lines here."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Optional
 
+from ..node.startup.sitecustomize import ended_marker
 from ..node.torchrun_summary import EXITCODE, SUMMARY, summary_block
 from ..rundir.state import Failure, shell_exit_code
 
@@ -58,3 +60,16 @@ def torchrun_failure(lines: Sequence[str], *, host: Optional[str], node_rank: Op
                    exit_code=shell_code if shell_code else 1, signal=signal, rank=rank, local_rank=local_rank,
                    error_file=error_file, failed_at=failed_at, last_lines=tuple(last),
                    peer_gone=any(_PEER_GONE.search(line) for line in last), detail=lost)
+
+
+def in_shutdown(failure: Optional[Failure], run_dir: str, attempt: int,
+                read: Callable[[str], Optional[str]]) -> Optional[Failure]:
+    """``failure`` marked ``in_shutdown`` when its rank died by a signal after its program of this
+    ``attempt`` had ended: the start-up hook's marker for that rank, read on the failing node with
+    ``read`` (a path -> its text, None when there is none), says so."""
+    if failure is None or failure.kind != "exit" or failure.signal is None or failure.rank is None:
+        return failure
+    text = read(ended_marker(run_dir, failure.rank))
+    if text is None or text.strip() != f"attempt {attempt}":
+        return failure
+    return dataclasses.replace(failure, in_shutdown=True)

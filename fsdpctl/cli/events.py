@@ -176,6 +176,9 @@ class EventPrinter:
             typer.echo(f"  logs in {run_dir}", err=True)
             return
         say(f"run {run_id} FAILED: {failure.headline()} [failed]; every other node was stopped", "red")
+        if failure.in_shutdown:
+            typer.echo("  its program had run to its end, exit handlers and all: the work is done; the crash came in "
+                       "Python's own shutdown (torch's threads cause such crashes: pytorch/pytorch#117762)", err=True)
         if failure.error_file:
             typer.echo(f"  error file (on {failure.host}): {failure.error_file}", err=True)
         if failure.error:

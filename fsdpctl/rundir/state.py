@@ -147,6 +147,9 @@ class Failure:
     """Its last lines only say that a peer went away: a consequence, not a cause."""
     hang_dir: Optional[str] = None
     """Where the hang's stacks and flight-recorder dumps are kept."""
+    in_shutdown: bool = False
+    """The rank's program had ended (fsdpctl's start-up hook saw every exit handler run) when the
+    signal came: it died in Python's own shutdown, its work done."""
 
     @property
     def signal_name(self) -> Optional[str]:
@@ -154,7 +157,8 @@ class Failure:
 
     def _exited(self) -> str:
         name = self.signal_name
-        return f"exited {self.exit_code}" + (f" ({name})" if name else "")
+        when = " in Python's shutdown, after its program had ended" if self.in_shutdown else ""
+        return f"exited {self.exit_code}" + (f" ({name})" if name else "") + when
 
     def describe(self) -> str:
         """The failure in a few words: "rank 1 on n2 exited 137 (SIGKILL)", "n2 (node 1) was lost",
@@ -191,6 +195,8 @@ class Failure:
             "error": self.error, "error_file": self.error_file, "failed_at": self.failed_at,
             "last_lines": list(self.last_lines), "peer_gone": self.peer_gone,
         }
+        if self.in_shutdown:
+            data["in_shutdown"] = True
         if self.kind == "lost":
             data["lost"] = self.detail
         if self.kind == "hang":
@@ -214,7 +220,7 @@ class Failure:
                    detail=data.get(kind) if kind in ("hang", "refused") else data.get("lost"), error=data.get("error"),
                    error_file=data.get("error_file"), failed_at=data.get("failed_at"),
                    last_lines=tuple(data.get("last_lines") or ()), peer_gone=bool(data.get("peer_gone")),
-                   hang_dir=data.get("hang_dir"))
+                   hang_dir=data.get("hang_dir"), in_shutdown=bool(data.get("in_shutdown")))
 
 
 @dataclass(frozen=True, kw_only=True)

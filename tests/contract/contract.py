@@ -25,7 +25,7 @@ from typing import Any
 from tests.conftest import REPO
 
 PROGRAM = """\
-import json, os, sys, time
+import json, os, signal, sys, time
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ["FSDPCTL_ATTEMPT"])
@@ -43,6 +43,11 @@ if mode in ("fail", "fail-once") and rank == int(sys.argv[2]) and (mode == "fail
 if mode == "wait":
     print(f"rank {rank} is ready", flush=True)
     time.sleep(600)
+if mode == "die-in-shutdown" and rank == int(sys.argv[2]):
+    class DiesInShutdown:
+        def __del__(self):  # when the interpreter clears this module: after the program and its exit handlers
+            os.kill(os.getpid(), signal.SIGABRT)
+    dies_in_shutdown = DiesInShutdown()
 print(f"rank {rank} done", flush=True)
 """
 
@@ -152,6 +157,21 @@ class Contract:
         assert status["first_failure"]["rank"] == failing
         assert any(text == f"rank {failing} fails on purpose with exit 3" and rank == failing
                    for _, rank, _, text in got["lines"])
+
+    def test_a_rank_that_dies_in_pythons_shutdown_is_said_to_have_ended_its_program(self, cluster: Cluster,
+                                                                                      tmp_path: Path):
+        """Its exit is still the signal's (a process that aborts did not exit 0), but the failure says the
+        program had run to its end: the work is done, and the crash came in the interpreter's shutdown."""
+        failing = cluster.world - 1
+        got = cluster.api(tmp_path, f"""
+            run = ({cluster.start()})(["program.py", "die-in-shutdown", "{failing}"])
+            outcome = run.wait()
+            report({{"outcome": outcome_json(outcome), "lines": lines_of(run, rank={failing})}})
+        """)
+        failure = got["outcome"]["failure"]
+        assert got["outcome"]["exit_code"] == 134 and failure["signal"] == 6, got
+        assert failure["rank"] == failing and failure["in_shutdown"] is True, failure
+        assert [text for _, _, _, text in got["lines"] if text.startswith("rank ")] == [f"rank {failing} done"]
 
     def test_stop_ends_a_run_and_it_stays_stopped(self, cluster: Cluster, tmp_path: Path):
         got = cluster.api(tmp_path, f"""

@@ -23,7 +23,7 @@ from typing import Optional
 
 from fsdpctl.backends.base import Backend, LineSink, Preflight, ProfileProblem
 from fsdpctl.backends.signals import Interrupted, on_stop_signals, raise_interrupted, restore
-from fsdpctl.backends.torchrun import has_summary, torchrun_failure
+from fsdpctl.backends.torchrun import has_summary, in_shutdown, torchrun_failure
 from fsdpctl.backends.transport import LocalTransport
 from fsdpctl.errors import HostError
 from fsdpctl.plan.types import NodeTarget, Placement
@@ -197,14 +197,22 @@ class FakeFollower:
             ends.append(NodeEnd(node_rank=reader.rank, host=reader.host, state=state, exit_code=code,
                                 failure=failure, stopped=reader.rank in stopped))
         settled = settle(ends, interrupted_by=interrupted_by, hang=hang)
+        failure = in_shutdown(settled.first_failure, str(run_dir), self.run.plan.attempt, _read_text)
         nodes = tuple(NodeStatus(node_rank=e.node_rank, host=e.host, pid=pids.get(e.node_rank), state=e.state,
                                  exit_code=e.exit_code) for e in ends)
         record = self.run.record
         if self.owner or (record.detached and record.state is RunState.RUNNING):
-            self.run.change(state=settled.state, exit_code=settled.exit_code, first_failure=settled.first_failure,
+            self.run.change(state=settled.state, exit_code=settled.exit_code, first_failure=failure,
                             nodes=nodes, finished_at=now())
-        return Outcome(exit_code=settled.exit_code or 0, state=settled.state, first_failure=settled.first_failure,
+        return Outcome(exit_code=settled.exit_code or 0, state=settled.state, first_failure=failure,
                        interrupted_by=interrupted_by)
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
 
 
 class _LogReader:

@@ -36,7 +36,8 @@ def main(args: dict) -> int:
         env = {**os.environ, **args["env"], "RANK": str(rank), "LOCAL_RANK": str(local),
                "WORLD_SIZE": str(args["world"]), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(node),
                "FSDPCTL_NODE_RANK": str(node), "FSDPCTL_RUN_DIR": run_dir,
-               "PYTHONPATH": os.pathsep.join([cwd, os.path.join(run_dir, "pkg")])}
+               "PYTHONPATH": os.pathsep.join([os.path.join(run_dir, "pkg", "fsdpctl", "node", "startup"), cwd,
+                                              os.path.join(run_dir, "pkg")])}  # fsdpctl's start-up hook first
         process = subprocess.Popen([sys.executable, *args["entry"]], cwd=cwd, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         prefix = f"[rank{rank}]:".encode()

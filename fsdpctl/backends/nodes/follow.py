@@ -29,11 +29,12 @@ from ...rundir.state import NodeState, Outcome, RunState
 from ...rundir.timeline import Timeline
 from ..base import LineSink
 from ..hang_watch import HangWatch
+from ..torchrun import in_shutdown
 from ..transport import Transport
 from .commands import side_files_command
 from .feeds import AgentFeed, TailFeed
 from .log_copy import complete_logs
-from .runs import NodeRun, RunResult, fetch_logs, node_records, read_error_file, recorded_node_runs
+from .runs import NodeRun, RunResult, fetch_logs, node_records, read_error_file, read_node_text, recorded_node_runs
 from .supervisor import Supervisor
 
 
@@ -119,10 +120,13 @@ class NodesFollower:
         the run recorded by whoever may record it."""
         run, plan, owner = self.run, self.run.plan, self.owner
         failure = result.first_failure
-        if failure and failure.error_file and failure.kind == "exit":
+        if failure and failure.kind == "exit":
             failing = next(r for r in node_runs if r.rank == failure.node_rank)
-            error = read_error_file(failing.transport, failure.error_file)
-            failure = dataclasses.replace(failure, error=masker.text(error) if error else error)
+            if failure.error_file:
+                error = read_error_file(failing.transport, failure.error_file)
+                failure = dataclasses.replace(failure, error=masker.text(error) if error else error)
+            failure = in_shutdown(failure, plan.run_dir, plan.attempt,
+                                  lambda path: read_node_text(failing.transport, path))
         state, record = result.settled.state, run.record
         if result.hung and not owner and not record.detached:
             # The launcher that owns it does the same; this follower only reports.

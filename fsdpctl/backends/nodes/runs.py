@@ -183,12 +183,23 @@ def recorded_node_runs(run: RunDir, connect: Callable[[NodeSpec], Transport]) ->
             for node in run.plan.nodes]
 
 
+def read_node_text(transport: Transport, path: str) -> str | None:
+    """A small file's text, read on its node (None: there is none, or the node does not answer)."""
+    try:
+        status, out, _ = transport.run(marked(f"cat {quote_path(path)} 2>/dev/null"), 30)
+    except HostError:
+        return None
+    return after_mark(out) if status == 0 else None
+
+
 def read_error_file(transport: Transport, path: str) -> str | None:
     """The message of a failed rank's torchelastic error file (written by @record), read on its node."""
+    text = read_node_text(transport, path)
     try:
-        _, out, _ = transport.run(marked(f"cat {quote_path(path)} 2>/dev/null"), 30)
-        message = json.loads(after_mark(out)).get("message", {})
-    except (HostError, ValueError, AttributeError):
+        message = json.loads(text).get("message", {}) if text is not None else None
+    except (ValueError, AttributeError):
+        return None
+    if message is None:
         return None
     text = message.get("message") if isinstance(message, dict) else message
     return str(text).strip().splitlines()[-1] if text else None

@@ -23,7 +23,7 @@ from ...rundir.timeline import LAUNCHER, LineMoments, Timeline
 from ..base import LineSink
 from ..hang_watch import HangWatch
 from ..signals import Interrupted, on_stop_signals, raise_interrupted, restore
-from ..torchrun import has_summary, torchrun_failure
+from ..torchrun import has_summary, in_shutdown, torchrun_failure
 from . import client, states
 from .logs import NodeLogs, follow
 from .plan import SlurmPlan
@@ -203,7 +203,14 @@ def failure_in_logs(run: RunDir) -> Optional[Failure]:
         failure = torchrun_failure(lines, host=logs.hosts[rank], node_rank=rank, exit_code=1) if said else None
         ends.append(NodeEnd(node_rank=rank, host=logs.hosts[rank], state=NodeState.FAILED if said
                             else NodeState.SUCCEEDED, failure=failure, exit_code=failure.exit_code if failure else 0))
-    return settle(ends).first_failure
+    return in_shutdown(settle(ends).first_failure, str(run_dir), run.plan.attempt, _read_text)
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
 
 
 def batch_output(record: RunRecord, why: str, lines: int = BATCH_TAIL_LINES) -> list[str]:

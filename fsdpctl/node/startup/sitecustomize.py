@@ -18,18 +18,32 @@ as ``sitecustomize`` before the rank's own code (the bundled workload or the use
   16 agents spend together when one rank of a 16-node run dies. Objects made after the import,
   the user's own among them, are collected as before. ``FSDPCTL_GC_FREEZE=0`` leaves the collector
   alone.
+- At exit, before the interpreter shuts down, a rank waits (up to
+  ``SETTLE_LIMIT_S``) until torch's own threads (``pt_*``: gloo's work loops, NCCL's watchdog, the
+  autograd device threads) have stopped running. A collective issued inside ``backward()`` carries
+  torch's thread-local state, and with it a Python object (the ``contextvars`` context that
+  ``torch.autograd.graph._engine_run_backward`` stashes); the gloo thread that finished it drops that
+  object, which takes the GIL. Once the interpreter is finalizing, taking the GIL ends the thread
+  with ``pthread_exit``, whose unwinding through a ``noexcept`` destructor aborts the whole process
+  ("terminate called without an active exception", SIGABRT) after the program's last line:
+  pytorch/pytorch#117762 and #190489. Waiting while the interpreter is still whole lets that thread
+  finish its release first; it costs a few milliseconds at a normal exit. Then it leaves
+  ``$FSDPCTL_RUN_DIR/exits/rank<RANK>`` (``ENDED_DIR``): a rank that dies by a signal after that
+  file was written died in Python's own shutdown, its program over, and fsdpctl says so.
 
 Only the process torchrun started for a rank sets the dumps up (not its children, which inherit the
 environment). Any other ``sitecustomize`` further on the path is run afterwards, as if this one were
 not there. Standard library only; nothing here imports torch.
 """
 
+import atexit
 import faulthandler
 import gc
 import os
 import signal
 import sys
 import threading
+import time
 
 DUMP_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 OWNER_VARIABLE = "FSDPCTL_RANK_HOOK_PID"
@@ -37,6 +51,15 @@ RANKS_LINE = "fsdpctl: global "
 """How local rank 0's line naming its node's global ranks starts: ``rank 3`` or ``ranks 8-15`` follows
 (``fsdpctl.rundir.lines`` reads it)."""
 FLIGHT_KINDS = (("nccl", "_dump_nccl_trace"), ("cpu", "_dump_fr_trace"))
+SETTLE_LIMIT_S = 5.0
+"""The longest a rank waits at exit for torch's threads to stop running (one that never does: a
+collective still in flight) before it lets the interpreter shut down anyway;
+``FSDPCTL_EXIT_SETTLE_S`` sets another (0: no wait)."""
+ENDED_DIR = "exits"
+"""Under the run directory: ``rank<RANK>`` holds ``attempt <N>`` once that rank's program and every
+exit handler of it have run (only the interpreter's own shutdown is left)."""
+TORCH_THREAD_PREFIX = "pt_"
+"""How torch names the threads its C++ side starts (``pt_gloo_runloop``, ``pt_nccl_watchdg``...)."""
 
 
 def _flight_dumps(rank):
@@ -79,6 +102,67 @@ def _serve_flight_dumps(trigger, rank):
             return
 
 
+def torch_threads(own_tid):
+    """(thread id, state letter) of torch's own threads (see ``TORCH_THREAD_PREFIX``) in this
+    process, ``own_tid`` aside."""
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        if tid == own_tid:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as handle:
+                stat = handle.read()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        name, state = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:][:1]
+        if name.startswith(TORCH_THREAD_PREFIX):
+            found.append((tid, state))
+    return found
+
+
+def torch_threads_running(own_tid):
+    """The thread ids of torch's threads that are running, runnable or in an uninterruptible wait."""
+    return [tid for tid, state in torch_threads(own_tid) if state in ("R", "D")]
+
+
+def settle_torch_threads(limit_s=SETTLE_LIMIT_S, quiet_polls=5, poll_s=0.002):
+    """Wait, the GIL released, until none of torch's threads has run for ``quiet_polls`` polls in a
+    row (or ``limit_s`` passed); the seconds waited. The polls span more than the 5 ms in which a
+    thread waiting for the GIL wakes to ask for it again. Does nothing where torch started no thread
+    of its own (no process group, no CUDA work)."""
+    own, start = str(threading.get_native_id()), time.monotonic()
+    if "torch" not in sys.modules or not os.path.isdir("/proc/self/task") or not torch_threads(own):
+        return 0.0
+    quiet = 0
+    while quiet < quiet_polls and time.monotonic() - start < limit_s:
+        time.sleep(poll_s)  # a torch thread waiting for the GIL takes it here
+        quiet = 0 if torch_threads_running(own) else quiet + 1
+    return time.monotonic() - start
+
+
+def ended_marker(run_dir, rank):
+    """The file a rank leaves once its program has ended (see ``ENDED_DIR``)."""
+    return os.path.join(run_dir, ENDED_DIR, f"rank{rank}")
+
+
+def _at_exit(marker, pid):
+    """The rank's last exit handler: torch's threads settled, then the program's end recorded."""
+    if os.getpid() != pid:
+        return  # a child the program forked, exiting through the rank's handlers
+    try:
+        limit = float(os.environ.get("FSDPCTL_EXIT_SETTLE_S", SETTLE_LIMIT_S))
+    except ValueError:
+        limit = SETTLE_LIMIT_S
+    if limit > 0:
+        settle_torch_threads(limit)
+    try:
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "w") as handle:
+            handle.write(f"attempt {os.environ.get('FSDPCTL_ATTEMPT', '1')}\n")
+    except OSError:
+        pass
+
+
 def _say_ranks(rank):
     """Local rank 0 names the global ranks its node holds: torchrun's rendezvous decides them (c10d
     sorts the nodes by address), and ``status`` shows the map from this line."""
@@ -100,6 +184,13 @@ def _install():
     if owner and owner != str(os.getpid()):
         return  # a child of the rank (a data loader, a compile worker): the rank's files are the rank's
     os.environ[OWNER_VARIABLE] = str(os.getpid())
+    marker = ended_marker(run_dir, rank)
+    try:
+        os.unlink(marker)  # an earlier attempt's
+    except OSError:
+        pass
+    # Registered before the program's own handlers (and torch's), so it runs after all of them.
+    atexit.register(_at_exit, marker, os.getpid())
     _say_ranks(rank)
     if DUMP_SIGNAL is None:
         return
@@ -121,12 +212,13 @@ def _install():
                      daemon=True).start()
 
 
-class _FreezeAfterImport:
-    """A finder that answers for ``torch`` alone, once: the real spec, whose module freezes the
-    collector's objects as soon as its own code has run, then is given its own loader back."""
+class _AfterImport:
+    """A finder that answers for one module alone, once: the real spec, whose loader calls
+    ``callback(module)`` as soon as the module's own code has run, then gives the module its own
+    loader back."""
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, callback):
+        self.name, self.callback = name, callback
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.name:
@@ -137,13 +229,13 @@ class _FreezeAfterImport:
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _FreezingLoader(spec.loader)
+        spec.loader = _CallingBackLoader(spec.loader, self.callback)
         return spec
 
 
-class _FreezingLoader:
-    def __init__(self, loader):
-        self.loader = loader
+class _CallingBackLoader:
+    def __init__(self, loader, callback):
+        self.loader, self.callback = loader, callback
 
     def __getattr__(self, name):
         return getattr(self.loader, name)
@@ -154,12 +246,24 @@ class _FreezingLoader:
     def exec_module(self, module):
         module.__loader__ = module.__spec__.loader = self.loader
         self.loader.exec_module(module)
-        gc.freeze()
+        self.callback(module)
 
 
-def _freeze_after_torch():
+def when_imported(name, callback):
+    """``callback(module)`` once module ``name`` is imported (now, where it already is)."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def _after_torch(torch):
+    gc.freeze()
+
+
+def _watch_for_torch():
     if os.environ.get("FSDPCTL_GC_FREEZE", "1") != "0" and "torch" not in sys.modules:
-        sys.meta_path.insert(0, _FreezeAfterImport("torch"))
+        sys.meta_path.insert(0, _AfterImport("torch", _after_torch))
 
 
 def _chain():
@@ -177,7 +281,7 @@ def _chain():
 
 
 if __name__ == "sitecustomize":
-    _freeze_after_torch()
+    _watch_for_torch()
     try:
         _install()
     except Exception as exc:  # noqa: BLE001 - a rank must start even where the hook cannot be set up
