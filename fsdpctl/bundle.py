@@ -30,7 +30,7 @@ DEFAULT_CODE_LIMIT_MB = 100
 _SKIPPED_ANYWHERE = {".git", "__pycache__"}
 _SKIPPED_AT_TOP = {"runs", "rendered"}  # fsdpctl's own run and render folders
 _PACKAGE_ROOT = Path(__file__).resolve().parent
-SHIPPED_PACKAGES = ("workload", "node", "node/startup")
+SHIPPED_PACKAGES = ("workload", "node", "node/startup", "node/telemetry")
 """fsdpctl's packages every node gets (``pkg/fsdpctl/...``): the workload, the helpers next to the ranks,
 and the hook every rank runs first."""
 

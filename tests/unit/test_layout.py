@@ -90,8 +90,11 @@ def test_what_the_nodes_get_imports_nothing_of_the_launcher(package):
     for name in under(package):
         outside = {m for m in closure(name) if m not in ("fsdpctl",) and not m.startswith(SHIPPED)}
         assert not outside, f"{name} imports {sorted(outside)}: the nodes get only the shipped packages"
-    if package == "fsdpctl.node":  # next to any user's program: the standard library alone
-        assert not set().union(*(third_party(m) for m in under(package))) - set(sys.stdlib_module_names)
+    if package == "fsdpctl.node":  # next to any user's program: the standard library alone, and torch for the
+        # rank telemetry, which the start-up hook imports only once the program itself has imported torch
+        for name in under(package):
+            allowed = set(sys.stdlib_module_names) | ({"torch"} if name.startswith("fsdpctl.node.telemetry") else set())
+            assert not third_party(name) - allowed, name
 
 
 @pytest.mark.parametrize("name", [m for m in MODULES if m.startswith("fsdpctl.plan")])
@@ -137,9 +140,10 @@ def test_typer_and_rich_only_in_the_cli_and_torch_only_in_the_workload():
         libraries = third_party(name)
         if not name.startswith("fsdpctl.cli"):
             assert not libraries & {"typer", "rich"}, name
-        if not name.startswith("fsdpctl.workload") and name not in NODE_SIDE:
+        if not name.startswith(("fsdpctl.workload", "fsdpctl.node.telemetry")) and name not in NODE_SIDE:
             assert "torch" not in libraries, name
-    for name in NODE_SIDE:  # the CLI imports its constants: torch stays inside the function run on the node
+    telemetry = {name for name in MODULES if name.startswith("fsdpctl.node.telemetry")}
+    for name in NODE_SIDE | telemetry:  # torch stays inside the functions run on the node, next to the program's
         top = ast.parse(MODULES[name].read_text()).body
         assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) and "torch" in ast.dump(n) for n in top), name
 

@@ -18,6 +18,9 @@ as ``sitecustomize`` before the rank's own code (the bundled workload or the use
   16 agents spend together when one rank of a 16-node run dies. Objects made after the import,
   the user's own among them, are collected as before. ``FSDPCTL_GC_FREEZE=0`` leaves the collector
   alone.
+- Then, in a rank whose plan asks for it (``FSDPCTL_TELEMETRY=1``: a user's program, not the
+  bundled workload, which times itself), ``fsdpctl.node.telemetry`` puts its hooks on torch: every
+  rank's steps, loss and times, with no line of the program's own.
 - At exit, before the interpreter shuts down, a rank waits (up to
   ``SETTLE_LIMIT_S``) until torch's own threads (``pt_*``: gloo's work loops, NCCL's watchdog, the
   autograd device threads) have stopped running. A collective issued inside ``backward()`` carries
@@ -33,7 +36,8 @@ as ``sitecustomize`` before the rank's own code (the bundled workload or the use
 
 Only the process torchrun started for a rank sets the dumps up (not its children, which inherit the
 environment). Any other ``sitecustomize`` further on the path is run afterwards, as if this one were
-not there. Standard library only; nothing here imports torch.
+not there. Standard library only; nothing here imports torch (the telemetry is imported only once the
+program itself has imported torch).
 """
 
 import atexit
@@ -191,6 +195,8 @@ def _install():
         pass
     # Registered before the program's own handlers (and torch's), so it runs after all of them.
     atexit.register(_at_exit, marker, os.getpid())
+    if os.environ.get("FSDPCTL_TELEMETRY") == "1":
+        _TELEMETRY.append((run_dir, rank))
     _say_ranks(rank)
     if DUMP_SIGNAL is None:
         return
@@ -257,12 +263,25 @@ def when_imported(name, callback):
         sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
+_TELEMETRY = []
+"""(run directory, rank) of this rank, where its program's telemetry is wanted."""
+
+
 def _after_torch(torch):
-    gc.freeze()
+    if os.environ.get("FSDPCTL_GC_FREEZE", "1") != "0":
+        gc.freeze()
+    if not _TELEMETRY:
+        return
+    try:
+        from fsdpctl.node.telemetry import install
+    except ImportError as exc:
+        sys.stderr.write(f"fsdpctl: rank telemetry is off for this rank: {exc}\n")
+        return
+    install(*_TELEMETRY[0], when_imported)
 
 
 def _watch_for_torch():
-    if os.environ.get("FSDPCTL_GC_FREEZE", "1") != "0" and "torch" not in sys.modules:
+    if "torch" not in sys.modules:
         sys.meta_path.insert(0, _AfterImport("torch", _after_torch))
 
 
