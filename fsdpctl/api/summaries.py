@@ -15,11 +15,14 @@ from .options import PathLike
 def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
     """A run's metrics and their summary."""
     found, notes = run_files(run, fetch)
-    if not found["metrics.jsonl"]:
-        raise UsageError(f"report {run.run_id}: no metrics.jsonl from its nodes{'; ' + notes[0] if notes else ''}",
-                         "the bundled workload writes one; a program of yours appends JSON lines with a "
-                         "\"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl (see README, Reports)")
-    series = read_run_files(found["metrics.jsonl"], run.run_id, next(iter(found["summary.json"]), None))
+    sources = metrics_sources(found)
+    if not sources:
+        raise UsageError(f"report {run.run_id}: no metrics from its nodes{'; ' + notes[0] if notes else ''}",
+                         "the bundled workload writes them, and so does fsdpctl's telemetry in every rank of a "
+                         "program of yours that steps a torch optimizer (unless launched with --no-telemetry); "
+                         "a program may also append JSON lines with a \"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl "
+                         "(see README, Reports)")
+    series = read_run_files(sources, run.run_id, next(iter(found["summary.json"]), None))
     summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
     summary_.notes = [*run.info.recoveries, *notes]
     timed = run.timeline()
@@ -56,7 +59,17 @@ def run_files(run: Any, fetch: bool = True) -> tuple[dict[str, list[Path]], list
     return found, notes
 
 
-_FILES = ("metrics.jsonl", "summary.json", "gpu")
+_FILES = ("metrics.jsonl", "summary.json", "gpu", "telemetry")
+
+
+def _in_folders(paths: list[Path]) -> list[Path]:
+    """Files as given, and the node files of folders (``gpu/``, ``telemetry/``)."""
+    return [f for path in paths for f in (sorted(path.glob("node*.jsonl")) if path.is_dir() else [path])]
+
+
+def metrics_sources(found: dict[str, list[Path]]) -> list[Path]:
+    """Every file of metrics rows among a run's files: its ``metrics.jsonl`` and its rank telemetry."""
+    return [*found["metrics.jsonl"], *_in_folders(found.get("telemetry", []))]
 
 
 def _collected(run: Any) -> Optional[dict[str, list[Path]]]:
@@ -68,14 +81,15 @@ def _collected(run: Any) -> Optional[dict[str, list[Path]]]:
     if not whole or layout.readable_here(plan, run.path) is not None:
         return None  # (a run whose files are here reads them, as fetch names them)
     return {"metrics.jsonl": layout.node_files(run.path, plan, layout.METRICS),
-            "summary.json": layout.node_files(run.path, plan, layout.SUMMARY), "gpu": layout.gpu_files(run.path, plan)}
+            "summary.json": layout.node_files(run.path, plan, layout.SUMMARY), "gpu": layout.gpu_files(run.path, plan),
+            "telemetry": layout.telemetry_files(run.path, plan)}
 
 
 def _gpu_findings(summary_: RunSummary, files: list[Path]) -> None:
     """Each node's GPUs over the run, and the straggler's cause where its GPU's samples show one."""
     from ..metrics.gpu_samples import gpu_cause, read_files, run_lines
 
-    samples = read_files(f for path in files for f in (sorted(path.glob("node*.jsonl")) if path.is_dir() else [path]))
+    samples = read_files(_in_folders(files))
     summary_.gpus = run_lines(samples)
     if summary_.straggler and samples:
         cause = gpu_cause(samples, str(summary_.straggler.get("host")), summary_.straggler.get("local_ranks") or [])
@@ -114,8 +128,8 @@ def write_tensorboard(run: Any, folder: Path, fetch: bool = False) -> Path:
     from ..live.exports import LiveExports
 
     found, _ = run_files(run, fetch)
-    gpus = [f for path in found["gpu"] for f in (sorted(path.glob("node*.jsonl")) if path.is_dir() else [path])]
-    exports = LiveExports(run._dir, tensorboard=str(folder), sources=(found["metrics.jsonl"], gpus))
+    exports = LiveExports(run._dir, tensorboard=str(folder),
+                          sources=(metrics_sources(found), _in_folders(found["gpu"])))
     exports.update(force=True, state=str(run.info.state))
     exports.close()
     if exports.problems:
@@ -130,8 +144,7 @@ def write_html(runs: list[Any], path: Path) -> Path:
     data = []
     for run in runs:
         found, _ = run_files(run, fetch=False)
-        gpus = [f for p in found["gpu"] for f in (sorted(p.glob("node*.jsonl")) if p.is_dir() else [p])]
-        data.append(run_report_data(run, found["metrics.jsonl"], gpus))
+        data.append(run_report_data(run, metrics_sources(found), _in_folders(found["gpu"])))
     try:
         return write_report(path, data)
     except OSError as exc:

@@ -180,7 +180,7 @@ class ChartStore:
     def update(self) -> bool:
         """Read what the files gained; True when anything came."""
         plan = self.plan
-        metrics, gpus = self.sources or (layout.node_files(self.root, plan, layout.METRICS),
+        metrics, gpus = self.sources or (layout.metrics_files(self.root, plan),
                                          layout.gpu_files(self.root, plan))
         came = False
         for path in metrics:

@@ -129,7 +129,7 @@ class LiveExports:
             return
         self.updated_at = time.monotonic()
         plan = self.run.plan
-        metrics, gpus = self.sources or (layout.node_files(self.run.root, plan, layout.METRICS),
+        metrics, gpus = self.sources or (layout.metrics_files(self.run.root, plan),
                                          layout.gpu_files(self.run.root, plan))
         for path in metrics:
             self.metrics.add_lines(self.metric_tails.setdefault(path, LineTail(path)).read())

@@ -1,7 +1,8 @@
 """Where a run's live data is in its directory here, in one place.
 
 A run whose directory on the nodes is this one (the ``local`` backend; Slurm's shared storage) has its
-files where the nodes write them: ``metrics.jsonl``, ``summary.json``, ``gpu/node<R>.jsonl``. Any
+files where the nodes write them: ``metrics.jsonl``, ``summary.json``, ``gpu/node<R>.jsonl``,
+``telemetry/node<R>.jsonl``. Any
 other run's collector keeps a copy of each node's under ``live/node<R>/`` with the same relative
 names. Beside them: ``live/follower.json``, what the collecting follower last said (when, how each
 node stood), ``live/collect.json``, how far each copy goes, and ``live/collector.lock``, held by the
@@ -21,6 +22,8 @@ from typing import Any, Optional
 
 LIVE = "live"
 METRICS = "metrics.jsonl"
+TELEMETRY = "telemetry"
+"""Where the ranks of a user's program write their rows (``fsdpctl.node.telemetry``): one file per node."""
 SUMMARY = "summary.json"
 FOLLOWER = "follower.json"
 STATE = "collect.json"
@@ -32,9 +35,14 @@ def gpu_samples_name(node_rank: int) -> str:
     return f"gpu/node{node_rank}.jsonl"
 
 
+def telemetry_name(node_rank: int) -> str:
+    """A node's rows of fsdpctl's rank telemetry (a user's program), relative to a run directory."""
+    return f"{TELEMETRY}/node{node_rank}.jsonl"
+
+
 def side_names(node_rank: int) -> tuple[str, ...]:
     """What a node sends of its run directory beside its log, in the order of the agent's list."""
-    return (METRICS, SUMMARY, gpu_samples_name(node_rank))
+    return (METRICS, SUMMARY, gpu_samples_name(node_rank), telemetry_name(node_rank))
 
 
 WHOLE = frozenset({SUMMARY})
@@ -82,6 +90,20 @@ def node_files(root: Path, plan: Any, name: str) -> list[Path]:
         path = where / name
         return [path] if path.exists() else []
     return [p for rank in node_ranks(plan) if (p := collected(root, rank, name)).exists()]
+
+
+def telemetry_files(root: Path, plan: Any) -> list[Path]:
+    """Every node's rank telemetry here (the nodes' own files, or the collected copies)."""
+    where = readable_here(plan, root)
+    if where is not None:
+        return sorted((where / TELEMETRY).glob("node*.jsonl"))
+    return [p for rank in node_ranks(plan) if (p := collected(root, rank, telemetry_name(rank))).exists()]
+
+
+def metrics_files(root: Path, plan: Any) -> list[Path]:
+    """Every file of metrics rows a view reads: the run's ``metrics.jsonl`` copies, then the rank
+    telemetry's (``fsdpctl.metrics.rows`` reads both)."""
+    return node_files(root, plan, METRICS) + telemetry_files(root, plan)
 
 
 def gpu_files(root: Path, plan: Any) -> list[Path]:

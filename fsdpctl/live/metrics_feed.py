@@ -1,10 +1,11 @@
 """A run's metrics rows as they come, kept small: what a live view shows is the newest rows (curves,
-ETA), each rank's newest windows (heat rows) and the straggler rule's tally over every window. Rows
+ETA), each rank's newest windows (heat rows) and the straggler rule over the newest windows. Rows
 are read once each; nothing grows with the run's length.
 
 The rows are ``metrics.jsonl``'s (schema in ``fsdpctl.metrics.rows``): the bundled workload's from rank
 0, or a program's own, one row per rank and step (``rank``), merged here once every rank's row of a
-step is in (or two newer steps are).
+step is in (or two newer steps are); or fsdpctl's rank telemetry's, merged into windows every rank
+shares (``fsdpctl.metrics.rank_windows``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
+from ..metrics.rank_windows import RankWindows, is_hook_row
 from ..metrics.rows import ATTEMPT_MARK, merge_rank_rows, parse_row, row_kind
-from ..workload.straggler import Tally, verdict
+from ..metrics.wait_rule import straggler_verdict
 
 HISTORY = 240
 """Training rows kept for the curves and the rate."""
@@ -45,7 +47,7 @@ class MetricsFeed:
         self.val: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.last_train: Optional[dict[str, Any]] = None
         self.windows: deque[tuple[int, list[dict[str, Any]]]] = deque(maxlen=WINDOWS)
-        self.tally = Tally()
+        self.hook = RankWindows(world_size)
         self.pending: dict[int, dict[int, dict[str, Any]]] = {}
         self.ranks_seen: set[int] = set()
         self.seen: OrderedDict[int, None] = OrderedDict()
@@ -74,6 +76,14 @@ class MetricsFeed:
                 self.skipped += 1
             elif ATTEMPT_MARK in row:
                 self._attempt_began(row.get("from_step"))
+                took = True
+            elif is_hook_row(row):
+                attempt = self.hook.attempt
+                merged = self.hook.add(row)
+                if self.hook.attempt > attempt and attempt:
+                    self._attempt_began(0)  # its steps are counted again from its start
+                for window in merged:
+                    self._row(window)
                 took = True
             elif "rank" in row and isinstance(row.get("rank"), int):
                 self._rank_row(row)
@@ -111,7 +121,6 @@ class MetricsFeed:
         if isinstance(ranks, list) and ranks:
             entries = sorted((e for e in ranks if isinstance(e, dict)), key=lambda e: e.get("rank", 0))
             self.windows.append((row["step"], entries))
-            self.tally.add(entries)
 
     def _attempt_began(self, from_step: Any) -> None:
         """A later attempt resumed from ``from_step``: the failed one's rows past it are gone."""
@@ -126,7 +135,6 @@ class MetricsFeed:
         self.windows = deque(maxlen=WINDOWS)
         if self.last_train is not None and self.last_train["step"] > from_step:
             self.last_train = None
-        self.tally = Tally()
         self.straggler_said = False
 
     # ---- figures out -----------------------------------------------------------------------------
@@ -167,7 +175,7 @@ class MetricsFeed:
         nobody stands out."""
         recent = [entries for _, entries in list(self.windows)[-RECENT:]]
         if recent:
-            return verdict(recent)
+            return straggler_verdict(recent)
         row = self.last_train or {}
         if self.straggler_said and row.get("straggler"):
             where = row.get("straggler_at")

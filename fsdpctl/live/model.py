@@ -86,7 +86,7 @@ class LiveRun:
 
     def _new_files(self) -> bool:
         plan = self.run.plan
-        found = layout.node_files(self.run.root, plan, layout.METRICS) + layout.gpu_files(self.run.root, plan)
+        found = layout.metrics_files(self.run.root, plan) + layout.gpu_files(self.run.root, plan)
         return any(p not in self.metrics_tails and p not in self.gpu_tails for p in found)
 
     # ---- reading ---------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ class LiveRun:
             self.run = load_run(self.run.root)
             self._begin_attempt()
         plan = self.run.plan
-        for path in layout.node_files(self.run.root, plan, layout.METRICS):
+        for path in layout.metrics_files(self.run.root, plan):
             tail = self.metrics_tails.setdefault(path, LineTail(path, start_back=METRICS_START_BACK))
             lines = tail.read()
             if tail.began_again:  # the file was written anew (an attempt of a run written here)

@@ -6,7 +6,9 @@ optional: ``loss``, ``val_loss``, ``lr``, ``tokens_per_s``, ``mfu``, ``step_time
 ``compute_s``, ``comm_s``, ``data_s``, ``wall_s``, ``mem_mb``). The bundled workload writes all of
 it from rank 0 (``kind``: ``train`` or ``val``). A program of the user's may write rows from every
 rank into its own ``$FSDPCTL_RUN_DIR/metrics.jsonl`` with a ``rank`` field: rows of one step are
-then merged, their per-rank figures gathered into ``ranks``, the loss averaged.
+then merged, their per-rank figures gathered into ``ranks``, the loss averaged. fsdpctl's own rank
+telemetry (``source: hook``, a row per rank per window of ``steps``: ``fsdpctl.metrics.rank_windows``)
+is merged into windows every rank shares.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+from .rank_windows import is_hook_row, merge_all
 
 PER_RANK = ("compute_s", "comm_s", "data_s", "wall_s", "mem_mb", "step_time_s")
 
@@ -81,10 +85,12 @@ def row_kind(row: dict[str, Any]) -> str:
 
 
 def read_rows(lines: Iterable[str], name: str) -> Series:
-    """Parse ``metrics.jsonl`` lines into a Series, merging per-rank rows of a user's program."""
+    """Parse ``metrics.jsonl`` lines into a Series, merging per-rank rows of a user's program (its
+    own, and those of fsdpctl's rank telemetry)."""
     series = Series(name)
     by_step: dict[tuple[str, int], list[dict[str, Any]]] = {}
     seen: set[str] = set()
+    hook_rows: list[dict[str, Any]] = []
     for line in lines:
         line = line.strip()
         if not line or line in seen:  # the same file fetched from nodes that share a run directory
@@ -98,7 +104,14 @@ def read_rows(lines: Iterable[str], name: str) -> Series:
             if isinstance(row.get("from_step"), int):
                 by_step = {key: rows for key, rows in by_step.items() if key[1] <= row["from_step"]}
             continue
+        if is_hook_row(row):  # counted from each attempt's start: an attempt's rows stand on their own
+            hook_rows.append(row)
+            continue
         by_step.setdefault((row_kind(row), row["step"]), []).append(row)
+    for merged in merge_all(hook_rows):
+        own = by_step.get(("train", merged["step"]))
+        # the program's own row of the same step, where it writes one, has the last word on its figures
+        by_step[("train", merged["step"])] = [{**merged, **own[-1]}] if own and "rank" not in own[-1] else [merged]
     for (kind, _step), rows in sorted(by_step.items(), key=lambda item: item[0][1]):
         if all("rank" not in r for r in rows):  # one writer (rank 0): a step written again is the newer
             merged = rows[-1]

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..workload.straggler import even_text, verdict
 from .rows import Series
+from .wait_rule import ranks_even_text, straggler_verdict
 
 
 @dataclass
@@ -83,8 +83,8 @@ def summarize(series: Series, *, attempts: int = 1, state: Optional[str] = None)
         out.memory_mb_per_rank = [float(e["mem_mb"]) for e in windows[-1]]
     elif series.summary and series.summary.get("peak_memory_mb_per_rank"):
         out.memory_mb_per_rank = [float(v) for v in series.summary["peak_memory_mb_per_rank"]]
-    out.straggler = verdict(windows)
-    out.ranks_text = None if out.straggler else even_text(windows)
+    out.straggler = straggler_verdict(windows)
+    out.ranks_text = None if out.straggler else ranks_even_text(windows)
     if out.ranks_text is None and windows and series.world == 1:
         out.ranks_text = ONE_RANK_TEXT  # timed, but a straggler is only slower than other ranks
     return out

@@ -34,7 +34,8 @@ def node_files(rank: int) -> tuple[str, ...]:
     """What one node's part of an attempt leaves in the run directory on the node: its own files, and
     the ranks' stack and flight-recorder dumps (a shared run directory's are moved by whichever node
     comes first)."""
-    return (f"node{rank}.log", f"node{rank}.exit", f"node{rank}.pid", f"logs/node{rank}", "stacks", "flight")
+    return (f"node{rank}.log", f"node{rank}.exit", f"node{rank}.pid", f"logs/node{rank}", "stacks", "flight",
+            f"telemetry/node{rank}.jsonl")
 
 
 def move_into(root: Path, names: tuple[str, ...], folder: str) -> None:

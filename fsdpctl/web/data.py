@@ -91,7 +91,7 @@ def run_row(root: Path) -> dict[str, Any]:
     plan = read_json(root / "plan.json")
     record = RunRecord.from_json(read_json(root / "run.json"), run_id=str(plan["run_id"]),
                                  profile=str(plan.get("profile_name")), backend=str(plan.get("backend")))
-    texts = [newest_text(p, TAIL_BYTES) for p in layout.node_files(root, _PlanFiles(plan), layout.METRICS)]
+    texts = [newest_text(p, TAIL_BYTES) for p in layout.metrics_files(root, _PlanFiles(plan))]
     newest = last_metrics(texts) or {}
     first = record.attempts[0] if record.attempts else None
     started = (first.started_at if first else None) or record.started_at or record.submitted_at

@@ -144,7 +144,7 @@ def test_copies_grow_and_a_file_that_begins_again_is_appended_on_a_line_of_its_o
     col.save()
     assert side_specs(col.root, Plan("~/fsdpctl-runs/run"), 0, "n1") == [
         {"path": "metrics.jsonl", "ino": 13, "offset": 12}, {"path": "summary.json", "ino": 21, "offset": 8},
-        {"path": "gpu/node0.jsonl", "ino": 0, "offset": 0}]
+        {"path": "gpu/node0.jsonl", "ino": 0, "offset": 0}, {"path": "telemetry/node0.jsonl", "ino": 0, "offset": 0}]
     # another host in node 0's place (a spare): its files are others, sent whole
     assert all(s["offset"] == 0 for s in side_specs(col.root, Plan("~/fsdpctl-runs/run"), 0, "n9"))
 

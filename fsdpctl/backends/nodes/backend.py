@@ -194,12 +194,13 @@ class NodesBackend(Backend):
             nodes = self._parallel(lambda node: node.replace(**self._poll_node(plan.run_dir, node)), nodes)
             state = settle([NodeEnd(node_rank=n.node_rank, host=n.host, state=n.state, exit_code=n.exit_code)
                             for n in nodes]).state
-        texts = [newest_text(path) for path in layout.node_files(run.root, plan, layout.METRICS)]
+        texts = [newest_text(path) for path in layout.metrics_files(run.root, plan)]
         gpus = [newest_text(path) for path in layout.gpu_files(run.root, plan)]
         tail = "tail -n 5 metrics.jsonl 2>/dev/null"  # the last training row may be followed by a validation row
-        if live:  # and each node's newest GPU samples (a straggler's cause needs a few)
+        if live:  # and each node's newest GPU samples (a straggler's cause needs a few), and its ranks' rows
             answers = self._parallel(lambda node: self._quietly(
-                node, plan.run_dir, f"{tail}; echo {_GPU_MARK}; tail -n {GPU_SAMPLES_SHOWN} "
+                node, plan.run_dir, f"{tail}; tail -n 2 {layout.telemetry_name(node.node_rank)} 2>/dev/null; "
+                                    f"echo {_GPU_MARK}; tail -n {GPU_SAMPLES_SHOWN} "
                                     f"gpu/node{node.node_rank}.jsonl 2>/dev/null"), list(plan.nodes))
             # the nodes' own word first: copies here nobody collects any more may be behind
             texts = [answer.partition(_GPU_MARK)[0] for answer in answers] + texts
