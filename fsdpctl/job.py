@@ -61,6 +61,14 @@ class JobOptions:
     ``export.tensorboard``)."""
     prometheus: Optional[str] = None
     """A Prometheus textfile (or a folder for one) kept while the run goes (over ``export.prometheus``)."""
+    telemetry: Optional[bool] = None
+    """Your program: every rank's steps, loss and times from fsdpctl's start-up hook (default: the
+    profile's ``telemetry.enabled``)."""
+    tokens_per_step: Optional[int] = None
+    """Your program's tokens per optimizer step over all ranks (default: the profile's
+    ``telemetry.tokens_per_step``; else estimated)."""
+    flops_per_token: Optional[float] = None
+    """Your model's training FLOPs per token, for its MFU (default: the profile's ``telemetry.flops_per_token``)."""
     exclude: tuple[str, ...] = ()
     """Hosts of the profile this launch leaves out (a spare takes each one's place)."""
     nodes: Optional[int] = None
@@ -90,6 +98,12 @@ class JobOptions:
             raise UsageError(f"--node-timeout {self.node_timeout}: too short", "give 3 seconds or more (default 30)")
         if self.max_restarts is not None and not 0 <= self.max_restarts <= 100:
             raise UsageError(f"--max-restarts {self.max_restarts}: out of range", "give 0 to 100")
+        if self.tokens_per_step is not None and self.tokens_per_step < 1:
+            raise UsageError(f"--tokens-per-step {self.tokens_per_step}: not positive",
+                             "give the tokens of one optimizer step over all ranks (global batch x sequence length)")
+        if self.flops_per_token is not None and self.flops_per_token <= 0:
+            raise UsageError(f"--flops-per-token {self.flops_per_token}: not positive",
+                             "give your model's training FLOPs per token (about 6 x its parameters)")
         check_slurm_values(self.nodes, self.time, self.partition, self.via, self.spares)
 
 

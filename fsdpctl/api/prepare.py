@@ -187,7 +187,8 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         master_port=options.master_port, debug=options.debug, node_timeout=options.node_timeout,
         hang_timeout=options.hang_timeout, on_hang=options.on_hang, max_restarts=options.max_restarts,
         allow_busy_gpus=options.allow_busy_gpus, container_image=job.container,
-        tensorboard=options.tensorboard, prometheus=options.prometheus,
+        tensorboard=options.tensorboard, prometheus=options.prometheus, telemetry=options.telemetry,
+        tokens_per_step=options.tokens_per_step, flops_per_token=options.flops_per_token,
         backend_options=backend_options(placer, options, job))
     loaded = with_container(loaded, job.container)  # the backend's probes ask inside the same image
     if placer.queued and overrides.max_restarts:

@@ -87,6 +87,16 @@ RUN = {
                                                help="Keep a Prometheus textfile (PATH.prom, or fsdpctl_<run_id>.prom "
                                                     "in the folder PATH) for node_exporter while the run goes (over "
                                                     "the profile's export.prometheus).")),
+    "telemetry": (Optional[bool], typer.Option(None, "--telemetry/--no-telemetry",
+                                               help="Your program: every rank's steps, loss and times from "
+                                                    "fsdpctl's start-up hook, no code of yours (default: the "
+                                                    "profile's telemetry.enabled, on).")),
+    "tokens_per_step": (Optional[int], typer.Option(None, "--tokens-per-step", metavar="N",
+                                                    help="Your program's tokens per optimizer step over all ranks, "
+                                                         "for an exact tokens/s (else estimated from its batches).")),
+    "flops_per_token": (Optional[float], typer.Option(None, "--flops-per-token", metavar="F",
+                                                      help="Your model's training FLOPs per token: MFU for your "
+                                                           "program on GPUs whose peak fsdpctl knows.")),
     "resume": (Optional[str], typer.Option(None, "--resume", metavar="RUN_ID",
                                            help="Start the next attempt of RUN_ID in its own run directory with its "
                                                 "own plan (the bundled workload from its newest complete checkpoint); "
@@ -133,7 +143,9 @@ class Flags:
                  "nproc_per_node": self.values.get("nproc_per_node"), "master_port": self.values.get("master_port"),
                  "debug": self.values.get("debug", False), "hang_timeout": self.values.get("hang_timeout"),
                  "container": self.values.get("container"), "tensorboard": self.values.get("tensorboard"),
-                 "prometheus": self.values.get("prometheus"),
+                 "prometheus": self.values.get("prometheus"), "telemetry": self.values.get("telemetry"),
+                 "tokens_per_step": self.values.get("tokens_per_step"),
+                 "flops_per_token": self.values.get("flops_per_token"),
                  "on_hang": self.values.get("on_hang"), "model": self.values.get("model"),
                  "wrap": self.values.get("wrap"), "input_shape": input_shape(self.values.get("input_shape")), **extra}
         return JobOptions(**given)

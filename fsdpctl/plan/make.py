@@ -118,6 +118,25 @@ def _env(profile: ClusterProfile, debug: bool, run_id: str, chdir: str, attempt:
     return env
 
 
+def telemetry_env(profile: ClusterProfile, overrides: Overrides) -> dict[str, str]:
+    """What a user's program's ranks are told of fsdpctl's telemetry (``fsdpctl.node.telemetry``): on
+    or off, the tokens of a step, the FLOPs of a token, NCCL's timing (the profile's own ``env`` may
+    still set it)."""
+    spec = profile.telemetry
+    if not (overrides.telemetry if overrides.telemetry is not None else spec.enabled):
+        return {"FSDPCTL_TELEMETRY": "0"}
+    env = {"FSDPCTL_TELEMETRY": "1"}
+    tokens = overrides.tokens_per_step or spec.tokens_per_step
+    if tokens:
+        env["FSDPCTL_TOKENS_PER_STEP"] = str(tokens)
+    flops = overrides.flops_per_token or spec.flops_per_token
+    if flops:
+        env["FSDPCTL_FLOPS_PER_TOKEN"] = repr(float(flops))
+    if spec.nccl_timing:
+        env["TORCH_NCCL_ENABLE_TIMING"] = "1"
+    return env
+
+
 def interface_env(name: str) -> dict[str, str]:
     """The card the nodes talk over: NCCL's exact-match form (a plain name is a prefix to NCCL: ``eth0``
     also matches ``eth0.100``), Gloo's plain name (Gloo wants the exact name)."""
@@ -251,6 +270,8 @@ def make_plan(
         profile.export, tensorboard=overrides.tensorboard, prometheus=overrides.prometheus, run_id=run_id,
         local_cwd=local_cwd, home=home, bundled=not overrides.command and not overrides.entry_module)
     env.update(export_env)
+    if overrides.command:
+        env.update(telemetry_env(profile, overrides))
     requirements += tuple(r for r in export_requirements if r not in requirements)
     env.update(overrides.extra_env)
     secrets = _secrets(profile, overrides, env)

@@ -76,6 +76,12 @@ class Overrides:
     """``--tensorboard DIR`` (over ``export.tensorboard``)."""
     prometheus: Optional[str] = None
     """``--prometheus PATH`` (over ``export.prometheus``)."""
+    telemetry: Optional[bool] = None
+    """``--telemetry/--no-telemetry`` (over ``telemetry.enabled``)."""
+    tokens_per_step: Optional[int] = None
+    """``--tokens-per-step`` (over ``telemetry.tokens_per_step``)."""
+    flops_per_token: Optional[float] = None
+    """``--flops-per-token`` (over ``telemetry.flops_per_token``)."""
 
 
 _LEGACY_OPTION_PREFIX = "slurm_"

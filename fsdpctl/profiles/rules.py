@@ -56,6 +56,16 @@ def _health_rules(health: schema.HealthSpec):
     return None
 
 
+def _telemetry_rules(telemetry: schema.TelemetrySpec):
+    if telemetry.tokens_per_step is not None and telemetry.tokens_per_step < 1:
+        return ("tokens_per_step", f"{telemetry.tokens_per_step} is not positive",
+                "give the tokens of one optimizer step over all ranks, or leave it out to estimate them")
+    if telemetry.flops_per_token is not None and telemetry.flops_per_token <= 0:
+        return ("flops_per_token", f"{telemetry.flops_per_token} is not positive",
+                "give your model's training FLOPs per token (about 6 x its parameters), or leave it out")
+    return None
+
+
 def _container_rules(container: schema.ContainerSpec):
     if not schema.ContainerSpec.image_ok(container.image):
         return ("image", f"{container.image!r} is not an image name",
@@ -207,6 +217,7 @@ RULES: dict[type, tuple] = {
     schema.NetworkSpec: (_network_rules,),
     schema.RendezvousSpec: (_rendezvous_rules,),
     schema.HealthSpec: (_health_rules,),
+    schema.TelemetrySpec: (_telemetry_rules,),
     schema.SSHSpec: (_ssh_rules,),
     schema.ContainerSpec: (_container_rules,),
     schema.SlurmSpec: (_slurm_rules,),

@@ -132,6 +132,29 @@ class HealthSpec:
     makes it the node a spare replaces. 0: no sampling. Nodes without nvidia-smi are not sampled."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class TelemetrySpec:
+    """What fsdpctl's start-up hook records in every rank of your own program, with no code of yours:
+    each rank's steps (its optimizer steps), loss, wait for data, time in collectives, compute, peak
+    memory and tokens, about once a second into ``telemetry/node<N>.jsonl``, read by ``top``,
+    ``status``, ``report``, the dashboard and the exports. The bundled workload times itself."""
+
+    enabled: bool = True
+    """Record them (``launch --no-telemetry`` for one run). Its hooks fail open: an error of theirs turns
+    them off for that rank, never the program."""
+    tokens_per_step: Optional[int] = None
+    """Tokens per optimizer step over all ranks (``--tokens-per-step``), for an exact tokens/s; without it,
+    tokens/s is estimated from batches that show their tokens (an integer 2-D tensor, ``input_ids``)."""
+    flops_per_token: Optional[float] = None
+    """Your model's training FLOPs per token (``--flops-per-token``; e.g. 6 x the parameters multiplied per
+    token, plus attention's): with it, MFU against the GPU's dense bf16 peak where fsdpctl knows that GPU.
+    Without it, no MFU is shown."""
+    nccl_timing: bool = False
+    """Time NCCL's collectives on the GPU (``TORCH_NCCL_ENABLE_TIMING=1``): the time in collectives, and so
+    the straggler rule, on GPUs. Off by default: CUDA events around every collective have a cost fsdpctl
+    has not yet measured on a GPU."""
+
+
 ContainerRuntime = Literal["docker", "podman", "apptainer", "pyxis"]
 PullPolicy = Literal["missing", "always", "never"]
 CONTAINER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9~/.][A-Za-z0-9_.:/@+#~-]*$")  # enroot writes registry#image
@@ -318,6 +341,8 @@ class ClusterProfile:
     """torchrun rendezvous settings."""
     health: HealthSpec = field(default_factory=HealthSpec)
     """The GPU health checks of the preflight."""
+    telemetry: TelemetrySpec = field(default_factory=TelemetrySpec)
+    """What the start-up hook records in every rank of your own program (see ``telemetry.*``)."""
     container: Optional[ContainerSpec] = None
     """Run the ranks inside a container image on every node (see its fields)."""
     python: Optional[str] = None

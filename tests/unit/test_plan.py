@@ -187,3 +187,31 @@ def test_run_ids():
     assert len(ids) == 50 and all(RUN_ID_PATTERN.match(i) for i in ids)
     with pytest.raises(ValueError):
         make_run_id("lab", dt.datetime(2026, 1, 1), "zz")
+
+
+def test_a_users_program_is_timed_by_the_start_up_hook_unless_turned_off(tmp_path):
+    """Telemetry is on for a program of the user's (the bundled workload times itself), off with
+    --no-telemetry or the profile's telemetry.enabled, and carries the tokens and FLOPs given."""
+    assert "FSDPCTL_TELEMETRY" not in two_node().env
+    plan = two_node(command=("train.py",))
+    assert plan.env["FSDPCTL_TELEMETRY"] == "1" and "FSDPCTL_TOKENS_PER_STEP" not in plan.env
+    assert "TORCH_NCCL_ENABLE_TIMING" not in plan.env  # its cost is not measured on a GPU yet
+    assert two_node(command=("train.py",), telemetry=False).env["FSDPCTL_TELEMETRY"] == "0"
+    given = two_node(command=("train.py",), tokens_per_step=65536, flops_per_token=7.5e8).env
+    assert given["FSDPCTL_TOKENS_PER_STEP"] == "65536" and float(given["FSDPCTL_FLOPS_PER_TOKEN"]) == 7.5e8
+    path = tmp_path / "timed.yaml"
+    path.write_text("name: timed\nhosts: [a, b]\ntelemetry:\n  enabled: false\n  nccl_timing: true\n")
+    off = plan_run(load_profile(str(path)).profile, run_id=RUN_ID, local_run_dir="r",
+                   overrides=Overrides(command=("train.py",)))
+    assert off.env["FSDPCTL_TELEMETRY"] == "0" and "TORCH_NCCL_ENABLE_TIMING" not in off.env
+    path.write_text("name: timed\nhosts: [a, b]\ntelemetry:\n  nccl_timing: true\n  tokens_per_step: 0\n")
+    with pytest.raises(ProfileError, match=r"telemetry\.tokens_per_step: 0 is not positive"):
+        load_profile(str(path))
+    path.write_text("name: timed\nhosts: [a, b]\ntelemetry:\n  nccl_timing: true\n")
+    timed = plan_run(load_profile(str(path)).profile, run_id=RUN_ID, local_run_dir="r",
+                     overrides=Overrides(command=("train.py",)))
+    assert timed.env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    with pytest.raises(UsageError, match="--tokens-per-step -1: not positive"):
+        from fsdpctl.job import JobOptions
+
+        JobOptions(command=("train.py",), tokens_per_step=-1)

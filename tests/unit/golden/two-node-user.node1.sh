@@ -21,6 +21,7 @@ export NCCL_NET=Socket
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export FSDPCTL_RUN_ID=two-node-user-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
+export FSDPCTL_TELEMETRY=1
 export FSDPCTL_SECRET_NAMES=HF_TOKEN
 export FSDPCTL_NODE_RANK=1
 export FSDPCTL_HOST=node2  # how fsdpctl names this node (per-rank timings say it)
