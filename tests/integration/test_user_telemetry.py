@@ -1,0 +1,213 @@
+"""Users' own, unchanged training scripts (tests/user_scripts) on two nodes of the namespace testbed,
+one rank each, through `fsdpctl launch -- SCRIPT`: what fsdpctl's rank telemetry makes of them in
+`report --json` and `top --once --json`, against what the scripts print themselves; the straggler
+named with its cause, input or compute; and a script's own failure, and the telemetry's, changing
+nothing of the run's outcome.
+
+Neither host is pinned to a core (a parallel CI worker's load on one pinned core would make its rank
+the straggler): a rank is made slow in compute by holding it off the CPU half of the time by its
+PID (``Throttle``), and slow in its input by its own dataset sleeping on that rank only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.test_launch import run, start
+from tests.testbed.lab import processes_of
+from tests.testbed.throttle import Throttle
+
+pytestmark = pytest.mark.integration
+
+SCRIPTS = REPO / "tests" / "user_scripts"
+
+
+@pytest.fixture
+def code(tmp_path) -> Path:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    for script in SCRIPTS.glob("*.py"):
+        shutil.copy(script, folder / script.name)
+    return folder
+
+
+def profile(lab, tmp_path: Path) -> Path:
+    path = tmp_path / "mine.yaml"
+    path.write_text(lab.profile_yaml(["n1", "n2"], python=sys.executable, name="mine"))
+    return path
+
+
+def launch(lab, tmp_path: Path, code: Path, *command: str) -> tuple[subprocess.CompletedProcess, str]:
+    done = run(lab, tmp_path, "launch", "-p", str(profile(lab, tmp_path)), "--no-preflight", "--code", str(code),
+               "--", *command, timeout=600)
+    found = re.search(r"run (\S+) (?:succeeded|FAILED)", done.stdout + done.stderr)
+    assert found, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, found.group(1)
+
+
+def report(lab, tmp_path: Path, run_id: str) -> dict:
+    shown = run(lab, tmp_path, "report", run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)["runs"][0]
+
+
+def rows(lab, run_id: str) -> list[dict]:
+    """Every rank's rows as the nodes wrote them (the lab's hosts share this machine's files)."""
+    folder = lab.root / "work" / "runs" / run_id / "telemetry"
+    return [json.loads(line) for path in sorted(folder.glob("node*.jsonl")) for line in path.read_text().splitlines()]
+
+
+def printed(out: str, pattern: str = r"\] step (\d+) loss ([\d.]+)") -> dict[int, list[float]]:
+    """What rank 0 printed of its loss, by step."""
+    found: dict[int, list[float]] = {}
+    for step, loss in re.findall(pattern, out):
+        found.setdefault(int(step), []).append(float(loss))
+    return found
+
+
+def assert_losses_match(rank0_rows: list[dict], said: dict[int, float]) -> None:
+    """Each of rank 0's windows against the mean of what the script printed for its steps (within 1%)."""
+    begin = 0
+    checked = 0
+    for row in sorted(rank0_rows, key=lambda r: r["step"]):
+        steps = range(begin + 1, row["step"] + 1)
+        begin = row["step"]
+        if all(s in said for s in steps):
+            mean = sum(said[s] for s in steps) / len(steps)
+            assert abs(row["loss"] - mean) <= 0.01 * abs(mean), (row, mean)
+            checked += 1
+    assert checked >= 3, rank0_rows
+
+
+def test_a_plain_fsdp2_loop_gets_every_ranks_figures_live_and_after_with_accumulation_counted(lab, tmp_path, code):
+    profile_path = profile(lab, tmp_path)
+    started = start(lab, tmp_path, "launch", "-p", str(profile_path), "--no-preflight", "--code", str(code), "--",
+                    "fsdp2_loop.py", "--steps", "60", "--grad-accum", "2")
+    live = None
+    deadline = time.monotonic() + 180
+    while live is None and time.monotonic() < deadline and started.process.poll() is None:
+        time.sleep(1)
+        shown = run(lab, tmp_path, "top", "--once", "--json")
+        snap = json.loads(shown.stdout) if shown.returncode == 0 and shown.stdout.strip() else {}
+        ranks = snap.get("ranks") or []
+        if snap.get("run", {}).get("state") == "running" and len(ranks) == 2 and \
+                all(r.get("comm_s") is not None for r in ranks):
+            live = snap
+    code_, out, err = started.finish(timeout=300)
+    assert code_ == 0, out[-3000:] + err[-3000:]
+    assert live is not None, "top --once --json showed no rank's timings while the run went on"
+    assert {r["rank"] for r in live["ranks"]} == {0, 1}
+    assert all(r["wall_s"] > 0 and r["compute_s"] > 0 and r["data_s"] is not None for r in live["ranks"])
+    assert live["run"]["step"] and live["run"]["loss"] is not None and all(n["step"] for n in live["nodes"])
+    run_id = re.search(r"run (\S+) succeeded", out + err).group(1)
+
+    got = report(lab, tmp_path, run_id)
+    assert got["steps"] == 60 and got["world"] == 2
+    assert got["straggler"] is None and got["ranks_text"].startswith("ranks even"), got  # an even run
+    assert len(got["memory_mb_per_rank"]) == 2 and got["tokens_per_s"] > 0
+    mine = rows(lab, run_id)
+    assert {r["rank"] for r in mine} == {0, 1} and all(r["backward_per_step"] == 2.0 for r in mine)
+    said = {step: losses[-1] for step, losses in printed(out).items()}
+    assert sorted(said) == list(range(1, 61))
+    assert_losses_match([r for r in mine if r["rank"] == 0], said)
+    assert abs(got["final_loss"] - said[60]) <= 0.05 * said[60]  # the last window's mean over both ranks
+
+
+def test_the_loop_compiled_keeps_its_steps_and_loss(lab, tmp_path, code):
+    done, run_id = launch(lab, tmp_path, code, "fsdp2_loop.py", "--steps", "24", "--compile")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = report(lab, tmp_path, run_id)
+    assert got["steps"] == 24 and got["world"] == 2
+    said = {step: losses[-1] for step, losses in printed(done.stdout).items()}
+    assert_losses_match([r for r in rows(lab, run_id) if r["rank"] == 0], said)
+
+
+def test_the_hf_trainer_with_ddp_is_counted_and_says_what_it_cannot_see(lab, tmp_path, code):
+    done, run_id = launch(lab, tmp_path, code, "hf_trainer.py", "--steps", "24", "--grad-accum", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = report(lab, tmp_path, run_id)
+    assert got["steps"] == 24 and got["world"] == 2
+    assert "DDP's gradient all-reduce runs in C++" in got["ranks_text"], got
+    mine = rows(lab, run_id)
+    assert all(r["comm"] == "ddp" and "comm_s" not in r and r["backward_per_step"] == 2.0 for r in mine)
+    # the Trainer logs the mean of every rank's loss per step: against the windows' mean of both ranks
+    logged = {i + 1: float(loss) for i, loss in enumerate(re.findall(r" r0\] \{'loss': '([\d.]+)'", done.stdout))}
+    assert sorted(logged) == list(range(1, 25))
+    windows = {}
+    for row in mine:
+        windows.setdefault(row["step"], []).append(row)
+    begin, checked = 0, 0
+    for end in sorted(windows):
+        if len(windows[end]) == 2:
+            mean = sum(logged[s] for s in range(begin + 1, end + 1)) / (end - begin)
+            ours = sum(r["loss"] for r in windows[end]) / 2
+            assert abs(ours - mean) <= 0.01 * mean, (end, ours, mean)  # the Trainer rounds to 4 digits
+            checked += 1
+        begin = end
+    assert checked >= 3
+
+
+def test_lightnings_trainer_with_fsdp2_is_counted(lab, tmp_path, code):
+    done, run_id = launch(lab, tmp_path, code, "lightning_fsdp2.py", "--steps", "24", "--grad-accum", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = report(lab, tmp_path, run_id)
+    assert got["steps"] == 24 and got["world"] == 2 and got["ranks_text"].startswith("ranks even"), got
+    mine = rows(lab, run_id)
+    assert all(r["comm"] == "waited" and r["backward_per_step"] == 2.0 for r in mine)
+    # the script prints each micro-batch's loss; Lightning divides it by 2 before backward
+    said = {step: sum(losses) / 2 for step, losses in printed(done.stdout).items() if len(losses) == 2}
+    assert_losses_match([r for r in mine if r["rank"] == 0], said)
+
+
+def test_a_rank_slow_in_compute_is_named_with_its_cause(lab, tmp_path, code):
+    throttle = Throttle(lab.root, rank=1, module="fsdp2_loop.py")
+    try:
+        done, run_id = launch(lab, tmp_path, code, "fsdp2_loop.py", "--steps", "100")
+    finally:
+        throttle.stop()
+    assert throttle.pid is not None, "rank 1 was never found to slow down"
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    straggler = report(lab, tmp_path, run_id)["straggler"]
+    assert straggler and straggler["rank"] == 1 and straggler["slow_in"] == "compute", straggler
+    assert straggler["host"] == lab.hosts["n2"].address
+    shown = run(lab, tmp_path, "report", run_id)
+    assert f"straggler: rank 1 on {lab.hosts['n2'].address} (node 1), slow in its compute" in shown.stdout
+
+
+def test_a_rank_slow_in_its_input_is_named_with_its_cause(lab, tmp_path, code):
+    done, run_id = launch(lab, tmp_path, code, "fsdp2_loop.py", "--steps", "100", "--slow-input-rank", "0",
+                          "--input-delay", "0.005")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    straggler = report(lab, tmp_path, run_id)["straggler"]
+    assert straggler and straggler["rank"] == 0 and straggler["slow_in"] == "input", straggler
+    assert straggler["host"] == lab.hosts["n1"].address
+
+
+def test_a_failing_script_keeps_its_exit_and_a_failing_telemetry_changes_nothing(lab, tmp_path, code):
+    failed, failed_id = launch(lab, tmp_path, code, "fsdp2_loop.py", "--steps", "20", "--fail-at-step", "5")
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
+    assert "failing on purpose at step 5" in failed.stdout + failed.stderr
+    assert not processes_of(failed_id)
+    # The telemetry cannot write its rows: a file stands where its folder goes. The script's own
+    # losses and exit are what they are without any telemetry.
+    (code / "sitecustomize.py").write_text(
+        "import os\nrun = os.environ.get('FSDPCTL_RUN_DIR')\n"
+        "if run and not os.path.exists(os.path.join(run, 'telemetry')):\n"
+        "    open(os.path.join(run, 'telemetry'), 'w').close()\n")
+    broken, _ = launch(lab, tmp_path, code, "fsdp2_loop.py", "--steps", "20")
+    (code / "sitecustomize.py").unlink()
+    plain = run(lab, tmp_path, "launch", "-p", str(profile(lab, tmp_path)), "--no-preflight", "--code", str(code),
+                "--no-telemetry", "--", "fsdp2_loop.py", "--steps", "20", timeout=600)
+    assert broken.returncode == plain.returncode == 0, broken.stdout[-3000:] + broken.stderr[-3000:]
+    assert printed(broken.stdout) == printed(plain.stdout) and len(printed(plain.stdout)) == 20
+    off = [line for line in (broken.stdout + broken.stderr).splitlines() if "rank telemetry is off" in line]
+    assert len(off) == 2, off  # one line per rank
