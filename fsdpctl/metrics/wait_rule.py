@@ -91,13 +91,14 @@ def wait_verdict(windows: Iterable[Sequence[Mapping[str, Any]]]) -> Optional[dic
     node_text = f" (node {info['node']})" if info.get("node") is not None else ""
     rank = info.get("rank", worst)
     if slow_in == "input":
-        why = (f"its input: it waited {by:.3f} s per step longer than the other ranks for its batches"
+        why = (f"its input: it waited {by:.3f} s a step longer than the other ranks for its batches"
                if not _comm_seen(where) else
-               f"its input: it waited {by:.3f} s per step less than the other ranks in collectives, its batches "
-               f"the longer")
+               f"its input: it waited {by:.3f} s a step less than the other ranks in collectives, its batches "
+               f"taking longer")
         usual = "Usually a slow dataset or storage on that node, too few data-loader workers, or a CPU it shares."
     else:
-        why = f"its compute: it waited {by:.3f} s per step less than the other ranks in collectives"
+        why = (f"its compute: it waited {by:.3f} s a step less than the other ranks in collectives, computing "
+               f"longer")
         usual = f"Usually {WHY}."
     text = (f"straggler: rank {rank}{place}{node_text}, slow in {why} (a step: {wall:.3f} s), in "
             f"{len(flagged[worst])} of {seen} windows; every rank waits for it at each collective. {usual}")
