@@ -330,8 +330,9 @@ def _parity_values(profile: ClusterProfile, reports: Sequence[HostReport]) -> di
     if any(ib.values()):  # doctor --health: every host's InfiniBand ports at the same rate
         values["ib_rate"] = {h: ", ".join(rates) or None for h, rates in ib.items()}
     cards = {r.host: r.interface or profile.network.interface for r in reports if r.facts is not None}
-    if any(cards.values()):
-        values["mtu"] = {h: (f["interfaces"].get(cards[h] or "") or {}).get("mtu") for h, f in facts.items()}
+    if any(cards.values()):  # a host without the card fails its interface check: no MTU of it to compare
+        mtus = {h: (f["interfaces"].get(cards[h] or "") or {}).get("mtu") for h, f in facts.items()}
+        values["mtu"] = {h: mtu for h, mtu in mtus.items() if mtu is not None}
     return values
 
 
@@ -342,7 +343,9 @@ def _shown(value: Any) -> str:
 _PARITY_HINTS = {"image": "another build of the same tag on some hosts: pull the image again there "
                           "(container.pull: always), or push one build and pull it everywhere",
                  "ib_rate": "a port trained to a lower rate (a bad cable or transceiver) slows every collective "
-                           "through it: check ibstat and the cable on that host; ask the network administrator"}
+                           "through it: check ibstat and the cable on that host; ask the network administrator",
+                 "mtu": "give the nodes' card the same MTU everywhere (ip link set dev CARD mtu N, and on the switch): "
+                        "a smaller one on the path drops or fragments NCCL's packets"}
 
 
 def judge_parity(profile: ClusterProfile, reports: Sequence[HostReport]) -> list[ParityEntry]:

@@ -94,6 +94,14 @@ def test_parity_names_the_odd_host_and_passes_when_equal():
 
     assert "a=" not in entries["torch"].detail
     assert entries["nccl"].status == "fail" and entries["python"].status == "pass"
+    # a host without the card fails its own interface check; its MTU is no parity row ("not installed")
+    reports[2] = HostReport("c", 2, facts(interfaces={"eth1": {"state": "up", "up": True, "mtu": 1500,
+                                                                "ipv4": ["10.0.0.3/24"]}}))
+    assert {p.fact: p.status for p in judge_parity(profile(), reports)}["mtu"] == "pass"
+    reports[2] = HostReport("c", 2, facts(interfaces={"eth0": {"state": "up", "up": True, "mtu": 1500,
+                                                                "ipv4": ["10.0.0.3/24"]}}))
+    mtu = {p.fact: p for p in judge_parity(profile(), reports)}["mtu"]
+    assert mtu.status == "fail" and "c=1500" in mtu.detail and "ip link set dev CARD mtu" in mtu.hint
 
 
 def test_missing_packages_fail_with_the_install_command_and_versions_are_compared():
