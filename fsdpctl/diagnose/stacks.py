@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
-_LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/fsdpctl/node/startup/")
+_OWN_MARKS = ("/fsdpctl/node/startup/", "/fsdpctl/node/telemetry/")
+"""fsdpctl's own frames in a rank: its start-up hook and its rank telemetry's wrappers."""
+_LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", *_OWN_MARKS)
+
+
+def is_fsdpctls(frame: dict[str, Any]) -> bool:
+    """A frame of fsdpctl's own code in a rank (a wrapper around the call the rank waits in)."""
+    return any(m in str(frame.get("file", "")) for m in _OWN_MARKS)
 
 
 def is_library(frame: dict[str, Any]) -> bool:
@@ -105,9 +112,10 @@ class Group:
         python = [f for f in self.frames if not f.get("native")]
         if not python:
             return "no Python frame"
-        for i, frame in enumerate(python):
+        waits_in = next((f for f in python if not is_fsdpctls(f)), python[0])
+        for frame in python:
             if not is_library(frame):
-                inside = f", inside {python[0]['function']} ({short_where(python[0])})" if i else ""
+                inside = f", inside {waits_in['function']} ({short_where(waits_in)})" if waits_in is not frame else ""
                 return f"{short_where(frame)} in {frame['function']}{inside}"
         return f"{short_where(python[0])} in {python[0]['function']} (no frame of user code)"
 
@@ -212,10 +220,12 @@ class StackReport:
 
     @property
     def ranks(self) -> list[RankStack]:
+        """Every rank's stack, by global rank."""
         return rank_stacks(self.nodes)
 
     @property
     def groups(self) -> list[Group]:
+        """The ranks standing at the same frames, one group each, the odd ones first."""
         return group_stacks(self.ranks)
 
     @property

@@ -221,3 +221,19 @@ def test_the_startup_hook_freezes_what_importing_torch_made_and_collects_what_ca
     before, after, collected, loader, same = shown.stdout.split()
     assert before == "0" and collected == "True" and loader == "SourceFileLoader" and same == "True"
     assert int(after) > 10_000 if setting == "default" else after == "0"
+
+
+def test_the_rank_telemetrys_wrappers_are_never_named_as_the_users_code():
+    """A user's collective goes through fsdpctl's rank telemetry (its wrapper sits between the
+    program and torch): the group is still named by the program's own frame."""
+    wrapper = {"function": "Patches._comm_wrapper.<locals>.timed",
+               "file": "/runs/r/pkg/fsdpctl/node/telemetry/patches.py", "line": 240}
+    nodes = nodes_with_rank_3_stuck()
+    for node in nodes:
+        for rank in node["ranks"]:
+            frames = rank["threads"][0]["frames"]
+            if frames[0]["function"] == "all_reduce":
+                rank["threads"][0]["frames"] = [wrapper, frames[0], wrapper, *frames[1:]]
+    groups = group_stacks(rank_stacks(nodes))
+    assert [g.ranks for g in groups] == [[3], [0, 1, 2]]
+    assert groups[1].headline() == "train.py:42 in step, inside all_reduce (torch/distributed/distributed_c10d.py:3252)"
