@@ -56,7 +56,8 @@ def _failure_of(node: NodeEnd) -> Failure:
 
 def _blame(node: NodeEnd) -> tuple:
     """What makes a node's failure the cause of the others, strongest first: a node that vanished
-    (its peers only failed because it did); one not ended by fsdpctl's own stop (a rank there killed
+    (its peers only failed because it did), unless fsdpctl was ending it already for another node's
+    failure (its link closing on the way out is the stop's doing); one not ended by fsdpctl's own stop (a rank there killed
     by our TERM, or a torchrun that says nothing of a rank, is the stop's doing); a rank that failed on
     its own (torchrun names it, and its last lines do not say a peer went away), then one that only
     lost a peer, then a node that names no rank (its torchrun failed, its rendezvous store gone);
@@ -65,8 +66,8 @@ def _blame(node: NodeEnd) -> tuple:
     reset" (seen a second later), and a node's news arrives in any order."""
     failure = _failure_of(node)
     by_stop = node.stopped and (failure.rank is None or failure.signal in _STOP_SIGNALS)
-    return (failure.kind != "lost", by_stop, failure.rank is None, failure.peer_gone, failure.failed_at or "9999",
-            node.node_rank)
+    return (failure.kind != "lost" or node.stopped, by_stop, failure.rank is None, failure.peer_gone,
+            failure.failed_at or "9999", node.node_rank)
 
 
 def root_cause(nodes: Sequence[NodeEnd]) -> Optional[Failure]:

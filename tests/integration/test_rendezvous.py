@@ -84,6 +84,9 @@ def test_a_rendezvous_that_waits_says_on_what_and_ends_at_its_timeout(lab, tmp_p
     before = [line for line in result.stdout.splitlines() if "torchrun has not started here after" in line]
     assert len(before) == 1 and lab.hosts["n2"].address in before[0].split("]")[0], before  # n2 is in its setup
     assert "node script is still before it" in before[0]
+    # the run's verdict names the timeout on node 0, not node 1 ended by fsdpctl on its way out
+    verdict = next(line for line in (result.stdout + result.stderr).splitlines() if " FAILED: " in line)
+    assert "(node 0) exited" in verdict and "was lost" not in verdict, verdict
 
 
 def test_a_launchs_timeline_has_its_phases_in_order(lab, tmp_path):

@@ -36,6 +36,11 @@ def test_the_root_cause_is_a_failure_of_its_own_not_a_lost_peer():
     # A node that stopped answering is the cause: its peers only failed because it vanished under them.
     vanished = ended(failure(3, "2026-11-21_13:05:09", exit_code=255, kind="lost"), state=NodeState.LOST)
     assert root_cause([killed, vanished]) is vanished.failure
+    # ...unless fsdpctl was ending it already: node 0's rendezvous timed out waiting for node 1, still in
+    # its setup lines, whose link then closed on its way out. The timeout is the cause.
+    timed_out = ended(failure(0, exit_code=1))
+    stopped_on_its_way_out = ended(failure(1, exit_code=255, kind="lost"), state=NodeState.LOST, stopped=True)
+    assert root_cause([stopped_on_its_way_out, timed_out]) is timed_out.failure
 
 
 def test_a_named_rank_that_failed_beats_a_node_whose_torchrun_names_none():
