@@ -64,6 +64,7 @@ class EstimateReport:
         return None if judged is None else judged.fits
 
     def to_json(self) -> dict[str, Any]:
+        """The estimate as ``estimate --json`` prints it."""
         def entry(choice: Choice) -> dict[str, Any]:
             judged = self.verdict(choice)
             result = choice.result

@@ -34,9 +34,11 @@ class HostInfo:
     since: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
+        """The host as ``hosts --json`` prints it (no empty fields)."""
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
     def describe(self) -> str:
+        """The host in one line, as ``fsdpctl hosts`` prints it."""
         if self.role == "excluded":
             by = f" by run {self.run_id}" if self.run_id else ""
             return f"{self.host}\texcluded\t{self.reason} (since {self.since}{by})"

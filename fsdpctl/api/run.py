@@ -87,6 +87,7 @@ class Run:
     # ---- what the run is -------------------------------------------------------------------------
     @property
     def run_id(self) -> str:
+        """fsdpctl's id of the run (``<profile>-<date>-<time>-<token>``)."""
         return self._dir.run_id
 
     @property
@@ -106,6 +107,7 @@ class Run:
 
     @property
     def attempt(self) -> int:
+        """The run's newest attempt (1, then 2 and on after a resume or a restart)."""
         return self._dir.plan.attempt
 
     @property

@@ -140,6 +140,7 @@ class Snapshot:
         return RunState.parse(self.run.state).is_over
 
     def to_json(self) -> dict[str, Any]:
+        """The snapshot as ``top --json`` prints it: plain data."""
         def plain(value: Any) -> Any:
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
                 return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}

@@ -153,7 +153,9 @@ class Report:
 
     @property
     def text(self) -> str:
+        """The report as ``fsdpctl report`` prints it."""
         return render(self.summaries)
 
     def to_json(self) -> dict[str, Any]:
+        """The report as ``report --json`` prints it."""
         return {"runs": [s.to_json() for s in self.summaries], "plots": [str(p) for p in self.plots]}

@@ -57,10 +57,11 @@ def _failure_of(node: NodeEnd) -> Failure:
 def _blame(node: NodeEnd) -> tuple:
     """What makes a node's failure the cause of the others, strongest first: a node that vanished
     (its peers only failed because it did), unless fsdpctl was ending it already for another node's
-    failure (its link closing on the way out is the stop's doing); one not ended by fsdpctl's own stop (a rank there killed
-    by our TERM, or a torchrun that says nothing of a rank, is the stop's doing); a rank that failed on
-    its own (torchrun names it, and its last lines do not say a peer went away), then one that only
-    lost a peer, then a node that names no rank (its torchrun failed, its rendezvous store gone);
+    failure (its link closing on the way out is the stop's doing); one not ended by fsdpctl's own stop
+    (a rank there killed by our TERM, or a torchrun that says nothing of a rank, is the stop's doing);
+    a rank that failed on its own (torchrun names it, and its last lines do not say a peer went away),
+    then one that only lost a peer, then a node that names no rank (its torchrun failed, its
+    rendezvous store gone);
     then torchrun's failure time; then the lowest node rank. Time alone misleads: under load a rank
     killed by a signal is stamped when torchrun's monitor notices, after its peers' "connection
     reset" (seen a second later), and a node's news arrives in any order."""

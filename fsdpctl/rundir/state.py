@@ -153,6 +153,7 @@ class Failure:
 
     @property
     def signal_name(self) -> Optional[str]:
+        """The signal's name (``SIGKILL``), when a signal ended it."""
         return signal_name(self.signal)
 
     def _exited(self) -> str:
@@ -240,6 +241,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
+        """The run succeeded with exit 0."""
         return self.state is RunState.SUCCEEDED and self.exit_code == 0
 
     @property

@@ -35,6 +35,7 @@ class NodeStatus:
     """The global ranks it holds (``0-7``), as its local rank 0 said: the rendezvous decides them."""
 
     def to_json(self) -> dict[str, Any]:
+        """The node as run.json and ``status --json`` give it."""
         data = {"node_rank": self.node_rank, "host": self.host, "state": str(self.state), "exit_code": self.exit_code}
         for name in ("address", "pid", "detail", "log_bytes", "signal", "stopped", "ranks"):
             if getattr(self, name):
@@ -43,6 +44,7 @@ class NodeStatus:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeStatus:
+        """A node as run.json keeps it, back as a NodeStatus."""
         return cls(node_rank=int(data.get("node_rank", 0)), host=str(data.get("host", "?")),
                    state=NodeState.parse(data.get("state")), exit_code=data.get("exit_code"),
                    pid=data.get("pid") or None, detail=data.get("detail"), address=data.get("address"),
@@ -50,6 +52,7 @@ class NodeStatus:
                    stopped=bool(data.get("stopped")), ranks=data.get("ranks"))
 
     def replace(self, **changes: Any) -> NodeStatus:
+        """A copy with ``changes`` (field=value)."""
         return dataclasses.replace(self, **changes)
 
 
@@ -123,6 +126,7 @@ class AttemptInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttemptInfo:
+        """An attempt as run.json keeps it, back as an AttemptInfo."""
         return cls(attempt=int(data.get("attempt", 0)), state=RunState.parse(data.get("state")),
                    exit_code=data.get("exit_code"), from_step=data.get("from_step"), ended_by=data.get("ended_by"),
                    started_at=data.get("started_at") or data.get("submitted_at"),
@@ -133,6 +137,7 @@ class AttemptInfo:
                    timeline=data.get("timeline") if isinstance(data.get("timeline"), Mapping) else None)
 
     def to_json(self) -> dict[str, Any]:
+        """The attempt as run.json keeps it."""
         data = {"attempt": self.attempt, "state": str(self.state), "exit_code": self.exit_code,
                 "from_step": self.from_step, "ended_by": self.ended_by, "started_at": self.started_at,
                 "finished_at": self.finished_at, "job_id": self.job_id,
