@@ -7,11 +7,14 @@ from typing import Optional
 
 import typer
 
+from .complete import profile_completion
+
 GIB = float(1 << 30)
 
 
 def estimate(
-    profile: Optional[str] = typer.Option(None, "-p", "--profile", help="A profile: its train settings, hosts and "
+    profile: Optional[str] = typer.Option(None, "-p", "--profile", autocompletion=profile_completion,
+                                          help="A profile: its train settings, hosts and "
                                           "GPU memory."),
     preset: Optional[str] = typer.Option(None, "--preset", help="The bundled GPT's size: tiny, small, gpt2-124m."),
     model: Optional[str] = typer.Option(None, "--model", metavar="MODULE:FACTORY", help="Your model: a function "
@@ -26,9 +29,13 @@ def estimate(
     fsdp: Optional[int] = typer.Option(None, "--fsdp", min=1, max=2, help="FSDP version: 1 or 2."),
     sharding: Optional[str] = typer.Option(None, "--sharding", help="full, grad-op, no-shard or hybrid."),
     mixed_precision: Optional[str] = typer.Option(None, "--mixed-precision", help="auto, bf16, fp16 or fp32."),
-    activation_checkpointing: Optional[bool] = typer.Option(None, "--activation-checkpointing/"
-                                                            "--no-activation-checkpointing"),
-    cpu_offload: Optional[bool] = typer.Option(None, "--cpu-offload/--no-cpu-offload"),
+    activation_checkpointing: Optional[bool] = typer.Option(
+        None, "--activation-checkpointing/--no-activation-checkpointing",
+        help="The step estimated: with (or without) activation checkpointing; default: the profile's train "
+             "setting. The choices that fit are traced with and without it anyway."),
+    cpu_offload: Optional[bool] = typer.Option(None, "--cpu-offload/--no-cpu-offload",
+                                               help="The step estimated: with (or without) CPU offload; default: "
+                                                    "the profile's train setting."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Sequences per GPU per step."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Tokens per sequence."),
     gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", metavar="SIZE", help="Memory of each GPU (80GiB); "
