@@ -31,7 +31,7 @@ app = typer.Typer(
     name="fsdpctl",
     help="Launch FSDP/FSDP2 training on many nodes over SSH or Slurm, checked before it starts.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import typer
 
+from .complete import run_completion
+
 
 def fetch(
-    run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."),
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix).", autocompletion=run_completion),
     path: str = typer.Argument(".", help="File or folder under the run directory on the nodes (default: all the "
                                          "run wrote, but fsdpctl's own copies of code and workload)."),
 ) -> None:

@@ -7,12 +7,17 @@ from typing import Optional
 
 import typer
 
+from .complete import hosts as host_completion
+from .complete import profile_completion
+
 
 def hosts(
-    profile: str = typer.Option(..., "--profile", "-p", help="Cluster profile (name or path)."),
+    profile: str = typer.Option(..., "--profile", "-p", help="Cluster profile (name or path).",
+                                autocompletion=profile_completion),
     restore: Optional[str] = typer.Option(None, "--restore", help="Put this excluded host back, once doctor's "
                                           "fast checks pass on it."),
-    exclude: Optional[str] = typer.Option(None, "--exclude", help="Leave this host out of every run of the "
+    exclude: Optional[str] = typer.Option(None, "--exclude", autocompletion=host_completion,
+                                         help="Leave this host out of every run of the "
                                           "profile until it is restored (a spare takes its place)."),
     reason: str = typer.Option("excluded by hand", "--reason", help="With --exclude: why, as hosts shows it."),
     as_json: bool = typer.Option(False, "--json", help="Print the hosts as JSON."),

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
+from .complete import hosts as host_completion
 from .options import CLUSTER, JOB, RUN, WORKLOAD, Flags, with_options
 
 
@@ -26,7 +27,8 @@ def launch(
                                                "fails (or the run hangs), tear down, re-check the nodes and start "
                                                "again from the newest complete checkpoint, up to N times (default: "
                                                "the profile's max_restarts, 0). Not with --detach."),
-    exclude: Optional[list[str]] = typer.Option(None, "--exclude", help="Leave this host of the profile out of "
+    exclude: Optional[list[str]] = typer.Option(None, "--exclude", autocompletion=host_completion,
+                                                help="Leave this host of the profile out of "
                                                 "this launch; a spare takes its place (repeatable)."),
     allow_busy_gpus: Optional[bool] = typer.Option(None, "--allow-busy-gpus/--no-allow-busy-gpus", help="Start even "
                                                    "when other processes already use a GPU (the preflight then "

@@ -8,13 +8,18 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
+from .complete import hosts as host_completion
+from .complete import rank_completion, run_completion
 
 
 def logs(
-    run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run."),
+    run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run.",
+                                          autocompletion=run_completion),
     follow: bool = typer.Option(False, "-f", "--follow", help="Follow a running job until it ends."),
-    rank: Optional[int] = typer.Option(None, "--rank", help="Only lines of this global rank."),
-    host: Optional[str] = typer.Option(None, "--host", help="Only lines of this host (as in the profile)."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Only lines of this global rank.",
+                                       autocompletion=rank_completion),
+    host: Optional[str] = typer.Option(None, "--host", help="Only lines of this host (as in the profile).",
+                                       autocompletion=host_completion),
     grep: Optional[str] = typer.Option(None, "--grep", help="Only lines matching this regular expression."),
     attempt: Optional[int] = typer.Option(None, "--attempt", min=1, help="An earlier attempt's logs (`fsdpctl "
                                           "status` lists them); default: the newest."),

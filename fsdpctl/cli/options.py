@@ -13,15 +13,17 @@ from typing import Any, Optional
 import typer
 
 from ..errors import UsageError
+from .complete import profile_completion, run_completion
 
 PROFILE_HELP = "Profile name (./cluster_profiles, ~/.config/fsdpctl/profiles, shipped) or a .yaml path."
-ProfileOpt = typer.Option(..., "--profile", "-p", help=PROFILE_HELP)
+ProfileOpt = typer.Option(..., "--profile", "-p", help=PROFILE_HELP, autocompletion=profile_completion)
 
 JOB = {
     "command": (Optional[list[str]], typer.Argument(
         None, help="Your program and its arguments, after --: SCRIPT.py ARGS... or -m MODULE ARGS...; without one, "
                    "the bundled workload runs.", show_default=False, metavar="-- COMMAND")),
-    "profile": (Optional[str], typer.Option(None, "--profile", "-p", help=PROFILE_HELP + " May come from --job.")),
+    "profile": (Optional[str], typer.Option(None, "--profile", "-p", help=PROFILE_HELP + " May come from --job.",
+                                            autocompletion=profile_completion)),
     "job": (Optional[str], typer.Option(None, "--job", help="A job file (./jobs/NAME.yaml or a path): command, code, "
                                         "env, requirements and defaults; flags win over it.")),
     "code": (Optional[Path], typer.Option(None, "--code", help="Folder copied to every node for your program "
@@ -97,7 +99,7 @@ RUN = {
     "flops_per_token": (Optional[float], typer.Option(None, "--flops-per-token", metavar="F",
                                                       help="Your model's training FLOPs per token: MFU for your "
                                                            "program on GPUs whose peak fsdpctl knows.")),
-    "resume": (Optional[str], typer.Option(None, "--resume", metavar="RUN_ID",
+    "resume": (Optional[str], typer.Option(None, "--resume", metavar="RUN_ID", autocompletion=run_completion,
                                            help="Start the next attempt of RUN_ID in its own run directory with its "
                                                 "own plan (the bundled workload from its newest complete checkpoint); "
                                                 "only --steps/--epochs may change.")),

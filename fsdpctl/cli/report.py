@@ -8,9 +8,11 @@ from typing import Optional
 
 import typer
 
+from .complete import run_completion
+
 
 def report(
-    run_ids: Optional[list[str]] = typer.Argument(None, metavar="[RUN_ID]...",
+    run_ids: Optional[list[str]] = typer.Argument(None, metavar="[RUN_ID]...", autocompletion=run_completion,
                                                   help="Runs (ids or unique prefixes); default: the latest run."),
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="DIR", help="Write PNG figures into DIR (needs "
                                         "matplotlib: pip install 'fsdpctl[report]')."),

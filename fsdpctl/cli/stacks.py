@@ -7,9 +7,12 @@ from typing import Optional
 
 import typer
 
+from .complete import run_completion
+
 
 def stacks(
-    run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run."),
+    run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run.",
+                                          autocompletion=run_completion),
     as_json: bool = typer.Option(False, "--json", help="Every node's answer as JSON (every thread, every frame)."),
     all_threads: bool = typer.Option(False, "--all-threads", help="Show every thread of each group, not only "
                                      "the main one (native frames included where py-spy read them)."),

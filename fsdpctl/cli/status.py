@@ -8,12 +8,15 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from .complete import run_completion
+
 if TYPE_CHECKING:
     import fsdpctl
 
 
 def status(
-    run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run."),
+    run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the latest run.",
+                                          autocompletion=run_completion),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
     timings: bool = typer.Option(False, "--timings", help="Where the launch's seconds went: every phase of it "
                                  "(connect, probe, staging, the agents, torchrun, the rendezvous, the first step, "
@@ -93,7 +96,7 @@ def loss_text(loss: object) -> str:
     return f"{loss:.4f}" if isinstance(loss, (int, float)) and not isinstance(loss, bool) else str(loss)
 
 
-def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).")) -> None:
+def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).", autocompletion=run_completion)) -> None:
     """End every process of a run on every node (TERM, grace period, KILL)."""
     import fsdpctl
 

@@ -18,17 +18,21 @@ from typing import Any, Optional
 
 import typer
 
+from .complete import rank_completion, run_completion
+
 KEY_WAIT = 0.1
 """How often keys are looked at while no snapshot comes."""
 DRAW_GAP_SECONDS = 0.5
 
 
 def top(
-    run_id: Optional[str] = typer.Argument(None, help="Run id (or a unique prefix); default: the newest run still "
+    run_id: Optional[str] = typer.Argument(None, autocompletion=run_completion,
+                                           help="Run id (or a unique prefix); default: the newest run still "
                                            "going, else the newest."),
     once: bool = typer.Option(False, "--once", help="Print one snapshot as text and leave."),
     as_json: bool = typer.Option(False, "--json", help="Print snapshots as JSON, one per line (with --once: one)."),
-    rank: Optional[int] = typer.Option(None, "--rank", min=0, help="Show the log lines of this global rank only."),
+    rank: Optional[int] = typer.Option(None, "--rank", min=0, autocompletion=rank_completion,
+                                       help="Show the log lines of this global rank only."),
     node: Optional[int] = typer.Option(None, "--node", min=0, help="Show the log lines of this node only."),
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between snapshots when nothing "
                                    "changes (a change shows at once)."),
