@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 PUBLIC_NAMES = (
     "AttemptInfo", "AttemptStarting", "Event", "Failure", "Fetched", "FsdpctlError", "HostChecked", "HostError",

@@ -10,7 +10,7 @@
 #SBATCH --open-mode=append
 #SBATCH --exclusive
 # fsdpctl batch script: run slurm-user-20261121-120000-abcd on 2 nodes, profile slurm,
-# fsdpctl 0.2.0. Submitted again with `sbatch`, it continues from its newest checkpoint.
+# fsdpctl 0.3.0. Submitted again with `sbatch`, it continues from its newest checkpoint.
 set -eo pipefail
 umask 077  # the run directory and everything in it: this user's only
 set -u

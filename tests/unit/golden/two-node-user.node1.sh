@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fsdpctl node script: run two-node-user-20261121-120000-abcd, node 1 of 2 (node2)
-# Profile two-node, fsdpctl 0.2.0. Running it again by hand repeats this node's part.
+# Profile two-node, fsdpctl 0.3.0. Running it again by hand repeats this node's part.
 set -eo pipefail
 umask 077  # the run directory and everything in it: this user's only
 set -u
