@@ -34,7 +34,7 @@ def complete(place: Path, words: str, shell: str = "bash") -> list[str]:
     if shell == "bash":
         env.update(COMP_WORDS=words, COMP_CWORD=str(len(words.split()) - (0 if words.endswith(" ") else 1)))
     else:
-        env["_TYPER_COMPLETE_ARGS"] = words
+        env.update(_TYPER_COMPLETE_ARGS=words, _TYPER_COMPLETE_FISH_ACTION="get-args")
     done = subprocess.run([sys.executable, "-m", "fsdpctl"], env=env, cwd=place, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
@@ -53,6 +53,7 @@ def test_profiles_runs_hosts_and_ranks_complete_from_what_exists(place):
     assert complete(place, "fsdpctl logs lab-20261127-100000-aaaa --host gpu-") == ["gpu-a", "gpu-b"]
 
 
-def test_zsh_gets_the_same_answers(place):
+def test_zsh_and_fish_get_the_same_answers(place):
     said = " ".join(complete(place, "fsdpctl launch -p la", shell="zsh"))
     assert '"lab"' in said and "local" not in said
+    assert complete(place, "fsdpctl launch -p la", shell="fish") == ["lab"]
