@@ -1,21 +1,28 @@
-"""The Prometheus text exposition format (version 0.0.4), for node_exporter's textfile collector.
+"""The Prometheus text exposition format (version 0.0.4), for node_exporter's textfile collector, written
+by prometheus_client (the one module that imports it; ``pip install 'fsdpctl[export]'``).
 
-``render`` turns metric families into the text; ``write_textfile`` puts it where node_exporter reads it
-(``--collector.textfile.directory``), replacing the file atomically so a scrape never sees half of it.
-Only gauges and counters, and no timestamps: the textfile collector rejects samples that carry their own.
+``render`` turns metric families into the text through a CollectorRegistry of prometheus_client's metric
+families; ``write_textfile`` puts it where node_exporter reads it (``--collector.textfile.directory``),
+replacing the file atomically so a scrape never sees half of it. Only gauges and counters, and no
+timestamps: the textfile collector rejects samples that carry their own.
+
+Not prometheus_client's ``write_to_textfile``: it leaves the file with the umask's mode (0600 under a strict
+one, which node_exporter, running as its own user, cannot read) and does not fsync before the rename.
 """
 
 from __future__ import annotations
 
 import errno
-import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 # The spec's patterns. fullmatch, not match with ``$``: ``$`` also matches before a trailing newline.
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -33,27 +40,7 @@ class Family:
     """One line (or more: newlines are escaped) saying what the metric measures, and in which unit."""
     type: Literal["gauge", "counter"]
     samples: Sequence[tuple[Mapping[str, str], float]] = ()
-    """``(labels, value)`` pairs; each label set at most once in a family."""
-
-
-def escape_label_value(value: str) -> str:
-    """``value`` as it goes between a label's double quotes: backslash, double quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def escape_help(text: str) -> str:
-    """HELP text escaped as the spec says: backslash and newline (a double quote stays as it is there)."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    """A sample value as Go's ParseFloat reads it: ``NaN``, ``+Inf``, ``-Inf``, else Python's shortest repr."""
-    number = float(value)
-    if math.isnan(number):
-        return "NaN"
-    if math.isinf(number):
-        return "+Inf" if number > 0 else "-Inf"
-    return repr(number)
+    """``(labels, value)`` pairs: every sample with the same label names, each label set at most once."""
 
 
 def _check_utf8(text: str, what: str) -> None:
@@ -75,44 +62,81 @@ def _check_family(family: Family, seen: set[str]) -> None:
     _check_utf8(family.help, f"help of {family.name!r}")
 
 
-def _label_text(name: str, labels: Mapping[str, str]) -> str:
-    parts = []
-    for label, value in labels.items():
+def _check_label_names(name: str, labels: Iterable[str]) -> None:
+    for label in labels:
         if not isinstance(label, str) or not LABEL_NAME.fullmatch(label):
             raise ValueError(f"metric {name!r}: invalid label name {label!r}: it must match {LABEL_NAME.pattern}")
         if label.startswith("__"):  # the spec reserves these for Prometheus itself (__name__, __address__)
             raise ValueError(f"metric {name!r}: label name {label!r} starts with '__', reserved by Prometheus")
-        if not isinstance(value, str):
-            raise TypeError(f"metric {name!r}: label {label!r} has a {type(value).__name__} value; labels are "
-                            f"strings: {value!r}")
-        _check_utf8(value, f"metric {name!r}: label {label!r}")
-        parts.append(f'{label}="{escape_label_value(value)}"')
-    return "{" + ",".join(parts) + "}" if parts else ""
 
 
-def render(families: Sequence[Family]) -> str:
-    """The exposition text of ``families``, in the given order, each with its HELP and TYPE lines.
+def _label_values(name: str, label_names: tuple[str, ...], names: frozenset[str], labels: Mapping[str, str]
+                  ) -> list[str]:
+    if labels.keys() != names:
+        raise ValueError(f"metric {name!r}: label set {dict(labels)!r} has other names than the family's first "
+                         f"sample ({', '.join(label_names) or 'none'}): one set of label names per family")
+    values = [labels[label] for label in label_names]
+    try:
+        "".join(values).encode("utf-8")  # one check for the whole set: this runs for every sample
+    except (TypeError, UnicodeEncodeError):
+        for label, value in zip(label_names, values, strict=True):  # which one
+            if not isinstance(value, str):
+                raise TypeError(f"metric {name!r}: label {label!r} has a {type(value).__name__} value; labels are "
+                                f"strings: {value!r}") from None
+            _check_utf8(value, f"metric {name!r}: label {label!r}")
+    return values
 
-    A family without samples still gets its HELP and TYPE (both Prometheus's and prometheus_client's
-    parsers accept that; the Go one simply drops the family). Raises ValueError naming the first bad metric
-    name, label name, label value, duplicate family or duplicate label set.
-    """
-    lines: list[str] = []
+
+def metric_families(families: Iterable[Family]) -> Iterator[Metric]:
+    """``families`` as prometheus_client's metric families, checked as node_exporter's textfile collector
+    (the Go parser of the classic format) reads them: prometheus_client itself takes UTF-8 names, which
+    its text format then writes with underscores in place of other characters, renaming the metric.
+
+    Raises ValueError naming the first bad metric name, label name, label value, duplicate family or
+    duplicate label set (each a whole-file error for node_exporter)."""
     seen: set[str] = set()
     for family in families:
         _check_family(family, seen)
         seen.add(family.name)
-        lines.append(f"# HELP {family.name} {escape_help(family.help)}")
-        lines.append(f"# TYPE {family.name} {family.type}")
-        label_sets: set[frozenset[tuple[str, str]]] = set()
+        label_names: tuple[str, ...] = tuple(family.samples[0][0]) if family.samples else ()
+        _check_label_names(family.name, label_names)
+        make = GaugeMetricFamily if family.type == "gauge" else CounterMetricFamily
+        metric = make(family.name, family.help, labels=label_names)
+        label_sets: set[tuple[str, ...]] = set()
+        names = frozenset(label_names)
         for labels, value in family.samples:
-            text = _label_text(family.name, labels)
-            key = frozenset(labels.items())  # {a, b} and {b, a} are one series
+            values = _label_values(family.name, label_names, names, labels)
+            key = tuple(values)  # in the first sample's order: {a, b} and {b, a} are one series
             if key in label_sets:  # node_exporter fails the whole file on a series collected twice
                 raise ValueError(f"metric {family.name!r}: label set {dict(labels)!r} appears twice")
             label_sets.add(key)
-            lines.append(f"{family.name}{text} {format_value(value)}")
-    return "".join(line + "\n" for line in lines)  # the last line too: the Go parser wants every line ended
+            metric.add_metric(values, float(value))
+        yield metric
+
+
+class FamilyCollector:
+    """A prometheus_client custom collector: at each collection, the families ``source()`` gives then."""
+
+    def __init__(self, source: Callable[[], Iterable[Family]]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families, as a CollectorRegistry asks its collectors for them."""
+        return metric_families(self.source())
+
+
+def render(families: Sequence[Family]) -> str:
+    """The exposition text of ``families`` (prometheus_client's ``generate_latest`` of a registry holding
+    them), in the given order, each with its HELP and TYPE lines.
+
+    A family without samples still gets its HELP and TYPE (both Prometheus's and prometheus_client's
+    parsers accept that; the Go one simply drops the family). A counter's samples are named ``<name>_total``
+    (prometheus_client's convention; a name already ending in ``_total`` keeps it). Raises as
+    :func:`metric_families` does.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FamilyCollector(lambda: families))
+    return generate_latest(registry).decode("utf-8")
 
 
 def write_textfile(path: Path, text: str) -> None:

@@ -1,34 +1,34 @@
-"""TensorBoard event files written with the standard library alone (no TensorFlow, tensorboardX or protobuf).
+"""TensorBoard event files: each scalar a ``tensorflow.Event`` of tensorboardX's protobuf messages, serialized
+by protobuf, framed as a TFRecord whose checksums come from google-crc32c (C). The one module that imports
+tensorboardX and google_crc32c; ``pip install 'fsdpctl[export]'`` installs both.
 
 An events file is a sequence of TFRecords: the data's length (uint64, little-endian), the masked CRC32C of
-those 8 bytes, the data, the masked CRC32C of the data. Each record's data is a serialized
-``tensorflow.Event``; the few fields used here are encoded by hand::
+those 8 bytes, the data, the masked CRC32C of the data. The first record carries ``file_version:
+"brain.Event:2"``, as TensorBoard's own writer does; each scalar is then one Event with one ``simple_value``.
 
-    Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
-    Summary { repeated Value value = 1; }
-    Value   { string tag = 1; float simple_value = 2; }
-
-The first record carries ``file_version: "brain.Event:2"``, as TensorBoard's own writer does; each scalar is
-then one Event with one Value. Fields go out in field-number order, as protobuf itself serializes them.
+Not tensorboardX's ``SummaryWriter``: measured (``bench/export_writers.py``) at about 11x the CPU per scalar
+of this writer (a multiprocessing queue to a thread, numpy per value, CRC32C in a Python loop unless the
+``crc32c`` package is there), it also rewrites tags it finds unusual, names two writers opened in the same
+second alike (the second truncates the first's file) and fsyncs at every flush.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-import operator
 import os
 import socket
 import struct
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-FILE_VERSION = b"brain.Event:2"
+import google_crc32c
+
+FILE_VERSION = "brain.Event:2"
 _FLUSH_AT_BYTES = 1 << 20  # past this much buffered, write it out: memory stays bounded between flushes
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _CACHE_LIMIT = 4096  # a run has tens of tags (and record lengths); the cap only bounds a caller making them up
 
 # One counter per process, as TensorBoard's ``_global_uid``: two writers opened in the same second in the same
@@ -36,30 +36,28 @@ _CACHE_LIMIT = 4096  # a run has tens of tags (and record lengths); the cap only
 _file_counter = itertools.count()
 
 
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1  # Castagnoli's polynomial, bit-reversed
-        table.append(crc)
-    return table
+def _tensorboardx_messages() -> tuple[Any, Any]:
+    """tensorboardX's ``Event`` and ``Summary`` messages. Its package imports torch wherever torch is installed
+    (for its graph and image summaries): a second and a few hundred MB the launcher never needs, so an import
+    of torch fails while tensorboardX loads (it falls back to numpy), unless torch is already loaded."""
+    hidden = "torch" not in sys.modules
+    if hidden:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # ``import torch`` now raises ImportError
+    try:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+    finally:
+        if hidden and sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return Event, Summary
 
 
-_CRC_TABLE = _crc32c_table()
+Event, Summary = _tensorboardx_messages()
 
 
 def crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli) of ``data``, as TFRecord checksums it.
-
-    One table lookup per byte: slicing-by-4/8 or a 16-bit table measured at most 1.5x faster in CPython
-    (the loop's bytecode dominates, not the lookups), not worth the tables.
-    """
-    crc = 0xFFFFFFFF
-    table = _CRC_TABLE  # a local: the loop below is the writer's hot path
-    for byte in data:
-        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+    """CRC-32C (Castagnoli) of ``data``, as TFRecord checksums it (google-crc32c's C implementation)."""
+    return google_crc32c.value(data)
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -73,64 +71,44 @@ _header_crcs: dict[int, bytes] = {}
 
 def tf_record(data: bytes) -> bytes:
     """``data`` framed as one TFRecord: length, its masked CRC, the data, the data's masked CRC."""
-    length = len(data)
-    header_crc = _header_crcs.get(length)
+    length = struct.pack("<Q", len(data))
+    header_crc = _header_crcs.get(len(data))
     if header_crc is None:  # scalars of one tag have the same length: its header's CRC is computed once
-        header_crc = struct.pack("<I", masked_crc32c(struct.pack("<Q", length)))
+        header_crc = struct.pack("<I", masked_crc32c(length))
         if len(_header_crcs) < _CACHE_LIMIT:
-            _header_crcs[length] = header_crc
-    return struct.pack("<Q", length) + header_crc + data + struct.pack("<I", masked_crc32c(data))
+            _header_crcs[len(data)] = header_crc
+    return length + header_crc + data + struct.pack("<I", masked_crc32c(data))
 
 
-def _varint(number: int) -> bytes:
-    out = bytearray()
-    while number > 0x7F:
-        out.append((number & 0x7F) | 0x80)
-        number >>= 7
-    out.append(number)
-    return bytes(out)
-
-
-def _float32(value: float) -> bytes:
-    try:
-        return struct.pack("<f", value)
-    except OverflowError:  # finite but past float32's range: IEEE rounding (what TensorFlow does) gives +-inf
-        return struct.pack("<f", math.copysign(math.inf, value))
-
-
-def _tag_prefix(tag: str) -> bytes:
-    """Everything of a scalar Event from the summary field up to the float, which depends on the tag alone."""
+def _check_tag(tag: str) -> None:
     if not isinstance(tag, str):
         raise TypeError(f"a TensorBoard tag is a string, not {type(tag).__name__}: {tag!r}")
     if not tag:
         raise ValueError("a TensorBoard tag cannot be empty")
     try:
-        encoded = tag.encode("utf-8")
+        tag.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate: protobuf strings must be valid UTF-8, readers reject it
         raise ValueError(f"TensorBoard tag {tag!r} is not valid UTF-8: {exc.reason}") from None
-    value = b"\x0a" + _varint(len(encoded)) + encoded + b"\x15"  # Value.tag (1, bytes), then simple_value (2, fixed32)
-    value_length = len(value) + 4
-    summary = b"\x0a" + _varint(value_length) + value  # Summary.value (1, bytes)
-    return b"\x2a" + _varint(len(summary) + 4) + summary  # Event.summary (5, bytes)
 
 
 def scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:
-    """One serialized ``tensorflow.Event`` holding the scalar ``tag`` = ``value`` at ``step``."""
-    return _scalar_event(_tag_prefix(tag), value, step, wall_time)
+    """One serialized ``tensorflow.Event`` holding the scalar ``tag`` = ``value`` (as float32) at ``step``.
+
+    protobuf refuses a step that is not an int (TypeError) or past int64 (ValueError); a finite value past
+    float32's range is rounded to an infinity, as TensorFlow rounds it.
+    """
+    _check_tag(tag)
+    return _scalar_event(tag, value, step, wall_time)
 
 
-def _scalar_event(prefix: bytes, value: float, step: int, wall_time: float) -> bytes:
-    step = operator.index(step)  # an int (numpy's too), never a float silently truncated
-    if not _INT64_MIN <= step <= _INT64_MAX:
-        raise ValueError(f"step {step} does not fit TensorBoard's int64")
-    # int64 varints are two's complement on 64 bits: a negative step is 10 bytes, as protobuf writes it
-    return (b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step & 0xFFFFFFFFFFFFFFFF)
-            + prefix + _float32(float(value)))
+def _scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:
+    summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
+    return Event(wall_time=wall_time, step=step, summary=summary).SerializeToString()
 
 
 def version_event(wall_time: float) -> bytes:
     """The Event every events file starts with: its wall time and ``file_version: "brain.Event:2"``."""
-    return b"\x09" + struct.pack("<d", wall_time) + b"\x1a" + _varint(len(FILE_VERSION)) + FILE_VERSION
+    return Event(wall_time=wall_time, file_version=FILE_VERSION).SerializeToString()
 
 
 def _make_folder(folder: Path) -> None:
@@ -175,7 +153,8 @@ class EventWriter:
         _make_folder(folder)
         self._buffer: list[bytes] = []
         self._buffered = 0
-        self._prefixes: dict[str, bytes] = {}
+        self._tags: set[str] = set()
+        """Tags already checked (a run has tens of them, each written thousands of times)."""
         self.path, self._file = _new_events_file(folder, suffix)
         self._add(version_event(time.time()))
         self.flush()  # TensorBoard sees a valid (empty) run as soon as the writer exists, as with its own writer
@@ -185,14 +164,13 @@ class EventWriter:
 
         The value is stored as float32, as TensorBoard's ``simple_value`` is; NaN and infinities are kept.
         """
-        prefix = self._prefixes.get(tag)
-        if prefix is None:
-            prefix = _tag_prefix(tag)
-            if len(self._prefixes) >= _CACHE_LIMIT:
-                self._prefixes.clear()
-            self._prefixes[tag] = prefix
+        if tag not in self._tags:
+            _check_tag(tag)
+            if len(self._tags) >= _CACHE_LIMIT:
+                self._tags.clear()
+            self._tags.add(tag)
         when = time.time() if wall_time is None else float(wall_time)
-        self._add(_scalar_event(prefix, value, step, when))
+        self._add(_scalar_event(tag, value, step, when))
 
     def scalars(self, items: Iterable[tuple[str, float, int, float | None]]) -> None:
         """Add each ``(tag, value, step, wall_time)`` of ``items``, as :meth:`scalar` does."""

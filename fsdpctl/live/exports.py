@@ -2,20 +2,24 @@
 that collects the run (no line of user code, nothing asked of the nodes): TensorBoard event files
 (every metrics row by step; every GPU sample by seconds since the run began) and a Prometheus
 textfile with the newest values under DCGM-Exporter's GPU metric names, so public Grafana GPU
-dashboards read it unchanged. ``report --tensorboard`` writes the same for a finished run."""
+dashboards read it unchanged. ``report --tensorboard`` writes the same for a finished run.
+
+The writers' libraries (tensorboardX and google-crc32c, prometheus_client: the ``export`` extra) are
+imported only for a run whose plan asks for that export; where one is missing, the run goes on and
+the problem says which extra to install."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from ..export.prometheus import Family, render, write_textfile
-from ..export.tensorboard import EventWriter
+from ..errors import UsageError
 from ..rundir.paths import read_json, write_json_atomic
 from ..rundir.record import epoch
 from ..rundir.rundir import RunDir
@@ -23,6 +27,12 @@ from . import layout
 from .metrics_feed import MetricsFeed
 from .tails import LineTail
 
+if TYPE_CHECKING:
+    from ..export.prometheus import Family
+    from ..export.tensorboard import EventWriter
+
+INSTALL = "pip install 'fsdpctl[export]'"
+"""What puts the writers' libraries here."""
 EXPORTED = "exported.json"
 """How far the exports have read each copy (``live/``): a later exporter of the run goes on from there."""
 EVERY_SECONDS = 2.0
@@ -73,12 +83,15 @@ class LiveExports:
         self.problems: list[str] = []
         """What could not be written (said once each; the run goes on regardless)."""
         self.writer: Optional[EventWriter] = None
-        if tensorboard:
+        if tensorboard and self._library("TensorBoard", tensorboard, "tensorboard"):
+            from ..export.tensorboard import EventWriter
+
             try:
                 self.writer = EventWriter(Path(tensorboard))
             except OSError as exc:
                 self.problems.append(f"TensorBoard export to {tensorboard}: {exc}")
-        self.textfile = Path(prometheus) if prometheus else None
+        prometheus_ready = bool(prometheus) and self._library("Prometheus", prometheus, "prometheus")
+        self.textfile = Path(prometheus) if prometheus_ready else None
         self.metrics = MetricsFeed(run.plan.world_size, on_row=self._row)
         self.metric_tails: dict[Path, LineTail] = {}
         self.gpu_tails: dict[Path, LineTail] = {}
@@ -119,6 +132,20 @@ class LiveExports:
                  for name, tails in (("metrics", self.metric_tails), ("gpu", self.gpu_tails))}
         write_json_atomic(layout.live_dir(self.run.root) / EXPORTED, state, compact=True)
 
+    def _library(self, what: str, where: str, module: str) -> bool:
+        """Whether the writer of ``what`` (``fsdpctl.export.<module>``) and its libraries import here; where
+        they do not, a problem naming the extra to install (for ``report --tensorboard``, which asks for
+        nothing else, an error)."""
+        try:
+            importlib.import_module(f"..export.{module}", __package__)
+        except ImportError as exc:
+            said = f"{what} export to {where}: {exc.name or exc} is not installed here ({INSTALL})"
+            if self.sources is not None:
+                raise UsageError(said, f"{INSTALL}, or leave out --tensorboard") from None
+            self.problems.append(said)
+            return False
+        return True
+
     @property
     def active(self) -> bool:
         return self.writer is not None or self.textfile is not None
@@ -139,6 +166,8 @@ class LiveExports:
         due = force or time.monotonic() - self.textfile_at >= PROMETHEUS_SECONDS
         if self.textfile is not None and due:  # scraped every 15 s or so: a few seconds old is current
             self.textfile_at = time.monotonic()
+            from ..export.prometheus import render, write_textfile
+
             self._guarded("Prometheus", lambda: write_textfile(self.textfile, render(self.families(state))))
         if self.sources is None:
             self._save()
@@ -203,6 +232,8 @@ class LiveExports:
     # ---- Prometheus ------------------------------------------------------------------------------
     def families(self, state: str = "running") -> list[Family]:
         """The textfile's metrics now: the run's newest figures, each rank's, each GPU's."""
+        from ..export.prometheus import Family
+
         plan, run_id = self.run.plan, self.run.run_id
         base = {"run": run_id}
         feed = self.metrics
@@ -229,6 +260,8 @@ class LiveExports:
         return families
 
     def _gpu_families(self, base: dict[str, str]) -> list[Family]:
+        from ..export.prometheus import Family
+
         by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
         for node, sample in sorted(self.gpus.items()):
             host = str(sample.get("host") or "")

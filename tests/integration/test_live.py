@@ -5,8 +5,10 @@ spare), each with a fake nvidia-smi (two GPUs, sampled every second) and its ssh
 both nodes and the step rising, a rank held off the CPU named the straggler, w2's GPU reporting a HW
 slowdown shown on w2's line, w2's link cut and the spare's replacement shown, ``q`` leaving the run
 running; the TensorBoard and Prometheus exports read back with TensorBoard's own reader and
-prometheus_client's parser. ``watch()`` on a detached run, a finished one and one whose launcher was
-SIGKILLed. A Slurm job watched with ``top`` too.
+prometheus_client's parser, and the textfile scraped by a real Prometheus (through Debian's node_exporter)
+whose HTTP API answers w2's slowed GPU by host and gpu, and the step and rank 1's compute time rising.
+``watch()`` on a detached run, a finished one and one whose launcher was SIGKILLed.
+A Slurm job watched with ``top`` too.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tests.integration.test_launch import processes_of, run, run_dir_of, start, 
 from tests.integration.test_spares import Cut
 from tests.testbed import fake_gpu
 from tests.testbed.lab import Lab
+from tests.testbed.prometheus import Scraper, require_prometheus, value
 from tests.testbed.throttle import Throttle
 
 pytestmark = pytest.mark.integration
@@ -68,6 +71,17 @@ def live_lab(tmp_path_factory):
         yield lab
     finally:
         lab.down()
+
+
+@pytest.fixture(scope="module")
+def scraper(tmp_path_factory):
+    """node_exporter on a textfile folder and Prometheus scraping it every second."""
+    require_prometheus()
+    scraper = Scraper(tmp_path_factory.mktemp("prometheus"))
+    try:
+        yield scraper
+    finally:
+        scraper.stop()
 
 
 def healthy(lab: Lab, name: str, **gpu0: object) -> None:
@@ -131,11 +145,11 @@ def node_line(screen: str, host: str) -> list[str]:
     return []
 
 
-def test_top_follows_a_two_node_run_names_the_straggler_and_the_slowed_gpu_and_shows_the_spare(live_lab, tmp_path):
+def test_top_follows_a_two_node_run_names_the_straggler_and_the_slowed_gpu_and_shows_the_spare(live_lab, scraper,
+                                                                                            tmp_path):
     lab = live_lab
     w1, w2, w3 = (lab.hosts[n].address for n in HOSTS)
-    tb, prom = tmp_path / "tb", tmp_path / "prom"
-    prom.mkdir()
+    tb, prom = tmp_path / "tb", scraper.textfile_dir  # node_exporter's textfile folder
     train = ("train:\n  preset: tiny\n  steps: 70\n  batch_size: 8\n  seq_len: 128\n  log_interval: 1\n"
              "  eval_interval: 0\n  vocab_size: 2000\n  checkpoint_interval: 10\n")
     path = profile(lab, tmp_path, spares=True, extra=train + f"export:\n  tensorboard: {tb}\n  prometheus: {prom}\n")
@@ -148,6 +162,11 @@ def test_top_follows_a_two_node_run_names_the_straggler_and_the_slowed_gpu_and_s
         first = view.wait(lambda s: node_line(s, w1) and node_line(s, w2) and step_on(s) > 0, "both nodes stepping")
         view.wait(lambda s: step_on(s) > step_on(first), "the step count rising")
         assert "2x 97% 1980/1980MHz" in node_line(first, w1)[0], first  # the fake GPUs' own clocks
+        this_run = f'run="{run_dir.name}"'
+        computed = scraper.wait_for(f"fsdpctl_rank_compute_seconds{{{this_run}}}", lambda r: len(r) == 2,
+                                    "both ranks' compute time")
+        compute_before = {s["metric"]["rank"]: value(s) for s in computed}
+        step_before = value(scraper.wait_for(f"fsdpctl_step{{{this_run}}}", lambda r: True, "the step")[0])
         # rank 1 (on w2: c10d orders the nodes by address) is held off the CPU half the time, and
         # w2's first GPU reports a HW slowdown at 1095 MHz
         throttle = Throttle(lab.root, rank=1)
@@ -175,6 +194,21 @@ def test_top_follows_a_two_node_run_names_the_straggler_and_the_slowed_gpu_and_s
         step = int(families["fsdpctl_step"].samples[0].value)
         assert families["fsdpctl_loss"].samples[0].value == pytest.approx(rows[step]["loss"])
         assert {s.labels["rank"] for s in families["fsdpctl_rank_compute_seconds"].samples} == {"0", "1"}
+
+        # Prometheus, scraping node_exporter's textfile collector, answers the same by host and gpu
+        slowed_gpu = scraper.wait_for(f'DCGM_FI_DEV_SM_CLOCK{{{this_run},host="{w2}",gpu="0"}}',
+                                      lambda r: value(r[0]) == 1095, "w2's GPU 0 at 1095 MHz")
+        print(f"\n--- Prometheus /api/v1/query: w2's slowed GPU ---\n{json.dumps(slowed_gpu)}")
+        assert len(slowed_gpu) == 1 and slowed_gpu[0]["metric"]["node"] == "1"
+        clocks = {(s["metric"]["host"], s["metric"]["gpu"]): value(s)
+                  for s in scraper.query(f"DCGM_FI_DEV_SM_CLOCK{{{this_run}}}")}
+        assert clocks == {(w1, "0"): 1980, (w1, "1"): 1980, (w2, "0"): 1095, (w2, "1"): 1980}
+        step_after = value(scraper.query(f"fsdpctl_step{{{this_run}}}")[0])
+        assert step_after > step_before
+        held = scraper.wait_for(f'fsdpctl_rank_compute_seconds{{{this_run},rank="1"}}',
+                                lambda r: value(r[0]) > 1.2 * compute_before["1"], "rank 1's compute time up")
+        print(f"--- rank 1's compute time, s: {compute_before['1']:.4f} before the throttle, {value(held[0]):.4f} "
+              f"held off the CPU; steps {step_before:g} -> {step_after:g} ---")
 
         throttle.stop()
         healthy(lab, "w2")

@@ -1,5 +1,6 @@
 """The export writers read back by the tools they write for: TensorBoard's own event file reader (its stub
-without TensorFlow, which checks every CRC) and prometheus_client's text parser."""
+without TensorFlow, which checks every CRC) and prometheus_client's text parser; each event byte for byte
+what TensorBoard's own protobuf classes serialize."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from prometheus_client import parser as prometheus_parser
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.compat import tf as tf_or_stub
-from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2
 
 from fsdpctl.export import prometheus as prom
 from fsdpctl.export import tensorboard as tb
@@ -166,12 +167,14 @@ def test_hostile_tags_round_trip(tmp_path, tag):
        value=st.floats(width=32), step=st.integers(-(2**63), 2**63 - 1),
        wall_time=st.floats(allow_nan=False))
 def test_any_tag_value_step_and_wall_time_round_trip(tag, value, step, wall_time):
-    event = event_pb2.Event.FromString(tb.scalar_event(tag, value, step, wall_time))
+    written = tb.scalar_event(tag, value, step, wall_time)
+    event = event_pb2.Event.FromString(written)
     assert (event.summary.value[0].tag, event.step, event.wall_time) == (tag, step, wall_time)
     read = event.summary.value[0].simple_value
     assert read == value or (math.isnan(read) and math.isnan(value))
-    # Not byte-equal to protobuf's own encoding: proto3 leaves out a zero step or wall time, the writer always
-    # writes both (what a parser reads is the same)
+    # byte for byte what TensorBoard's own classes serialize (proto3: a zero step or wall time left out)
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
+    assert written == event_pb2.Event(wall_time=wall_time, step=step, summary=summary).SerializeToString()
 
 
 @pytest.mark.parametrize("tag, step, error", [
@@ -289,6 +292,7 @@ def test_nan_and_infinities_are_written_as_prometheus_spells_them():
     (Family("m", "h", "gauge", [({"ok": "\ud800"}, 1)]), "'ok'"),
     (Family("m", "h", "histogram"), "'histogram'"),  # type: ignore[arg-type]
     (Family("m", "h", "gauge", [({"a": "1", "b": "2"}, 1), ({"b": "2", "a": "1"}, 2)]), "appears twice"),
+    (Family("m", "h", "gauge", [({"a": "1"}, 1), ({"b": "1"}, 2)]), "one set of label names per family"),
 ])
 def test_bad_names_and_series_are_refused_by_name(family, bad):
     with pytest.raises(ValueError) as caught:
