@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..errors import WaitTimeout
 from ..rundir.lines import LogLine
 from ..rundir.state import Outcome, RunState
-from .events import Emitter, EventHandler
-from .options import PathLike
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -24,8 +22,11 @@ if TYPE_CHECKING:
     from ..metrics.summary import Report
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
+    from ..rundir.index import Listed
     from ..rundir.rundir import RunDir
     from ..rundir.status import RunStatus
+    from .events import EventHandler
+    from .options import PathLike
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,13 @@ class RunInfo:
                 "attempt": self.attempt, "path": str(self.path), "recoveries": list(self.recoveries)}
 
 
+def _info_of(row: Mapping[str, Any], path: Path) -> RunInfo:
+    """A run's ``RunInfo`` from its row in the registry index (``fsdpctl.rundir.index``)."""
+    return RunInfo(str(row["run_id"]), RunState.parse(row["state"]), str(row["backend"]), row["num_nodes"] or None,
+                   row["exit_code"], int(row["attempt"]), row["created_at"], path, tuple(row["recoveries"]),
+                   started_at=row["started_at"], ended_at=row["ended_at"], logs_complete=bool(row["logs_complete"]))
+
+
 def _moment(text: Optional[str]) -> Optional[datetime]:
     """A time as run.json writes it (ISO 8601 with its offset); None when absent or unreadable."""
     try:
@@ -81,19 +89,38 @@ class Run:
     first use. ``close()`` (or ``with``) releases its connections; a later call opens them again."""
 
     def __init__(self, run_dir: RunDir, backend: Optional[Backend] = None):
-        self._dir = run_dir
+        self._loaded: Optional[RunDir] = run_dir
+        self._root = run_dir.root
         self._backend = backend
+        self._listing: Optional[Listed] = None
+
+    @classmethod
+    def _listed(cls, listing: Listed, run_dir: Optional[RunDir] = None) -> Run:
+        """A run as the registry index lists it: its directory is read (plan, profile) on first use."""
+        run = cls.__new__(cls)
+        run._loaded, run._root, run._backend, run._listing = run_dir, listing.path, None, listing
+        return run
+
+    @property
+    def _dir(self) -> RunDir:
+        if self._loaded is None:
+            from ..rundir.rundir import load_run
+
+            self._loaded = load_run(self._root)
+        return self._loaded
 
     # ---- what the run is -------------------------------------------------------------------------
     @property
     def run_id(self) -> str:
         """fsdpctl's id of the run (``<profile>-<date>-<time>-<token>``)."""
+        if self._loaded is None and self._listing is not None:
+            return str(self._listing.row["run_id"])
         return self._dir.run_id
 
     @property
     def path(self) -> Path:
         """The run's directory here (plan, scripts, run.json, logs)."""
-        return self._dir.root
+        return self._root
 
     @property
     def plan(self) -> LaunchPlan:
@@ -114,6 +141,9 @@ class Run:
     def info(self) -> RunInfo:
         """What run.json says now; asks no node. run.json is the one record of the run's state: a
         scheduler's word on a live job is written into it by whoever asks (``status``, ``runs``)."""
+        if self._listing is not None and self._listing.current():
+            return _info_of(self._listing.row, self._root)
+        self._listing = None
         record = self._dir.record
         return RunInfo(self.run_id, record.state, record.backend, record.num_nodes or None, record.exit_code,
                        record.attempt, record.created_at, self.path, record.recoveries(),
@@ -186,6 +216,7 @@ class Run:
         ``on_event``; a detached run's end is recorded by its follower. Raises ``WaitTimeout`` after
         ``timeout`` seconds (the run goes on). ``handle_signals``: take SIGINT/SIGTERM/SIGHUP over
         while waiting (as the CLI does); otherwise a KeyboardInterrupt stops waiting, not the run."""
+        from .events import Emitter
         from .following import follow_from_outside
 
         record = self._dir.record
@@ -228,6 +259,7 @@ class Run:
         def produce(sink: Callable[[LogLine], None], leave: threading.Event) -> list[str]:
             if not follow:
                 return self.backend.read_logs(self._dir, sink, attempt)
+            from .events import Emitter
             from .following import follow_from_outside
 
             def lines_only(event: Any) -> None:
@@ -290,6 +322,7 @@ class Run:
         from ..rundir.attempts import begin_attempt
         from ..rundir.rundir import attempt_lock
         from .attempts import plan_resume
+        from .events import Emitter
         from .following import start_attempt
         from .restarting import follow_with_restarts
 

@@ -1,2 +1,2 @@
-"""Runs on this machine: run ids, the run directory's layout and the registry (``paths``), and
-``run.json`` (``record``)."""
+"""Runs on this machine: run ids, the run directory's layout and the registry (``paths``),
+``run.json`` (``record``), and the registry index every listing of runs reads (``index``)."""

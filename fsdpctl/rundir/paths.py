@@ -10,7 +10,6 @@ import datetime as _dt
 import json
 import os
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,8 @@ def new_run_id(profile_name: str, taken: Path | None = None) -> str:
     """A fresh run id from the clock and 16 random bits, never one this process gave before nor one
     with a directory in ``taken`` (a sweep started in one second would otherwise share a directory
     now and then: 50 runs in a second meet with a chance of 2%)."""
+    import secrets  # here: listing runs never pays for it
+
     while True:
         run_id = make_run_id(profile_name, _dt.datetime.now(), secrets.token_hex(2))
         if run_id not in _ISSUED and (taken is None or not (taken / run_id).exists()):

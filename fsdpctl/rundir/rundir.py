@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 from ..plan.types import LaunchPlan, plan_from_json
 from ..profiles.loader import parse_profile
 from ..profiles.schema import ClusterProfile
+from .index import last_metrics  # noqa: F401 - where the views and backends have always found it
 from .paths import RunPaths, private_dir, read_json, write_json_atomic, write_private
 from .record import RunRecord, now
 from .timeline import Timeline
@@ -158,16 +158,3 @@ def load_run(run_dir: Path) -> RunDir:
     plan = plan_from_json(read_json(run_dir / "plan.json"))
     profile = parse_profile((run_dir / "profile.yaml").read_text(encoding="utf-8"), str(run_dir / "profile.yaml"))
     return RunDir(RunPaths(run_dir), plan, profile)
-
-
-def last_metrics(texts: list[str]) -> dict[str, Any] | None:
-    """The newest training metrics line (one with a loss) in the first text that has one."""
-    for text in texts:
-        for line in reversed(text.strip().splitlines()):
-            try:
-                data = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(data, dict) and "loss" in data:
-                return data
-    return None

@@ -2,110 +2,55 @@
 here (run directories, the registry, the profile's hosts): nothing in this module asks a node.
 
 ``RunsIndex`` keeps the registry's rows, re-reading a run only when its record or metrics changed
-(1,000 runs: a few thousand stat calls per look). ``run_page`` is one run: its snapshot, plan and
-scripts; its charts come from ``fsdpctl.live.charts`` (``hub``). ``hosts_page`` is a profile's hosts
-with the last doctor's findings and each host's straggler count across runs.
+(1,000 runs: a few thousand stat calls per look), seeded from the registry index ``fsdpctl runs``
+reads. ``run_page`` is one run: its snapshot, plan and scripts; its charts come from
+``fsdpctl.live.charts`` (``hub``). ``hosts_page`` is a profile's hosts with the last doctor's
+findings and each host's straggler count across runs.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 from ..live import layout
-from ..metrics.gpu_samples import newest_text
+from ..rundir.index import RegistryIndex, make_row
 from ..rundir.record import epoch
-from ..rundir.rundir import last_metrics
-
-TAIL_BYTES = 16 << 10
-"""Of a run's metrics, what the runs page reads for its newest step, loss and tokens/s."""
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+from ..rundir.state import RunState
 
 
 class RunsIndex:
-    """The registry as the runs page shows it, kept up to date cheaply."""
+    """The registry as the runs page shows it: the registry index's rows (``fsdpctl.rundir.index``, the
+    file ``fsdpctl runs`` reads too), kept in memory and re-read for a run only when its files changed."""
 
     def __init__(self, runs_dir: Path):
         self.runs_dir = runs_dir
-        self.rows: dict[str, tuple[tuple[float, ...], dict[str, Any]]] = {}
+        self.registry = RegistryIndex(runs_dir)
 
     def listing(self) -> list[dict[str, Any]]:
         """Every run, newest first."""
-        from ..rundir.paths import list_runs
-
-        seen = set()
-        out = []
-        for path in reversed(list_runs(self.runs_dir)):
-            seen.add(path.name)
-            stamp = (_mtime(path / "run.json"), _mtime(path / "plan.json"), *self._metrics_mtimes(path))
-            cached = self.rows.get(path.name)
-            if cached is None or cached[0] != stamp:
-                try:
-                    row = run_row(path)
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue  # a run being created, or a directory that is not one
-                cached = self.rows[path.name] = (stamp, row)
-            out.append(cached[1])
-        for gone in set(self.rows) - seen:
-            del self.rows[gone]
-        return out
-
-    @staticmethod
-    def _metrics_mtimes(path: Path) -> list[float]:
-        found = [_mtime(path / "metrics.jsonl")]
-        live = path / layout.LIVE
-        if live.is_dir():
-            found += [_mtime(p) for p in sorted(live.glob("node*/metrics.jsonl"))]
-        return found
+        now = time.time()
+        return [page_row(item.row, now) for item in reversed(self.registry.runs())]
 
 
-class _PlanFiles:
-    """What ``layout`` reads of a plan, from plan.json as it is (a row needs no profile parsed)."""
-
-    def __init__(self, data: dict[str, Any]):
-        self.run_dir = str(data.get("run_dir") or "")
-        self.shared_run_dir = bool(data.get("shared_run_dir"))
-        self.num_nodes = int(data.get("num_nodes") or 0)
-        self.nodes = [_Node(int(n.get("node_rank", 0))) for n in data.get("nodes") or ()]
-
-
-class _Node:
-    def __init__(self, node_rank: int):
-        self.node_rank = node_rank
+def page_row(row: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """A registry index row as the runs page lists it (a live run's duration: to ``now``)."""
+    start = epoch(row["first_started_at"])
+    end = epoch(row["ended_at"]) if RunState.parse(row["state"]).is_over else now
+    return {"run_id": row["run_id"], "state": row["state"], "profile": row["profile"], "backend": row["backend"],
+            "nodes": row["num_nodes"] or row["plan_nodes"], "attempt": row["attempt"],
+            "started_at": row["first_started_at"], "duration_s": round(end - start, 1) if start and end else None,
+            "step": row["step"], "total_steps": row["total_steps"], "loss": row["loss"],
+            "tokens_per_s": row["tokens_per_s"], "exit_code": row["exit_code"], "command": row["command"]}
 
 
 def run_row(root: Path) -> dict[str, Any]:
-    """One run as the runs page lists it, from its run.json and plan.json (1,000 runs: no profile is
-    parsed, no plan built)."""
-    from ..rundir.paths import read_json
-    from ..rundir.record import RunRecord
-
-    plan = read_json(root / "plan.json")
-    record = RunRecord.from_json(read_json(root / "run.json"), run_id=str(plan["run_id"]),
-                                 profile=str(plan.get("profile_name")), backend=str(plan.get("backend")))
-    texts = [newest_text(p, TAIL_BYTES) for p in layout.metrics_files(root, _PlanFiles(plan))]
-    newest = last_metrics(texts) or {}
-    first = record.attempts[0] if record.attempts else None
-    started = (first.started_at if first else None) or record.started_at or record.submitted_at
-    ended = record.finished_at or record.stopped_at
-    start = epoch(started)
-    end = epoch(ended) if record.state.is_over else time.time()
-    command = plan.get("command") or ()
-    total = (plan.get("train") or {}).get("steps") if not command else None
-    return {"run_id": record.run_id, "state": str(record.state), "profile": record.profile,
-            "backend": record.backend, "nodes": record.num_nodes or plan.get("num_nodes"), "attempt": record.attempt,
-            "started_at": started, "duration_s": round(end - start, 1) if start and end else None,
-            "step": newest.get("step"), "total_steps": total if isinstance(total, int) else None,
-            "loss": newest.get("loss"), "tokens_per_s": newest.get("tokens_per_s"),
-            "exit_code": record.exit_code, "command": " ".join(command) if command else None}
+    """One run as the runs page lists it, from its run.json, plan.json and the end of its metrics
+    (no profile is parsed, no plan built)."""
+    return page_row(make_row(root)[0], time.time())
 
 
 def _scripts_dir(run: Any) -> Path:
