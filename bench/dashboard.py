@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -63,10 +64,13 @@ def make_run(runs: Path, index: int, hosts: int, steps: int):
 class Server:
     """``fsdpctl dashboard`` in a process of its own, for a runs directory."""
 
-    def __init__(self, runs: Path, root: Path, wrap=lambda argv: argv):
+    def __init__(self, runs: Path, root: Path, wrap=lambda argv: argv, python_path: Optional[Path] = None):
+        """``python_path``: the tree whose fsdpctl serves (default: this one)."""
         env = {**fsdpctl_env(root), "FSDPCTL_STATE_DIR": str(root / "state")}
+        if python_path is not None:
+            env["PYTHONPATH"] = str(python_path)
         self.process = subprocess.Popen(wrap([sys.executable, "-m", "fsdpctl", "dashboard", "--runs-dir", str(runs),
-                                              "--port", "0"]), env=env, stdout=subprocess.PIPE,
+                                              "--port", "0"]), env=env, stdout=subprocess.PIPE, cwd=root,
                                         stderr=subprocess.DEVNULL, text=True)
         url = self.process.stdout.readline().strip()
         self.port = int(url.split(":")[2].split("/")[0])
@@ -107,7 +111,7 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def registry(args, root: Path) -> dict:
+def registry(args, root: Path, baseline: Optional[Path] = None) -> dict:
     runs = root / "many"
     runs.mkdir()
     for i in range(args.runs):
@@ -120,57 +124,123 @@ def registry(args, root: Path) -> dict:
     finally:
         server.close()
     env = {**fsdpctl_env(root), "FSDPCTL_RUNS_DIR": str(runs)}
-    cli = [time_command([sys.executable, "-m", "fsdpctl", "runs", "--json"], env=env) for _ in range(3)]
+    trees = {"this_tree": env}
+    if baseline is not None:
+        trees["tree_before"] = {**env, "PYTHONPATH": str(baseline)}
+    cli = {name: [] for name in trees}
+    for _ in range(3):  # interleaved: each tree's `runs --json` in turn
+        for name, tree_env in trees.items():
+            cli[name].append(time_command([sys.executable, "-m", "fsdpctl", "runs", "--json"], env=tree_env, cwd=root))
     return {"runs": listed, "first_s": round(first, 3), "again_median_s": round(sorted(again)[2], 3),
-            "cli_runs_json_median_s": round(sorted(cli)[1], 3)}
+            **{f"cli_runs_json_median_s_{name}": round(sorted(times)[1], 3) for name, times in cli.items()}}
 
 
-def long_run(args, root: Path) -> dict:
-    runs = root / "long"
-    runs.mkdir()
-    run = make_run(runs, 1, 16, args.steps)
+def _write_rows(out, first: int, last: int, ranks_total: int, per_node: int, rng: random.Random, t0: float) -> None:
+    for step in range(first, last + 1):
+        ranks = [{"rank": r, "node": r // per_node, "host": f"10.9.0.{r // per_node + 1}", "local_rank": r % per_node,
+                  "compute_s": round(0.3 * (1.4 if r == 13 else 1.0) + rng.random() * 0.01, 6), "comm_s": 0.1,
+                  "data_s": 0.001, "wall_s": 0.5, "mem_mb": 61000.0} for r in range(ranks_total)]
+        out.write(json.dumps({"kind": "train", "step": step, "loss": 10 / (1 + step / 1000),
+                              "tokens_per_s": 4.2e6, "mfu": 0.41, "time": t0 + step * 0.5, "step_time_s": 0.5,
+                              "ranks": ranks}) + "\n")
+
+
+def _write_samples(live: Path, nodes: int, gpus: int, first: int, last: int, rng: random.Random, t0: float) -> None:
+    for node in range(nodes):
+        path = live / f"node{node}" / "gpu" / f"node{node}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as out:
+            for i in range(first, last):
+                sample = [{"index": str(g), "bus_id": f"00000000:{0x18 + g:02X}:00.0",
+                           "sm_mhz": 1980.0 - (rng.random() * 300 if node == 1 and g == 5 else 0.0),
+                           "sm_max_mhz": 1980.0, "temp_c": 60.0 + rng.random() * 8,
+                           "power_w": 650.0 + rng.random() * 50,
+                           "util_pct": 98.0, "mem_mib": 61000.0, "mem_total_mib": 81559.0, "ecc_uncorrected": 0.0,
+                           "remap_pending": False, "reasons": ["HW slowdown"] if node == 1 and g == 5 and i % 9 == 0
+                           else []} for g in range(gpus)]
+                line = {"t": t0 + i * 5, "node": node, "host": f"10.9.0.{node + 1}", "gpus": sample}
+                out.write(json.dumps(line) + "\n")
+
+
+def generated_run(runs: Path, steps: int, nodes: int, per_node: int, keep_every: int) -> tuple[Any, dict]:
+    """A finished run as its collector leaves it: the copies written ``keep_every`` steps at a time, the
+    chart index kept after each batch by the collector's own code (``Collector.keep_index``)."""
+    from fsdpctl.live.collector import Collector
+
+    run = make_run(runs, 1, nodes, steps)
     live = run.root / "live"
     rng = random.Random(0)
     copy = live / "node0" / "metrics.jsonl"
     copy.parent.mkdir(parents=True)
     t0 = 1_790_000_000.0
+    collector = Collector(run.root, run.plan)
+    kept_cpu = 0.0
+    saves = 0
     with copy.open("w") as out:
-        for step in range(1, args.steps + 1):
-            ranks = [{"rank": r, "node": r // 8, "host": f"10.9.0.{r // 8 + 1}", "local_rank": r % 8,
-                      "compute_s": round(0.3 * (1.4 if r == 13 else 1.0) + rng.random() * 0.01, 6), "comm_s": 0.1,
-                      "data_s": 0.001, "wall_s": 0.5, "mem_mb": 61000.0} for r in range(128)]
-            out.write(json.dumps({"kind": "train", "step": step, "loss": 10 / (1 + step / 1000),
-                                  "tokens_per_s": 4.2e6, "mfu": 0.41, "time": t0 + step * 0.5, "step_time_s": 0.5,
-                                  "ranks": ranks}) + "\n")
-    samples_per_node = int(args.steps * 0.5 / 5)
-    for node in range(16):
-        path = live / f"node{node}" / "gpu" / f"node{node}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as out:
-            for i in range(samples_per_node):
-                gpus = [{"index": str(g), "bus_id": f"00000000:{0x18 + g:02X}:00.0", "sm_mhz": 1980.0,
-                         "sm_max_mhz": 1980.0, "temp_c": 64.0, "power_w": 690.0, "util_pct": 98.0, "mem_mib": 61000.0,
-                         "mem_total_mib": 81559.0, "ecc_uncorrected": 0.0, "remap_pending": False,
-                         "reasons": []} for g in range(8)]
-                sample = {"t": t0 + i * 5, "node": node, "host": f"10.9.0.{node + 1}", "gpus": gpus}
-                out.write(json.dumps(sample) + "\n")
-    (run.root / "live" / "collect.json").write_text("{}")
-    size_mb = sum(p.stat().st_size for p in live.rglob("*.jsonl")) / 2**20
-    server = Server(runs, root)
+        for first in range(1, steps + 1, keep_every):
+            last = min(steps, first + keep_every - 1)
+            _write_rows(out, first, last, nodes * per_node, per_node, rng, t0)
+            out.flush()
+            _write_samples(live, nodes, per_node, int((first - 1) * 0.5 / 5), int(last * 0.5 / 5), rng, t0)
+            started = time.process_time()
+            collector.keep_index()
+            kept_cpu += time.process_time() - started
+            saves += 1
+    (live / "collect.json").write_text("{}")
+    index = live / "charts.idx"
+    hours = steps * 0.5 / 3600
+    return run, {"metrics_and_samples_mb": round(sum(p.stat().st_size for p in live.rglob("*.jsonl")) / 2**20),
+                 "index_mb": round(index.stat().st_size / 2**20, 1), "index_kept_times": saves,
+                 "index_upkeep_cpu_s_per_run_hour": round(kept_cpu / hours, 2),
+                 "index_upkeep_pct_of_a_core": round(100 * kept_cpu / (steps * 0.5), 3)}
+
+
+def open_page(runs: Path, run_id: str, root: Path, python_path: Optional[Path] = None) -> dict:
+    """The run's page from a dashboard of this tree (or of ``python_path``'s), as a browser opens it:
+    its data (the first time), the same again, a node not on the first view, the server's memory."""
+    server = Server(runs, root, python_path=python_path)
     try:
-        first, body = server.get(f"/api/runs/{run.run_id}")
+        first, body = server.get(f"/api/runs/{run_id}")
         page = json.loads(body)
         charts = page["charts"]
-        points = {"loss": len(charts["train"]["loss"]["x"]), "heat_columns": len(charts["heat"]["steps"]),
-                  "rank_by_time": max(len(r["x"]) for r in charts["rank_time"]),
-                  "gpu_by_time": max(len(g["sm_mhz"]["x"]) for g in charts["gpus"])}
-        again, _ = server.get(f"/api/runs/{run.run_id}")
-        rss = rss_mb(server.pid())
+        again, _ = server.get(f"/api/runs/{run_id}")
+        result = {"first_s": round(first, 3), "again_s": round(again, 3), "page_kb": round(len(body) / 1024),
+                  "chart_points": {"loss": len(charts["train"]["loss"]["x"]),
+                                   "heat_columns": len(charts["heat"]["steps"]),
+                                   "gpu_curves_on_the_page": len(charts["gpus"]),
+                                   "rank_curves_on_the_page": len(charts["rank_time"])},
+                  "straggler": (page["snapshot"]["straggler"] or {}).get("rank")}
+        if "nodes" in charts:
+            late = max(n["node"] for n in charts["nodes"])
+            took, node_body = server.get(f"/api/runs/{run_id}/nodes/{late}")
+            result["a_node_on_demand"] = {"node": late, "s": round(took, 3), "kb": round(len(node_body) / 1024)}
+        result["server_rss_mb"] = round(rss_mb(server.pid()), 1)
     finally:
         server.close()
-    return {"metrics_and_samples_mb": round(size_mb), "first_s": round(first, 3), "again_s": round(again, 3),
-            "page_kb": round(len(body) / 1024), "chart_points": points, "server_rss_mb": round(rss, 1),
-            "straggler": (page["snapshot"]["straggler"] or {}).get("rank")}
+    return result
+
+
+def long_run(args, root: Path, baseline: Optional[Path]) -> dict:
+    runs = root / "long"
+    runs.mkdir()
+    run, made = generated_run(runs, args.steps, 16, 8, args.keep_every)
+    result = {**made, "this_tree": open_page(runs, run.run_id, root)}
+    index = run.root / "live" / "charts.idx"
+    index.rename(index.with_name("charts.idx.kept"))
+    result["this_tree_index_deleted"] = open_page(runs, run.run_id, root)
+    result["this_tree_again_after_the_rebuild"] = open_page(runs, run.run_id, root)
+    if baseline is not None:
+        result["tree_before"] = open_page(runs, run.run_id, root, python_path=baseline)
+    return result
+
+
+def million_steps(args, root: Path) -> dict:
+    """A run of 1,000,000 steps (1 node x 8 ranks: 128 ranks' rows for a million steps would be 22 GB),
+    its index kept every 2,000 steps."""
+    runs = root / "million"
+    runs.mkdir()
+    run, made = generated_run(runs, args.million, 1, 8, 2000)
+    return {"steps": args.million, **made, "this_tree": open_page(runs, run.run_id, root)}
 
 
 def pages_on_a_live_run(args, root: Path) -> dict:
@@ -237,16 +307,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--keep-every", type=int, default=120,
+                        help="steps between two index upkeeps (120 steps of 0.5 s: the collector's 60 s)")
+    parser.add_argument("--million", type=int, default=1_000_000, help="steps of the longest run (0: not run)")
     parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--baseline-rev", default="8160d95", help="the tree before the chart index")
+    parser.add_argument("--parts", default="registry,long,million,pages")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     root = Path(tempfile.mkdtemp(prefix="fsdpctl-bench-dashboard-"))
+    baseline = root / "baseline"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(baseline), args.baseline_rev],
+                   check=True, capture_output=True)
     try:
-        result = {"benchmark": "dashboard", "machine": machine(),
-                  "goal": "runs page <= 1 s at 1,000 runs; a 16x8-rank, 100,000-step run's page <= 2 s, a few "
-                          "thousand points per chart, server <= 200 MB; 20 pages: nodes and launcher unchanged",
-                  "registry": registry(args, root), "long_run": long_run(args, root),
-                  "pages": pages_on_a_live_run(args, root)}
+        result = {"benchmark": "dashboard", "machine": machine(), "baseline": f"the tree at {args.baseline_rev}",
+                  "goal": "runs --json <= 0.3 s at 1,000 runs; a 16x8-rank, 100,000-step run's first page <= 2 s "
+                          "and <= 2 MB, server <= 200 MB flat with the run's length; 20 pages: nodes and launcher "
+                          "unchanged"}
+        if "registry" in parts:
+            result["registry"] = registry(args, root, baseline)
+        if "long" in parts:
+            result["long_run"] = long_run(args, root, baseline)
+        if "million" in parts and args.million:
+            result["million_steps"] = million_steps(args, root)
+        if "pages" in parts:
+            result["pages"] = pages_on_a_live_run(args, root)
     finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "dashboard.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -30,7 +30,10 @@ SEED_BYTES = 16 << 20
 SAMPLED = 2000
 POINTS = 1000
 """Buckets a series keeps at least (at most twice as many) before merging pairs."""
-GPU_FIGURES = ("sm_mhz", "util_pct", "temp_c", "power_w", "mem_mib")
+GPU_FIGURES = ("sm_mhz",)
+"""A GPU's figures kept by time: its SM clock (with when it was slowed, what a straggler's cause shows).
+Its utilisation, temperature, power and memory are shown as they are now (the node table) and go to
+the exports whole; kept here too they would triple the charts' size for curves no page draws."""
 
 
 class Buckets:
@@ -94,14 +97,32 @@ class Buckets:
         for name in ("x", "total", "low", "high", "count"):
             setattr(self, name, getattr(self, name)[:keep])
 
+    def _shown(self) -> tuple[Any, Any, Any, Any, Any]:
+        """What is drawn: the buckets, or adjacent pairs of them merged while there are more than
+        ``limit`` (a chart holds no more points than a screen has pixels across)."""
+        if len(self.x) <= self.limit:
+            return self.x, self.total, self.low, self.high, self.count
+        x, total, low, high, count = [], [], [], [], []
+        for i in range(0, len(self.x), 2):
+            pair = [j for j in (i, i + 1) if j < len(self.x) and self.count[j]]
+            x.append(self.x[i])
+            total.append(sum(self.total[j] for j in pair) if pair else float("nan"))
+            low.append(min(self.low[j] for j in pair) if pair else float("nan"))
+            high.append(max(self.high[j] for j in pair) if pair else float("nan"))
+            count.append(sum(self.count[j] for j in pair))
+        return x, total, low, high, count
+
     def means(self) -> list[Optional[float]]:
-        return [t / c if c else None for t, c in zip(self.total, self.count, strict=True)]
+        _, total, _, _, count = self._shown()
+        return [t / c if c else None for t, c in zip(total, count, strict=True)]
 
     def to_json(self, *, extremes: bool = False) -> dict[str, Any]:
-        data: dict[str, Any] = {"x": [round(v, 3) for v in self.x], "y": _rounded(self.means())}
+        x, total, low, high, count = self._shown()
+        data: dict[str, Any] = {"x": [round(v, 2) for v in x],
+                                "y": _rounded(t / c if c else None for t, c in zip(total, count, strict=True))}
         if extremes:
-            data["low"] = _rounded([v if c else None for v, c in zip(self.low, self.count, strict=True)])
-            data["high"] = _rounded([v if c else None for v, c in zip(self.high, self.count, strict=True)])
+            data["low"] = _rounded([v if c else None for v, c in zip(low, count, strict=True)])
+            data["high"] = _rounded([v if c else None for v, c in zip(high, count, strict=True)])
         return data
 
 
@@ -112,7 +133,9 @@ def _rounded(values: Iterable[Optional[float]]) -> list[Optional[float]]:
 class HeatMap:
     """Every rank's compute time by window, in columns that span the same windows for every rank."""
 
-    def __init__(self, limit: int = POINTS // 2):
+    def __init__(self, limit: int = POINTS // 4):
+        """``limit``: columns kept at least (at most twice as many): 250-500 columns of every rank, a
+        pixel or more each across a page."""
         self.limit = limit
         self.width = 1
         self.steps: list[int] = []
@@ -164,9 +187,20 @@ class ChartStore:
     a page draws."""
 
     def __init__(self, root: Path, plan: Any, world_size: Optional[int] = None,
-                 sources: Optional[tuple[list[Path], list[Path]]] = None):
+                 sources: Optional[tuple[list[Path], list[Path]]] = None, use_index: bool = True):
+        """``sources``: the metrics and GPU sample files to read (default: the run's, as ``layout``
+        finds them); ``use_index``: begin from the run's chart index (``chart_index``) when it is
+        usable, read only what the files gained after it."""
         self.root, self.plan, self.sources = root, plan, sources
-        self.feed = MetricsFeed(world_size, on_row=self._row, on_attempt=self.attempt_began)
+        self.world_size = world_size
+        self.use_index = use_index
+        self.index_loaded: Optional[bool] = None
+        """Whether the index was used (None: not looked for yet)."""
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything read (the files are read again from their start)."""
+        self.feed = MetricsFeed(self.world_size, on_row=self._row, on_attempt=self.attempt_began)
         self.metric_tails: dict[Path, LineTail] = {}
         self.gpu_tails: dict[Path, LineTail] = {}
         self.train = {key: Buckets() for key in ("loss", "tokens_per_s", "mfu", "step_time_s")}
@@ -176,13 +210,43 @@ class ChartStore:
         self.gpus: dict[tuple[int, str, str], dict[str, Buckets]] = {}
         self.gpu_top: dict[tuple[int, str, str], float] = {}
         self.last_sample: dict[tuple[int, str], float] = {}
+        self.sampled = False
+        """A file's history was sampled (``_seed``), not read whole: the charts stand for it in outline."""
+
+    @property
+    def index_path(self) -> Path:
+        from .chart_index import INDEX_NAME
+
+        return layout.live_dir(self.root) / INDEX_NAME
+
+    def files(self) -> tuple[list[Path], list[Path]]:
+        """The metrics and GPU sample files read."""
+        return self.sources or (layout.metrics_files(self.root, self.plan), layout.gpu_files(self.root, self.plan))
+
+    def save_index(self) -> bool:
+        """Write what this store holds as the run's chart index; False when it cannot be written here
+        (a run directory of another user's, a full disk: readers then read the files)."""
+        from .chart_index import save
+
+        if not layout.live_dir(self.root).is_dir():
+            return False
+        try:
+            save(self, self.index_path)
+        except OSError:
+            return False
+        return True
 
     def update(self) -> bool:
-        """Read what the files gained; True when anything came."""
-        plan = self.plan
-        metrics, gpus = self.sources or (layout.metrics_files(self.root, plan),
-                                         layout.gpu_files(self.root, plan))
+        """Read what the files gained (the first time: from where the run's chart index stops, when
+        it is usable); True when anything came."""
+        metrics, gpus = self.files()
         came = False
+        if self.index_loaded is None:
+            self.index_loaded = False
+            if self.use_index:
+                from .chart_index import load
+
+                self.index_loaded = came = load(self, self.index_path, metrics, gpus)
         for path in metrics:
             tail = self.metric_tails.get(path)
             if tail is None:
@@ -199,8 +263,7 @@ class ChartStore:
             self._samples(lines)
         return came
 
-    @staticmethod
-    def _seed(path: Path, tail: LineTail, take: Any) -> bool:
+    def _seed(self, path: Path, tail: LineTail, take: Any) -> bool:
         """A file too long to read at once (a run of days): ``SAMPLED`` of its lines, evenly spread
         from its start to its end, stand for its history (the charts are drawn at once); what it gains
         from now on is read whole."""
@@ -210,6 +273,7 @@ class ChartStore:
             return False
         if size <= SEED_BYTES:
             return False
+        self.sampled = True
         lines = []
         with path.open("rb") as handle:
             for i in range(SAMPLED):
@@ -266,17 +330,63 @@ class ChartStore:
                 if top:
                     self.gpu_top[key] = top
 
-    def to_json(self) -> dict[str, Any]:
-        """The charts' data: curves by step, the heat map, each rank's and GPU's figures by time."""
+    def node_of(self, rank: int) -> Optional[int]:
+        """The node a rank ran on: as its rows said, else by the plan's ranks per node."""
+        node = self.heat.where.get(rank, (None, None))[0]
+        if isinstance(node, int):
+            return node
+        first = 0  # the plan's nodes hold consecutive ranks, each node as many as its ``nproc``
+        for planned in getattr(self.plan, "nodes", None) or ():
+            count = int(planned.nproc) if str(getattr(planned, "nproc", "")).isdigit() else 0
+            if count <= 0:
+                return None  # ``gpu`` or ``auto``: counted on the node, not known here
+            if rank < first + count:
+                return int(planned.node_rank)
+            first += count
+        return None
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node that has curves by time: its GPUs and ranks counted (what a page can ask for)."""
+        found: dict[int, dict[str, Any]] = {}
+        for node, host, _gpu in self.gpus:
+            entry = found.setdefault(node, {"node": node, "host": host, "gpus": 0, "ranks": 0})
+            entry["gpus"] += 1
+        for rank in self.rank_time:
+            node = self.node_of(rank)
+            if node is not None:
+                entry = found.setdefault(node, {"node": node, "host": self.heat.where.get(rank, (None, None))[1],
+                                                "gpus": 0, "ranks": 0})
+                entry["ranks"] += 1
+        return [found[n] for n in sorted(found)]
+
+    def to_json(self, nodes: Optional[Iterable[int]] = None, *, page: bool = False) -> dict[str, Any]:
+        """The charts' data: curves by step, the heat map, each rank's and GPU's figures by time.
+        ``nodes``: the curves by time of those nodes only (the rest: ``node_json``); ``page``: only
+        what a page draws of a GPU (its SM clock and when it was slowed, not its other figures)."""
         train = {key: series.to_json() for key, series in self.train.items()}
+        return {"train": train, "val": self.val.to_json(), "heat": self.heat.to_json(), "nodes": self.nodes(),
+                **self._by_time(None if nodes is None else set(nodes), page, unplaced=True)}
+
+    def node_json(self, node: int, *, page: bool = False) -> dict[str, Any]:
+        """One node's curves by time (``rank_time`` and ``gpus`` as ``to_json`` has them)."""
+        return {"node": node, **self._by_time({node}, page)}
+
+    def _by_time(self, nodes: Optional[set[int]], page: bool, unplaced: bool = False) -> dict[str, Any]:
+        """``unplaced``: with the ranks whose node is not known here (their page places them)."""
+        def gpu_json(series: dict[str, Buckets]) -> dict[str, Any]:
+            if not page:
+                return {name: s.to_json(extremes=name == "sm_mhz") for name, s in series.items()}
+            return {"sm_mhz": series["sm_mhz"].to_json(), "slowed": {"y": _rounded(series["slowed"].means())}}
+
+        ranks = [(rank, series) for rank, series in sorted(self.rank_time.items())
+                 if nodes is None or (node := self.node_of(rank)) in nodes or (unplaced and node is None)]
         return {
-            "train": train, "val": self.val.to_json(), "heat": self.heat.to_json(),
             "rank_time": [{"rank": rank, "node": self.heat.where.get(rank, (None, None))[0],
                            "host": self.heat.where.get(rank, (None, None))[1], **series.to_json()}
-                          for rank, series in sorted(self.rank_time.items())],
+                          for rank, series in ranks],
             "gpus": [{"node": node, "host": host, "gpu": gpu, "sm_max_mhz": self.gpu_top.get((node, host, gpu)),
-                      **{name: s.to_json(extremes=name == "sm_mhz") for name, s in series.items()}}
-                     for (node, host, gpu), series in sorted(self.gpus.items())],
+                      **gpu_json(series)}
+                     for (node, host, gpu), series in sorted(self.gpus.items()) if nodes is None or node in nodes],
         }
 
 

@@ -26,6 +26,7 @@ from ..metrics.rows import ATTEMPT_MARK
 from ..rundir.paths import private_dir, read_json, write_json_atomic
 from ..rundir.state import Outcome
 from . import layout
+from .chart_index import INDEX_SECONDS
 
 BEAT_SECONDS = 1.0
 """How often the follower says how the nodes stand."""
@@ -88,6 +89,9 @@ class Collector:
         self.extra: dict[str, Any] = {}
         self.targets: dict[tuple[int, str], Path] = {}
         self.live = layout.live_dir(root)
+        self.plan = plan
+        self.charts: Optional[Any] = None  # the run's chart index, kept as the copies grow (a ChartStore)
+        self.index_at = time.monotonic()
         if self.collecting and attempt > int(self.state.get("attempt") or 1):
             self._mark_attempt(attempt, from_step)
         self.state["attempt"] = attempt
@@ -155,8 +159,24 @@ class Collector:
                 "bytes": self.bytes_taken, "nodes": [dict(n) for n in nodes()], **self.extra})
         if self.changed and (force or ended or now - self.saved_at >= SAVE_SECONDS):
             self.save()
+        if ended or time.monotonic() - self.index_at >= INDEX_SECONDS:
+            self.keep_index()
         if self.exports is not None:
             self.exports.update(force=ended)
+
+    def keep_index(self) -> None:
+        """Bring the run's chart index up to date with the copies (``chart_index``): a page opens on a
+        run of any length from it. What cannot be read or written now is left to the next time."""
+        from .charts import ChartStore
+
+        self.index_at = time.monotonic()
+        if self.charts is None:
+            self.charts = ChartStore(self.root, self.plan, getattr(self.plan, "world_size", None))
+        try:
+            if self.charts.update() or not self.charts.index_path.exists():
+                self.charts.save_index()
+        except (OSError, ValueError):
+            return
 
     def close(self) -> None:
         """The follower is done with the run: the exports' last word (after the run's end is recorded)."""

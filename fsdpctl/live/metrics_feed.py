@@ -10,6 +10,7 @@ shares (``fsdpctl.metrics.rank_windows``).
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -65,7 +66,7 @@ class MetricsFeed:
             line = line.strip()
             if not line:
                 continue
-            key = hash(line)
+            key = _line_key(line)
             if key in self.seen:
                 continue
             self.seen[key] = None
@@ -137,6 +138,22 @@ class MetricsFeed:
             self.last_train = None
         self.straggler_said = False
 
+    def state(self) -> dict[str, Any]:
+        """What this reader holds that the rows to come depend on (plain data: ``restore`` takes it):
+        the rows still waiting for the rest of their step, the lines remembered as read. Not the
+        figures of rows already merged."""
+        return {"pending": [[step, list(rows.values())] for step, rows in self.pending.items()],
+                "ranks_seen": sorted(self.ranks_seen), "seen": list(self.seen), "hook": self.hook.state(),
+                "skipped": self.skipped, "rows": self.rows}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Go on from ``state`` (``state()`` of the reader that read the lines before)."""
+        self.pending = {int(step): {int(r["rank"]): r for r in rows} for step, rows in state["pending"]}
+        self.ranks_seen = {int(r) for r in state["ranks_seen"]}
+        self.seen = OrderedDict((int(key), None) for key in state["seen"])
+        self.hook.restore(state["hook"])
+        self.skipped, self.rows = int(state["skipped"]), int(state["rows"])
+
     # ---- figures out -----------------------------------------------------------------------------
     @property
     def step(self) -> Optional[int]:
@@ -185,3 +202,8 @@ class MetricsFeed:
     @property
     def world(self) -> int:
         return len(self.windows[-1][1]) if self.windows else 0
+
+
+def _line_key(line: str) -> int:
+    """A line's key among those read (the same in every process: a chart index keeps them)."""
+    return int.from_bytes(hashlib.blake2b(line.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")

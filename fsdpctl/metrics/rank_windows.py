@@ -49,6 +49,15 @@ class RankWindows:
             del mine[0]
         return self._merge(self.world or len(self.pending))
 
+    def state(self) -> dict[str, Any]:
+        """The rows still waiting for a window every rank shares, as plain data (``restore``)."""
+        return {"attempt": self.attempt, "merged_to": self.merged_to,
+                "pending": [[rank, rows] for rank, rows in self.pending.items()]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.attempt, self.merged_to = int(state["attempt"]), int(state["merged_to"])
+        self.pending = {int(rank): list(rows) for rank, rows in state["pending"]}
+
     def rest(self) -> list[dict[str, Any]]:
         """At the end of what there is to read: the windows that the ranks with rows left share (a
         rank that stopped writing early is missing from them)."""

@@ -57,6 +57,7 @@ class RunWatcher:
         backend = run.backend
         self.live = LiveRun(run._dir, backend.log_tail, backend.scheduler_status)
         self.charts = ChartStore(run.path, run.plan, run.plan.world_size)
+        self.charts_lock = threading.Lock()  # the watcher's thread updates them; a page's request reads a node's
         self.payload = Payload()
         self.on_stop = on_stop
         self.stop = threading.Event()
@@ -70,13 +71,22 @@ class RunWatcher:
     def _publish(self, charts: bool) -> None:
         snapshot = self.live.snapshot()
         if charts or self.payload.data is None:
-            if self.live.run.plan is not self.charts.plan:  # a new attempt: its plan (nodes) with the same charts
-                self.charts.plan = self.live.run.plan
-            self.charts.update()
-            chart_data = self.charts.to_json()
+            with self.charts_lock:
+                if self.live.run.plan is not self.charts.plan:  # a new attempt: its plan (nodes) with the same charts
+                    self.charts.plan = self.live.run.plan
+                first = self.charts.index_loaded is None
+                self.charts.update()
+                if first and not self.charts.index_loaded:
+                    self.charts.save_index()  # read from the files once: the next look starts from here
+                chart_data = self.charts.to_json(first_nodes(snapshot), page=True)
         else:
             chart_data = self.payload.data.get("charts")
         self.payload.publish({**run_page(self.live.run, snapshot.to_json()), "charts": chart_data})
+
+    def node_charts(self, node: int) -> dict[str, Any]:
+        """One node's curves by time, as they stand (a page asks as the node comes into view)."""
+        with self.charts_lock:
+            return self.charts.node_json(node, page=True)
 
     def _loop(self) -> None:
         charts_at = time.monotonic()
@@ -98,6 +108,20 @@ class RunWatcher:
                 self._publish(charts=True)
         self.stop.set()
         self.on_stop()
+
+
+FIRST_NODES = 2
+"""Nodes whose curves by time come with a run's page (the first ones, and the straggler's): the rest
+come when the page shows them (``Hub.node_charts``), so a 16-node page weighs what a 2-node one does."""
+
+
+def first_nodes(snapshot: Any) -> set[int]:
+    """The nodes a page's first view draws: the first ``FIRST_NODES`` and the straggler's."""
+    nodes = {node.node_rank for node in snapshot.nodes[:FIRST_NODES]} or set(range(FIRST_NODES))
+    straggler = snapshot.straggler or {}
+    if isinstance(straggler.get("node"), int):
+        nodes.add(straggler["node"])
+    return nodes
 
 
 _OVER = {"succeeded", "failed", "stopped", "interrupted", "timeout", "cancelled", "node_fail", "preempted",
@@ -145,6 +169,14 @@ class Hub:
                 watcher.start()
             watcher.payload.asked_at = time.monotonic()
             return watcher.payload
+
+    def node_charts(self, run: Any, node: int) -> dict[str, Any]:
+        """One node's curves by time of ``run`` (its watcher started when nobody watched it)."""
+        watcher = self.watchers.get(run.run_id)
+        if watcher is None or watcher.stop.is_set():
+            self.run_payload(run)
+            watcher = self.watchers[run.run_id]
+        return watcher.node_charts(node)
 
     def _forget(self, run_id: str) -> None:
         with self.lock:

@@ -1,5 +1,6 @@
 """``fsdpctl report --html FILE``: finished runs' pages (the dashboard's charts, nodes, attempts, lines
-and plan) in one self-contained file that opens without any network: the chart library, the page's
+and plan; several runs compared first, their curves by step overlaid on one chart each, one series per
+run) in one self-contained file that opens without any network: the chart library, the page's
 script and style are inside it, and a Content-Security-Policy in it forbids loading anything else.
 
 The runs' data goes in as JSON inside a ``<script type="application/json">`` element, with ``<``, ``>``
@@ -42,7 +43,8 @@ def run_report_data(run: Any, metrics: list[Path], gpus: list[Path]) -> dict[str
 
 
 def write_report(path: Path, runs: list[dict[str, Any]]) -> Path:
-    """The file: ``runs`` (``run_report_data`` each) side by side."""
+    """The file: ``runs`` (``run_report_data`` each), compared on overlaid charts when there are several,
+    then each run's page one under another (the page's script, ``app.js``, draws them)."""
     style = (STATIC / "vendor" / "uplot" / "uPlot.min.css").read_text() + (STATIC / "style.css").read_text()
     script = (STATIC / "vendor" / "uplot" / "uPlot.iife.min.js").read_text() + "\n" + (STATIC / "app.js").read_text()
     style = style.replace("</", "<\\/")  # nothing in it may end the <style> element early

@@ -53,6 +53,10 @@ def get(server: Any, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
     if len(parts) == 3:
         payload = server.hub.run_payload(run)
         return 200, payload.data
+    if len(parts) == 5 and parts[3] == "nodes":
+        if not parts[4].isdigit() or len(parts[4]) > 6:
+            return 404, {"error": "no such node"}
+        return 200, server.hub.node_charts(run, int(parts[4]))
     if len(parts) == 5 and parts[3] == "scripts":
         text = script_text(run, parts[4])
         return (200, {"name": parts[4], "text": text}) if text is not None else (404, {"error": "no such script"})

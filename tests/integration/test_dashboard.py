@@ -4,9 +4,12 @@ their sshd pinned to a core each. The run is a program of the user's: each rank 
 step and writes it to metrics.jsonl; rank 1 prints hostile markup. While it goes: the runs page lists
 it; its page shows both nodes, its step count and its loss chart grow, a throttled rank is marked the
 straggler, d2's GPU reporting a HW slowdown shows on d2's line and chart, the markup shows as text and
-runs nothing; the stop button ends the run. The hosts page, the attacks a page of another origin can
-try, and ``report --html`` opened from a file with the network off. Screenshots go to tmp_path (and
-to ``$FSDPCTL_SCREENSHOTS`` when set).
+runs nothing; the charts by time read wall-clock times, the plan is tables with its JSON folded, a
+program that logs no tokens/s gets a line, not an empty chart; the stop button ends the run. The hosts
+page, the attacks a page of another origin can try, and ``report --html`` of two runs (one without
+per-rank timings) opened from a file with the network off: one loss chart with a series per run,
+tables whole. Screenshots go to tmp_path (and to ``$FSDPCTL_SCREENSHOTS`` when set, e.g.
+docs/screenshots).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PROGRAM = """\
 import json, os, sys, time
 rank, run_dir = int(os.environ["RANK"]), os.environ["FSDPCTL_RUN_DIR"]
+plain = sys.argv[2:] == ["plain"]  # rank 0's loss alone, one row a step: no per-rank timings
 if rank == 1:
     print("<script>alert(1)</script> and <img src=x onerror=alert(2)>", flush=True)
 for step in range(1, int(sys.argv[1]) + 1):
@@ -41,9 +45,12 @@ for step in range(1, int(sys.argv[1]) + 1):
     while time.process_time() - spin < 0.05:  # compute, slowed for real when the rank is held off the CPU
         pass
     took = time.perf_counter() - started
-    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as out:
-        out.write(json.dumps({"step": step, "rank": rank, "loss": 4.0 / step, "step_time_s": took,
-                              "time": time.time()}) + "\\n")
+    row = {"step": step, "rank": rank, "loss": 4.0 / step, "step_time_s": took, "time": time.time()}
+    if plain:
+        row = {"step": step, "loss": 3.0 / step + 0.1, "time": time.time()} if rank == 0 else None
+    if row:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "a") as out:
+            out.write(json.dumps(row) + "\\n")
     if rank == 0:
         print(f"step={step} loss={4.0 / step:.4f}", flush=True)
     time.sleep(0.2)
@@ -178,6 +185,22 @@ def test_a_live_run_in_the_browser_then_stopped_from_it(dash_lab, tmp_path):
         slowed = wait(lambda: int(page.get_attribute(f'[data-node-key="1 {d2}"] .gpu-chart', "data-slowed") or 0),
                       "the slowdown marked on d2's GPU chart")
         assert slowed > 0 and page.get_attribute(f'[data-node-key="0 {d1}"] .gpu-chart', "data-slowed") == "0"
+        charts_by_time = ("[...document.querySelectorAll('#gpus .gpu-chart, #gpus .compute-chart')]"
+                          ".filter((c) => c.fsdpctlChart).map((c) => [c.className, c.fsdpctlChart.axes[0]._values])")
+        drawn = wait(lambda: (got := page.evaluate(charts_by_time)) and
+                     {"gpu-chart", "compute-chart"} <= {kind for kind, _ in got} and got, "the charts by time drawn")
+        for _, labels in drawn:  # the labels uPlot drew on each chart's time axis
+            assert labels and all(re.fullmatch(r"\d\d:\d\d:\d\d", label) for label in labels), labels
+            assert len(set(labels)) == len(labels), labels  # whole seconds: no two ticks read the same
+
+        # the program logs neither tokens/s nor MFU: one line says so, no empty chart
+        assert page.inner_text("#chart-loss #no-speed") == "this program logs no tokens/s or MFU"
+        assert page.is_hidden("#chart-speed") and not page.query_selector("#chart-speed .uplot")
+        # the plan: its facts and nodes in tables, the JSON folded away
+        assert "train.py 400" in page.inner_text("#plan-run") and page.query_selector("#plan-env")
+        plan_nodes = page.inner_text("#plan-nodes")
+        assert d1 in plan_nodes and d2 in plan_nodes
+        assert not page.evaluate("document.querySelector('#plan-raw').open") and page.is_hidden("#plan-json")
 
         logs = page.inner_text("#logs")
         assert "<script>alert(1)</script> and <img src=x onerror=alert(2)>" in logs
@@ -256,29 +279,123 @@ def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
     code.mkdir()
     (code / "train.py").write_text(PROGRAM)
     ids = []
-    for steps in ("30", "40"):
-        done = run(lab, tmp_path, "launch", "-p", str(profile), "--code", str(code), "--", "train.py", steps)
+    for args in (["30"], ["40", "plain"]):  # the second run writes rank 0's loss alone: no per-rank timings
+        done = run(lab, tmp_path, "launch", "-p", str(profile), "--code", str(code), "--", "train.py", *args)
         assert done.returncode == 0, done.stderr[-2000:]
         ids.append(re.search(r"run (\S+) succeeded", done.stderr).group(1))
+    timed, plain = ids
     out = tmp_path / "report.html"
     reported = run(lab, tmp_path, "report", *ids, "--html", str(out))
     assert reported.returncode == 0, reported.stderr[-2000:]
-    context = browser.new_context(offline=True)
+    context = browser.new_context(offline=True, viewport={"width": 1280, "height": 900})
     requests: list[str] = []
     try:
         page = context.new_page()
         page.on("request", lambda request: requests.append(request.url))
         page.goto(out.as_uri())
+        # the runs compared on one loss chart: a series (and a legend entry) per run
+        page.wait_for_selector("#compare-loss .uplot", timeout=30_000)
+        assert page.evaluate("document.querySelector('#compare-loss').fsdpctlChart.series"
+                             ".slice(1).map((s) => s.label)") == ids
+        assert page.get_attribute("#compare-loss", "data-points") == "40"
+        legend = page.inner_text("#compare-loss .u-legend")
+        assert timed in legend and plain in legend
+        assert page.query_selector_all("#chart-loss, #chart-speed") == []  # no loss chart of a run's own
+        assert page.inner_text("#compare #no-speed") == "no run here logs tokens/s or MFU"
         for run_id in ids:
-            column = f'.report-run[data-run="{run_id}"]'
-            page.wait_for_selector(f"{column} .uplot", timeout=30_000)
-            assert int(page.get_attribute(f"{column} #chart-loss", "data-points")) in (30, 40)
-            assert "<script>alert(1)</script>" in page.inner_text(f"{column} #logs")
+            part = f'.report-run[data-run="{run_id}"]'
+            page.wait_for_selector(f"{part} .uplot", timeout=30_000)
+            assert "<script>alert(1)</script>" in page.inner_text(f"{part} #logs")
         assert page.evaluate("document.querySelectorAll('#logs script').length") == 0
         stray = page.evaluate("[...document.querySelectorAll('.report-run')].flatMap((c) => [...c.childNodes])"
                               ".filter((n) => n.nodeType !== 1).map((n) => n.textContent)")
-        assert stray == [], stray  # every part of a run's column is a panel: no stray text such as "null"
+        assert stray == [], stray  # every part of a run's section is a panel: no stray text such as "null"
+        # a run without per-rank timings: the line alone, no blank box under it
+        heat = f'.report-run[data-run="{plain}"] #heat'
+        assert page.inner_text(f"{heat} #heat-legend") == "no per-rank timings"
+        assert page.is_hidden(f"{heat} canvas")
+        assert page.evaluate(f"document.querySelector('{heat}').offsetHeight") < 120
+        assert page.is_visible(f'.report-run[data-run="{timed}"] #heat canvas')
+        # every table whole: it fits its panel, or (narrower window) scrolls in it; none cut at the edge
+        fits = ("[...document.querySelectorAll('table:not(.u-legend)')].map((t) => t.parentElement).map((w) =>"
+                " [w.firstChild.id, w.className, w.scrollWidth <= w.clientWidth, getComputedStyle(w).overflowX])")
+        tables = page.evaluate(fits)
+        assert {"compare-table", "nodes-table", "plan-run", "plan-nodes"} <= {t[0] for t in tables}
+        assert all(t[1] == "table-wrap" and t[2] for t in tables), tables
         shot(page, tmp_path, "report-html")
+        page.set_viewport_size({"width": 560, "height": 900})
+        assert all(t[1] == "table-wrap" and (t[2] or t[3] == "auto") for t in page.evaluate(fits))
+        assert not all(t[2] for t in page.evaluate(fits))  # some do scroll there: the check can tell
     finally:
         context.close()
     assert requests == [out.as_uri()], requests  # nothing but the file itself
+
+
+def _finished_run(runs: Path, nodes: int, steps: int) -> str:
+    """A finished run of ``nodes`` x 2 ranks written as its collector leaves one: metrics with every
+    rank's timings, each node's GPU samples, no chart index (the page keeps one)."""
+    import json
+
+    from fsdpctl.backends import plan_run, render_scripts
+    from fsdpctl.plan.types import Overrides, overrides_to_json
+    from fsdpctl.profiles.loader import parse_profile
+    from fsdpctl.rundir.rundir import create_run
+    from fsdpctl.rundir.state import RunState
+
+    hosts = [f"10.9.0.{n + 1}" for n in range(nodes)]
+    text = f"name: wide\nbackend: ssh\nhosts: [{', '.join(hosts)}]\nnproc_per_node: 2\nworkdir: /scratch/w\n"
+    run_id = "wide-20261127-120000-0001"
+    inputs = {"profile_source": "wide.yaml", "local_python": "/usr/bin/python3", "home": "/home/me",
+              "local_cwd": str(runs)}
+    plan = plan_run(parse_profile(text, "wide.yaml"), run_id=run_id, local_run_dir=str(runs / run_id),
+                    overrides=Overrides(), **inputs)
+    run = create_run(plan, parse_profile(text, "wide.yaml"), render_scripts(plan), text,
+                     {**inputs, "overrides": overrides_to_json(Overrides())})
+    run.change(state=RunState.SUCCEEDED, started_at="2026-11-27T12:00:00+00:00",
+               finished_at="2026-11-27T12:10:00+00:00", exit_code=0)
+    live, t0 = run.root / "live", 1_790_000_000.0
+    (live / "node0").mkdir(parents=True)
+    with (live / "node0" / "metrics.jsonl").open("w") as out:
+        for step in range(1, steps + 1):
+            ranks = [{"rank": r, "node": r // 2, "host": hosts[r // 2], "local_rank": r % 2,
+                      "compute_s": 0.3 + 0.01 * (step % 3), "comm_s": 0.1, "wall_s": 0.5} for r in range(2 * nodes)]
+            out.write(json.dumps({"kind": "train", "step": step, "loss": 5 / step, "time": t0 + step,
+                                  "step_time_s": 1.0, "ranks": ranks}) + "\n")
+    for node in range(nodes):
+        samples = live / f"node{node}" / "gpu" / f"node{node}.jsonl"
+        samples.parent.mkdir(parents=True)
+        samples.write_text("".join(json.dumps({"t": t0 + i * 5, "node": node, "host": hosts[node], "gpus": [
+            {"index": str(g), "sm_mhz": 1980.0 - node, "sm_max_mhz": 1980.0, "reasons": []} for g in range(2)]}) + "\n"
+            for i in range(steps // 5)))
+    return run_id
+
+
+def test_a_wide_runs_page_brings_its_first_nodes_curves_and_each_other_node_s_as_it_comes_into_view(dash_lab,
+                                                                                                     tmp_path):
+    lab, browser = dash_lab
+    run_id = _finished_run(tmp_path / "runs", nodes=5, steps=300)
+    dashboard = Dashboard(lab, tmp_path)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url) if "/nodes/" in request.url else None)
+    try:
+        page.goto(dashboard.url)
+        page.goto(f"{dashboard.base}/run/{run_id}")
+        page.wait_for_selector('[data-node-key="0 10.9.0.1"] .gpu-chart .uplot', timeout=30_000)
+        boxes = page.eval_on_selector_all(".node-charts",
+                                          "els => els.map(e => [e.dataset.node, e.dataset.loaded || ''])")
+        assert [b[0] for b in boxes] == ["0", "1", "2", "3", "4"]
+        assert dict(boxes)["0"] == dict(boxes)["1"] == "page" and dict(boxes)["4"] == ""  # not drawn, not asked
+        assert not any(url.endswith("/nodes/4") for url in asked)
+        page.eval_on_selector('[data-node-key="4 10.9.0.5"]', "e => e.scrollIntoView()")
+        wait(lambda: page.get_attribute('[data-node-key="4 10.9.0.5"]', "data-loaded") == "asked", "node 4 drawn")
+        page.wait_for_selector('[data-node-key="4 10.9.0.5"] .gpu-chart .uplot')
+        page.wait_for_selector('[data-node-key="4 10.9.0.5"] .compute-chart .uplot')
+        assert int(page.get_attribute('[data-node-key="4 10.9.0.5"] .gpu-chart', "data-points")) == 60
+        assert any(url.endswith("/nodes/4") for url in asked) and not errors, errors
+    finally:
+        page.close()
+        dashboard.close()
+    assert (tmp_path / "runs" / run_id / "live" / "charts.idx").is_file()  # kept by the page's first look

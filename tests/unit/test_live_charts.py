@@ -75,3 +75,94 @@ def test_a_file_too_long_to_read_is_sampled_end_to_end_then_followed(tmp_path, m
     write(metrics, row(401, 1401.0))
     store.update()
     assert store.to_json()["train"]["loss"]["x"][-1] == 401  # what comes next is read whole
+
+
+def _program_row(step: int, rank: int) -> str:
+    """A user program's own row, one per rank: merged only once every rank's row of its step is in."""
+    return json.dumps({"step": step, "rank": rank, "loss": 5.0 - step / 50 + rank / 1000, "step_time_s": 0.2}) + "\n"
+
+
+def _three_ways(run, more) -> dict:
+    """Keep an index, let the files grow (``more()``), then read the charts from the index, from the files
+    alone, and with the index deleted: all three the same. The charts' data, as read whole."""
+    writer = ChartStore(run.root, run.plan, 2)
+    writer.update()
+    assert writer.save_index() and writer.index_path.is_file()
+    more()
+    whole = ChartStore(run.root, run.plan, 2, use_index=False)
+    whole.update()
+    expected = whole.to_json()
+    from_index = ChartStore(run.root, run.plan, 2)
+    from_index.update()
+    assert from_index.index_loaded and not whole.index_loaded
+    assert from_index.to_json() == expected
+    writer.index_path.unlink()
+    rebuilt = ChartStore(run.root, run.plan, 2)
+    rebuilt.update()
+    assert not rebuilt.index_loaded and rebuilt.to_json() == expected
+    return expected
+
+
+def test_the_chart_index_gives_the_same_charts_as_the_files_read_whole(tmp_path, monkeypatch):
+    """The index kept with a line half written, GPU samples, and buckets already merged; then more rows,
+    a restart and more samples: the same charts from the index as from the files. A replaced file makes
+    the index stale, and it is not used."""
+    monkeypatch.setattr(charts, "POINTS", 8)  # the buckets merge in pairs inside what the index holds
+    run = new_run(tmp_path)
+    metrics = layout.collected(run.root, 0, "metrics.jsonl")
+    samples = layout.collected(run.root, 1, "gpu/node1.jsonl")
+    write(metrics, "".join(row(s, 1000.0 + s, slow=1.8) for s in range(1, 41)))
+    write(samples, "".join(gpu_sample(1, 1000.0 + i, i % 7 == 0) for i in range(30)))
+    cut = row(41, 1041.0)
+    write(metrics, cut[:40])  # a line still being written when the index is kept
+
+    def more():
+        write(metrics, cut[40:] + "".join(row(s, 1000.0 + s) for s in range(42, 61)) + attempt_line(2, 50) +
+              "".join(row(s, 3000.0 + s) for s in range(51, 71)))
+        write(samples, "".join(gpu_sample(1, 1030.0 + i, i % 5 == 0) for i in range(30)))
+
+    expected = _three_ways(run, more)
+    assert expected["train"]["loss"]["x"][-1] == 70 and len(expected["heat"]["ranks"]) == 2
+    assert sum(expected["gpus"][0]["slowed"]["y"]) > 0
+
+    store = ChartStore(run.root, run.plan, 2)
+    store.update()
+    store.save_index()
+    replaced = samples.with_name("new.jsonl")
+    replaced.write_text(gpu_sample(1, 5000.0))
+    replaced.rename(samples)  # another file under the name: the index tells of the one before
+    stale = ChartStore(run.root, run.plan, 2)
+    stale.update()
+    assert not stale.index_loaded and stale.to_json()["gpus"][0]["sm_mhz"]["x"] == [5000.0]
+
+
+def test_the_chart_index_keeps_a_programs_rows_still_waiting_for_their_step(tmp_path):
+    """A user program's rows, one per rank (two ranks of one node): the index is kept with step 11's
+    rank 0 row in and its rank 1 row to come, so only the row the index keeps can merge that step."""
+    run = new_run(tmp_path)
+    copy = layout.collected(run.root, 0, "metrics.jsonl")
+    write(copy, "".join(_program_row(s, r) for s in range(1, 11) for r in (0, 1)) + _program_row(11, 0))
+
+    def more():
+        write(copy, _program_row(11, 1) + "".join(_program_row(s, r) for s in range(12, 15) for r in (0, 1)))
+
+    expected = _three_ways(run, more)
+    assert expected["train"]["loss"]["x"] == list(range(1, 15))
+    assert expected["train"]["loss"]["y"][10] == round(5.0 - 11 / 50 + 0.0005, 6)  # both ranks' mean
+
+
+def test_a_page_brings_its_first_nodes_curves_and_the_rest_on_demand(tmp_path):
+    run = new_run(tmp_path)
+    write(layout.collected(run.root, 0, "metrics.jsonl"), "".join(row(s, 1000.0 + s) for s in range(1, 11)))
+    for node in (0, 1):
+        write(layout.collected(run.root, node, f"gpu/node{node}.jsonl"), "".join(gpu_sample(node, 1000.0 + i)
+                                                                                  for i in range(5)))
+    store = ChartStore(run.root, run.plan, 2)
+    store.update()
+    page = store.to_json(nodes=[0], page=True)
+    assert [n["node"] for n in page["nodes"]] == [0, 1] and [n["gpus"] for n in page["nodes"]] == [1, 1]
+    assert {g["node"] for g in page["gpus"]} == {0} and {r["rank"] for r in page["rank_time"]} == {0}
+    assert set(page["gpus"][0]) == {"node", "host", "gpu", "sm_max_mhz", "sm_mhz", "slowed"}
+    assert set(page["gpus"][0]["slowed"]) == {"y"}  # the SM clock's times serve both
+    later = store.node_json(1, page=True)
+    assert {g["node"] for g in later["gpus"]} == {1} and [r["rank"] for r in later["rank_time"]] == [1]

@@ -199,3 +199,23 @@ def test_one_collector_at_a_time_and_a_viewer_knows_whether_one_lives(tmp_path):
                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
         assert probe.stdout.strip() == "False"  # another process does not get it
     assert layout.collector_alive(root) is False
+
+
+def test_the_collector_keeps_the_runs_chart_index_as_the_copies_grow(tmp_path, monkeypatch):
+    from fsdpctl.live import collector as collector_module
+    from fsdpctl.live.charts import ChartStore
+
+    col = collector(tmp_path)
+    rows = "".join(json.dumps({"step": s, "loss": 1.0 / s, "time": 1000.0 + s}) + "\n" for s in range(1, 6))
+    col.take(0, "n1", 0, 11, 0, rows.encode())
+    col.beat(lambda: [])  # the index is kept every INDEX_SECONDS, not at every beat
+    index = layout.live_dir(col.root) / "charts.idx"
+    assert not index.exists()
+    monkeypatch.setattr(collector_module, "INDEX_SECONDS", 0.0)
+    col.beat(lambda: [])
+    assert index.is_file()
+    col.take(0, "n1", 0, 11, len(rows), b'{"step": 6, "loss": 0.1, "time": 1006.0}\n')
+    col.beat(lambda: [], ended=True)  # and at the end, whatever the time
+    store = ChartStore(col.root, col.plan)
+    store.update()
+    assert store.index_loaded and store.to_json()["train"]["loss"]["x"] == [1, 2, 3, 4, 5, 6]

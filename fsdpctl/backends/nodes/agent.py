@@ -80,7 +80,10 @@ OUT_LIMIT = 1 << 20
 SIDE_LIMIT = 256 << 10
 """Bytes of the side files (metrics, GPU samples) waiting for the launcher before the agent stops
 reading them; the log's limit is apart, so neither holds the other back."""
-SIDE_POLL_SECONDS = 0.25
+SIDE_POLL_SECONDS = 0.5
+"""How often the side files are read: each time, what every file gained goes out joined in one write
+(one SSH packet for the launcher to take, not one per file per quarter second); a step's row still
+reaches ``top`` within a second of its writing."""
 
 
 def heartbeat_seconds(node_timeout):

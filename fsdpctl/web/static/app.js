@@ -33,6 +33,18 @@
     if (s < 86400) return Math.floor(s / 3600) + "h" + String(Math.floor(s % 3600 / 60)).padStart(2, "0") + "m";
     return Math.floor(s / 86400) + "d" + String(Math.floor(s % 86400 / 3600)).padStart(2, "0") + "h";
   }
+  // The charts by time (GPUs, ranks' compute) have epoch seconds for x: labelled as local wall-clock time,
+  // ticks on whole seconds (uPlot's own labels of sub-second ticks read as ":13.000", like negative numbers).
+  function clock(seconds) {
+    const at = new Date(seconds * 1000);
+    return [at.getHours(), at.getMinutes(), at.getSeconds()].map((v) => String(v).padStart(2, "0")).join(":");
+  }
+  function timeAxis() {
+    return { space: 70, incrs: [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400],
+             values: (u, splits) => splits.map(clock) };
+  }
+  function timeSeries() { return { label: "time", value: (u, v) => (v === null || v === undefined ? "--" : clock(v)) }; }
+  function wrapTable(table) { return el("div", { class: "table-wrap" }, table); }  // scrolls when too wide, never clips
   const STATE_CLASS = { running: "good", succeeded: "good", failed: "bad", lost: "bad", stopped: "warn",
                         interrupted: "warn", submitted: "dim", pending: "dim", starting: "dim", unknown: "dim" };
   function stateText(name) { return el("span", { class: STATE_CLASS[name] || "" }, name); }
@@ -65,6 +77,7 @@
   function route() {
     for (const chart of Object.values(state.charts)) if (chart.destroy) chart.destroy();
     state.charts = {};
+    if (state.nodeObserver) { state.nodeObserver.disconnect(); state.nodeObserver = null; }
     const path = location.pathname;
     const main = clear(document.getElementById("main"));
     const crumbs = clear(document.getElementById("crumbs"));
@@ -91,8 +104,8 @@
     const profiles = el("select", { id: "filter-profile", onchange: () => renderRuns(state.page) }, el("option", { value: "" }, "every profile"));
     main.append(el("div", { class: "row" }, el("label", {}, "state ", states), el("label", {}, "profile ", profiles),
                    el("span", { id: "runs-count", class: "dim" })),
-                el("table", { id: "runs-table" }, el("thead", {}, el("tr", {}, ["run", "state", "profile", "backend", "nodes",
-                  "started", "duration", "step", "loss", "tokens/s"].map((h) => el("th", {}, h)))), el("tbody")));
+                wrapTable(el("table", { id: "runs-table" }, el("thead", {}, el("tr", {}, ["run", "state", "profile", "backend", "nodes",
+                  "started", "duration", "step", "loss", "tokens/s"].map((h) => el("th", {}, h)))), el("tbody"))));
   }
 
   function fillSelect(select, values) {
@@ -125,7 +138,7 @@
   }
 
   // ---- one run ------------------------------------------------------------------------------------
-  function runSkeleton(main, id) {
+  function runSkeleton(main, id, compared) {  // compared: one of several runs of a report, its charts by step overlaid
     const actions = report ? null : el("div", { class: "row" },
       el("button", { id: "stop-button", class: "danger", onclick: () => act(id, "stop") }, "Stop the run"),
       el("button", { id: "stacks-button", onclick: () => act(id, "stacks") }, "Dump every rank's stack"),
@@ -134,7 +147,7 @@
       el("div", { class: "panel", id: "summary" }),
       ...(actions ? [actions] : []),
       el("pre", { id: "action-output", hidden: "hidden" }),
-      el("div", { class: "row" }, section("chart-loss", "loss"), section("chart-speed", "tokens/s and MFU")),
+      ...(compared ? [] : [el("div", { class: "row" }, section("chart-loss", "loss"), section("chart-speed", "tokens/s and MFU"))]),
       section("nodes", "nodes and their GPUs now"),
       section("heat", "compute time of every rank by window (x the window's median)"),
       section("gpus", "each node's GPUs and its ranks' compute, on one time axis"),
@@ -222,7 +235,7 @@
       });
       for (const fault of node.faults) table.append(el("tr", {}, el("td", { colspan: "12", class: "gpu-trouble" }, "node " + node.node_rank + ": " + fault)));
     }
-    panel.append(table);
+    panel.append(wrapTable(table));
   }
 
   function renderAttempts(snap, panel) {
@@ -268,7 +281,27 @@
     if (panel.dataset.done) return;
     panel.dataset.done = "1";
     const plan = data.plan;
-    panel.append(el("pre", { id: "plan-json" }, JSON.stringify(plan, null, 1)));
+    const command = (plan.command || []).join(" ");
+    const facts = [["world size", (plan.world_size ?? "set on the nodes") + " (" + plan.num_nodes + " node(s) × " + plan.nproc_per_node + " per node)"],
+                   ["master", plan.master], ["command", command || "-"], ["run directory on the nodes", plan.run_dir_on_nodes]];
+    if ((plan.secrets || []).length) facts.push(["secrets", plan.secrets.join(", ")]);
+    panel.append(wrapTable(el("table", { id: "plan-run", class: "facts" },
+      facts.map(([name, value]) => el("tr", {}, el("th", {}, name), el("td", { class: "long" }, value))))));
+    // each node's global ranks, when every node's nproc is a number (else "gpu"/"auto": known on the node)
+    const counts = plan.nodes.map((n) => Number(n.nproc));
+    let first = 0;
+    const ranks = counts.every((c) => Number.isInteger(c) && c > 0) ?
+      counts.map((c) => { const text = c === 1 ? String(first) : first + "–" + (first + c - 1); first += c; return text; }) : null;
+    panel.append(el("h3", {}, "nodes"), wrapTable(el("table", { id: "plan-nodes" },
+      el("tr", {}, ["node", "host", "address", "ranks", "nproc"].map((h) => el("th", {}, h))),
+      plan.nodes.map((n, i) => el("tr", { data: { node: n.node_rank } }, [n.node_rank, n.host, n.address, ranks ? ranks[i] : "-",
+                                                                            n.nproc].map((c) => el("td", {}, c)))))));
+    const env = Object.entries(plan.env || {});
+    panel.append(el("h3", {}, "env"), env.length ? wrapTable(el("table", { id: "plan-env", class: "facts" },
+      env.map(([name, value]) => el("tr", {}, el("th", {}, name), el("td", { class: "long" }, value))))) :
+      el("p", { class: "dim", id: "plan-env" }, "no variables set by the profile"));
+    panel.append(el("details", { id: "plan-raw" }, el("summary", {}, "the plan as JSON"),
+                    el("pre", { id: "plan-json" }, JSON.stringify(plan, null, 1))));
     if (isReport) return;
     const shown = el("pre", { id: "script-text", hidden: "hidden" });
     const buttons = data.scripts.map((name) => el("button", { data: { script: name }, onclick: async () => {
@@ -304,18 +337,34 @@
       if (known && (entry.node === null || entry.node === undefined)) { entry.node = known.node_rank; entry.host = known.host; }
     }
     const q = (sel) => root.querySelector(sel);
-    const loss = charts.train.loss, val = charts.val;
-    const lx = union([loss.x, val.x]);
-    chart(q("#chart-loss"), { height: 220, scales: { x: { time: false } },
-      series: [{ label: "step" }, { label: "loss", stroke: "#6ea8fe" }, { label: "val loss", stroke: "#d9a441", points: { show: true } }] },
-      [lx, along(lx, loss), along(lx, val)]);
-    const tps = charts.train.tokens_per_s, mfu = charts.train.mfu;
-    chart(q("#chart-speed"), { height: 220, scales: { x: { time: false } },
+    if (q("#chart-loss")) {  // a report of several runs has no charts by step per run: they are overlaid above
+      drawSpeed(charts.train, q("#chart-speed"), q("#chart-loss"));  // first: the loss chart takes the row when alone
+      const loss = charts.train.loss, val = charts.val;
+      const lx = union([loss.x, val.x]);
+      chart(q("#chart-loss"), { height: 220, scales: { x: { time: false } },
+        series: [{ label: "step" }, { label: "loss", stroke: "#6ea8fe" }, { label: "val loss", stroke: "#d9a441", points: { show: true } }] },
+        [lx, along(lx, loss), along(lx, val)]);
+    }
+    drawHeat(charts.heat, snap, q("#heat"));
+    drawGpus(charts, snap, q("#gpus"));
+  }
+
+  function drawSpeed(train, panel, lossPanel) {
+    // tokens/s and MFU, or (a program that logs neither) no empty chart: one line under the loss's title says so
+    const tps = train.tokens_per_s, mfu = train.mfu;
+    const logged = [...tps.y, ...mfu.y].some((v) => v !== null);
+    const wasHidden = panel.hidden;
+    panel.hidden = !logged;
+    const why = lossPanel.querySelector("#no-speed");
+    if (!logged && tps.x.length && !why) lossPanel.querySelector("h2").after(el("p", { class: "dim", id: "no-speed" }, "this program logs no tokens/s or MFU"));
+    if (logged && why) why.remove();
+    const lossChart = lossPanel.fsdpctlChart;  // the row's width changed hands: the loss chart follows it
+    if (lossChart && wasHidden !== panel.hidden) lossChart.setSize({ width: Math.max(320, lossPanel.clientWidth - 24), height: 220 });
+    if (!logged) return;
+    chart(panel, { height: 220, scales: { x: { time: false } },
       axes: [{}, { label: "tokens/s" }, { side: 1, scale: "mfu", label: "MFU" }],
       series: [{ label: "step" }, { label: "tokens/s", stroke: "#5fb36b" }, { label: "MFU", scale: "mfu", stroke: "#c678dd" }] },
       [tps.x, tps.y, along(tps.x, mfu)]);
-    drawHeat(charts.heat, snap, q("#heat"));
-    drawGpus(charts, snap, q("#gpus"));
   }
 
   function drawHeat(heat, snap, panel) {
@@ -329,7 +378,8 @@
     panel.querySelector("#heat-legend").textContent = ranks.length ? "rows: ranks by node (" + ranks.map((r) => "r" + r.rank + "@" + r.host).slice(0, 64).join(" ") +
       (ranks.length > 64 ? " …" : "") + "); columns: windows, " + heat.windows_per_column + " per column; green 1.0x, red 1.5x and more" +
       (strag !== null ? "; straggler: rank " + strag + " (outlined)" : "") : "no per-rank timings";
-    if (!cols || !ranks.length) return;
+    canvas.hidden = !cols || !ranks.length;  // an empty canvas is a blank box 150/300 of the panel's width high
+    if (canvas.hidden) return;
     const cell = Math.max(1, Math.min(12, Math.floor(900 / cols)));
     const rowH = Math.max(2, Math.min(14, Math.floor(400 / ranks.length)));
     canvas.width = cols * cell; canvas.height = ranks.length * rowH;
@@ -350,36 +400,67 @@
     if (at >= 0) { ctx.strokeStyle = "#ff3040"; ctx.lineWidth = 2; ctx.strokeRect(1, at * rowH + 1, canvas.width - 2, rowH - 2); }
   }
 
+  // A run's page brings the curves by time of its first nodes and the straggler's; every other node's come
+  // from /api/runs/<id>/nodes/<n> once its box scrolls into view (and again with each update while in view).
   function drawGpus(charts, snap, panel) {
-    const byNode = new Map();
-    for (const g of charts.gpus) { const key = g.node + " " + g.host; if (!byNode.has(key)) byNode.set(key, []); byNode.get(key).push(g); }
-    const ranksOf = new Map();
-    for (const r of charts.rank_time) { const key = r.node + " " + r.host; if (!ranksOf.has(key)) ranksOf.set(key, []); ranksOf.get(key).push(r); }
-    const keys = [...new Set([...byNode.keys(), ...ranksOf.keys()])].sort();
+    const byNode = new Map(), ranksOf = new Map(), hostOf = new Map();
+    const add = (map, node, item) => { if (!map.has(node)) map.set(node, []); map.get(node).push(item); };
+    for (const g of charts.gpus) { add(byNode, g.node, g); hostOf.set(g.node, g.host); }
+    for (const r of charts.rank_time) { add(ranksOf, r.node, r); if (!hostOf.has(r.node)) hostOf.set(r.node, r.host); }
+    for (const n of charts.nodes || []) if (!hostOf.has(n.node)) hostOf.set(n.node, n.host);
+    const keys = [...hostOf.keys()].sort((a, b) => (a ?? -1) - (b ?? -1));
     if (!keys.length) { if (!panel.querySelector(".dim")) panel.append(el("p", { class: "dim" }, "no GPU samples and no per-rank timings yet")); return; }
     const sync = uPlot.sync("gpus");
-    for (const key of keys) {
-      const [node, ...host] = key.split(" ");
+    for (const node of keys) {
+      const key = node + " " + hostOf.get(node);
       let box = panel.querySelector('[data-node-key="' + CSS.escape(key) + '"]');
-      if (!box) { box = el("div", { data: { nodeKey: key } }, el("h3", {}, "node " + node + " (" + host.join(" ") + ")"),
+      if (!box) { box = el("div", { class: "node-charts", data: { nodeKey: key, node: String(node) } }, el("h3", {}, "node " + node + " (" + (hostOf.get(node) ?? "") + ")"),
                            el("div", { class: "gpu-chart" }), el("div", { class: "compute-chart" })); panel.append(box); }
-      const gpus = byNode.get(key) || [];
-      if (gpus.length) {
-        const x = gpus[0].sm_mhz.x;
-        const slowed = gpus.map((g) => g.sm_mhz.y.map((v, i) => (g.slowed.y[i] > 0 ? v : null)));
-        const series = [{}, ...gpus.map((g) => ({ label: "GPU " + g.gpu + " SM MHz", stroke: "#6ea8fe" })),
-                        ...gpus.map((g) => ({ label: "GPU " + g.gpu + " slowed", stroke: "#e0555f", width: 0, points: { show: true, size: 7, fill: "#e0555f" } }))];
-        box.querySelector(".gpu-chart").dataset.slowed = String(slowed.flat().filter((v) => v !== null).length);
-        chart(box.querySelector(".gpu-chart"), { height: 160, cursor: { sync: { key: sync.key } }, series },
-              [x, ...gpus.map((g) => g.sm_mhz.y), ...slowed]);
+      if (byNode.has(node) || ranksOf.has(node)) { box.dataset.loaded = "page"; drawNode(box, byNode.get(node) || [], ranksOf.get(node) || [], snap, sync); }
+      else if (!report) laterNode(box, node, snap, sync);
+    }
+  }
+
+  function laterNode(box, node, snap, sync) {
+    box.fsdpctlDraw = async () => {
+      const answer = await fetch("/api/runs/" + encodeURIComponent(snap.run.run_id) + "/nodes/" + node);
+      if (answer.status !== 200) return;
+      const data = await answer.json();
+      const owner = new Map(snap.ranks.map((r) => [r.rank, r]));
+      for (const entry of data.rank_time) {
+        const known = owner.get(entry.rank);
+        if (known && (entry.node === null || entry.node === undefined)) { entry.node = known.node_rank; entry.host = known.host; }
       }
-      const ranks = ranksOf.get(key) || [];
-      if (ranks.length) {
-        const x = ranks[0].x;
-        chart(box.querySelector(".compute-chart"), { height: 140, cursor: { sync: { key: sync.key } },
-          series: [{}, ...ranks.map((r) => ({ label: "rank " + r.rank + " compute s", stroke: r.rank === (snap.straggler || {}).rank ? "#e0555f" : "#5fb36b" }))] },
-          [x, ...ranks.map((r) => along(x, r))]);
-      }
+      box.dataset.loaded = "asked";
+      drawNode(box, data.gpus, data.rank_time, snap, sync);
+    };
+    if (!state.nodeObserver) {
+      state.nodeObserver = new IntersectionObserver((entries) => {
+        for (const entry of entries) {
+          entry.target.dataset.inView = entry.isIntersecting ? "1" : "";
+          if (entry.isIntersecting && !entry.target.dataset.loaded && entry.target.fsdpctlDraw) entry.target.fsdpctlDraw();
+        }
+      }, { rootMargin: "200px" });
+    }
+    if (!box.dataset.observed) { box.dataset.observed = "1"; state.nodeObserver.observe(box); }
+    else if (box.dataset.inView && box.dataset.loaded === "asked") box.fsdpctlDraw();  // an update: its curves again
+  }
+
+  function drawNode(box, gpus, ranks, snap, sync) {
+    if (gpus.length) {
+      const x = gpus[0].sm_mhz.x;
+      const slowed = gpus.map((g) => g.sm_mhz.y.map((v, i) => (g.slowed.y[i] > 0 ? v : null)));
+      const series = [timeSeries(), ...gpus.map((g) => ({ label: "GPU " + g.gpu + " SM MHz", stroke: "#6ea8fe" })),
+                      ...gpus.map((g) => ({ label: "GPU " + g.gpu + " slowed", stroke: "#e0555f", width: 0, points: { show: true, size: 7, fill: "#e0555f" } }))];
+      box.querySelector(".gpu-chart").dataset.slowed = String(slowed.flat().filter((v) => v !== null).length);
+      chart(box.querySelector(".gpu-chart"), { height: 160, cursor: { sync: { key: sync.key } }, axes: [timeAxis(), {}], series },
+            [x, ...gpus.map((g) => g.sm_mhz.y), ...slowed]);
+    }
+    if (ranks.length) {
+      const x = ranks[0].x;
+      chart(box.querySelector(".compute-chart"), { height: 140, cursor: { sync: { key: sync.key } }, axes: [timeAxis(), {}],
+        series: [timeSeries(), ...ranks.map((r) => ({ label: "rank " + r.rank + " compute s", stroke: r.rank === (snap.straggler || {}).rank ? "#e0555f" : "#5fb36b" }))] },
+        [x, ...ranks.map((r) => along(x, r))]);
     }
   }
 
@@ -399,26 +480,71 @@
         el("td", { class: (doctor.checks || []).length ? "warn" : "" }, (doctor.checks || []).map((c) => c.name + ": " + c.detail).join("; ")),
         el("td", {}, String(h.stragglers))));
     }
-    main.append(el("div", { class: "panel" }, el("h2", {}, "hosts of " + profile), table));
+    main.append(el("div", { class: "panel" }, el("h2", {}, "hosts of " + profile), wrapTable(table)));
   }
 
   // ---- a report file: the same pages from data in the file, no server -------------------------------
   function showReport() {
-    const runs = JSON.parse(report.textContent).runs;
-    document.getElementById("connection").textContent = "report of " + runs.length + " run(s), written " + (JSON.parse(report.textContent).written || "");
+    const parsed = JSON.parse(report.textContent);
+    const runs = parsed.runs;
+    document.getElementById("connection").textContent = "report of " + runs.length + " run(s), written " + (parsed.written || "");
     const main = document.getElementById("main");
-    const sideBySide = el("div", { class: "row" });
-    main.append(sideBySide);
-    for (const data of runs) {
-      const column = el("div", { class: "panel report-run", data: { run: data.snapshot.run.run_id } });
-      sideBySide.append(column);
-      runSkeleton(column, data.snapshot.run.run_id);
+    const compared = runs.length > 1;
+    if (compared) compareRuns(runs, main);
+    for (const data of runs) {  // one under another, each the width of the page: its tables are not squeezed
+      const part = el("div", { class: "panel report-run", data: { run: data.snapshot.run.run_id } });
+      main.append(part);
+      runSkeleton(part, data.snapshot.run.run_id, compared);
       for (const id of ["chart-loss", "chart-speed", "heat", "gpus", "nodes", "attempts", "log-panel", "plan", "summary"]) {
-        const node = column.querySelector("#" + id);
+        const node = part.querySelector("#" + id);
         if (node) node.dataset.in = data.snapshot.run.run_id;
       }
-      renderRun(data, true, column);
+      renderRun(data, true, part);
     }
+  }
+
+  // ---- several runs of a report compared: their figures in a table, their curves overlaid on one chart each
+  const RUN_COLOURS = ["#6ea8fe", "#d9a441", "#5fb36b", "#c678dd", "#e0555f", "#56b6c2", "#e5c07b", "#b0b8c4"];
+
+  function compareRuns(runs, main) {
+    const panel = el("div", { class: "panel", id: "compare" }, el("h2", {}, "the runs compared"));
+    main.append(panel);
+    const table = el("table", { id: "compare-table" }, el("tr", {}, ["run", "state", "nodes", "world size", "duration", "step",
+      "loss", "val loss", "tokens/s", "MFU", "command"].map((h) => el("th", {}, h))));
+    runs.forEach((data, i) => {
+      const run = data.snapshot.run, plan = data.plan;
+      const name = el("td", {}, run.run_id);
+      name.style.color = RUN_COLOURS[i % RUN_COLOURS.length];  // the colour of its curves
+      table.append(el("tr", { data: { run: run.run_id } }, name, el("td", {}, stateText(run.state)),
+        [plan.num_nodes, plan.world_size ?? "-", duration(run.elapsed_s), run.step ?? "-", fmt(run.loss, 4), fmt(run.val_loss, 4),
+         int(run.tokens_per_s), run.mfu !== null && run.mfu !== undefined ? fmt(100 * run.mfu, 1) + "%" : "-"].map((c) => el("td", {}, c)),
+        el("td", { class: "long" }, (plan.command || []).join(" "))));
+    });
+    panel.append(wrapTable(table));
+    if (typeof uPlot === "undefined") return;
+    const logs = (key) => runs.some((d) => d.charts.train[key].y.some((v) => v !== null));
+    const figures = [["compare-loss", "loss of every run", (c) => c.train.loss, true]];
+    if (logs("tokens_per_s")) figures.push(["compare-tokens", "tokens/s of every run", (c) => c.train.tokens_per_s, false]);
+    if (logs("mfu")) figures.push(["compare-mfu", "MFU of every run", (c) => c.train.mfu, false]);
+    const row = el("div", { class: "row" }, figures.map(([id, title]) => section(id, title)));
+    panel.append(row);
+    if (figures.length === 1) row.firstChild.append(el("p", { class: "dim", id: "no-speed" }, "no run here logs tokens/s or MFU"));
+    for (const [id, , pick, withVal] of figures) overlay(panel.querySelector("#" + id), runs, pick, withVal);
+  }
+
+  function overlay(container, runs, pick, withVal) {
+    // one series per run (and its validation loss, dashed, where it has one), on the steps of them all
+    const curves = [];
+    runs.forEach((data, i) => {
+      const colour = RUN_COLOURS[i % RUN_COLOURS.length], id = data.snapshot.run.run_id;
+      curves.push([{ label: id, stroke: colour, spanGaps: true }, pick(data.charts)]);
+      if (withVal && data.charts.val.y.some((v) => v !== null))
+        curves.push([{ label: id + " val", stroke: colour, dash: [6, 4], spanGaps: true, points: { show: true } }, data.charts.val]);
+    });
+    const x = union(curves.map(([, points]) => points.x));
+    container.dataset.series = String(curves.length);
+    chart(container, { height: 260, scales: { x: { time: false } }, series: [{ label: "step" }, ...curves.map(([series]) => series)] },
+          [x, ...curves.map(([, points]) => along(x, points))]);
   }
 
   if (report) showReport();
