@@ -3,35 +3,82 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import FsdpctlError, UsageError
+from ..metrics.gpu_samples import GpuFold, read_files
 from ..metrics.rows import Series, read_run_files
-from ..metrics.summary import Report, RunSummary, summarize
+from ..metrics.summary import Report, RunSummary, summarize, summary_of
 from .options import PathLike
 
 
-def run_series(run: Any, fetch: bool = True) -> tuple[Series, RunSummary]:
-    """A run's metrics and their summary."""
-    found, notes = run_files(run, fetch)
-    sources = metrics_sources(found)
-    if not sources:
-        raise UsageError(f"report {run.run_id}: no metrics from its nodes{'; ' + notes[0] if notes else ''}",
-                         "the bundled workload writes them, and so does fsdpctl's telemetry in every rank of a "
-                         "program of yours that steps a torch optimizer (unless launched with --no-telemetry); "
-                         "a program may also append JSON lines with a \"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl "
-                         "(see README, Reports)")
-    series = read_run_files(sources, run.run_id, next(iter(found["summary.json"]), None))
-    summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
+def run_series(run: Any, fetch: bool = True, rows: bool = False) -> tuple[Series, RunSummary]:
+    """A run's metrics and their summary: from its chart index (``fsdpctl.live.chart_index``) and
+    what its files gained since, where the index is usable, else read from the files (``rows``:
+    read them anyway, for figures drawn from every row; the series is otherwise empty)."""
+    store = None if rows else _indexed(run)
+    if store is not None:
+        found, notes = run_files(run, fetch=False)
+        series = Series(run.run_id, summary=_workload_summary(next(iter(found["summary.json"]), None)))
+        summary_ = summary_of(store.fold, run.run_id, attempts=int(run.info.attempt or 1), state=str(run.info.state),
+                              skipped=store.feed.skipped, workload_summary=series.summary)
+        gpus = store.gpu_fold
+    else:
+        found, notes = run_files(run, fetch)
+        sources = metrics_sources(found)
+        if not sources:
+            raise UsageError(f"report {run.run_id}: no metrics from its nodes{'; ' + notes[0] if notes else ''}",
+                             "the bundled workload writes them, and so does fsdpctl's telemetry in every rank of a "
+                             "program of yours that steps a torch optimizer (unless launched with --no-telemetry); "
+                             "a program may also append JSON lines with a \"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl "
+                             "(see README, Reports)")
+        series = read_run_files(sources, run.run_id, next(iter(found["summary.json"]), None))
+        summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
+        gpus = GpuFold.of(read_files(_in_folders(found["gpu"])))
     summary_.notes = [*run.info.recoveries, *notes]
     timed = run.timeline()
     if timed:
         from ..rundir.timeline import render
 
         summary_.timeline = render(timed, {str(n.node_rank): n.host for n in run.plan.nodes})
-    _gpu_findings(summary_, found["gpu"])
+    summary_.gpus = gpus.lines()
+    if summary_.straggler and gpus.hosts:
+        cause = gpus.cause(str(summary_.straggler.get("host")), summary_.straggler.get("local_ranks") or [])
+        if cause:
+            summary_.straggler["cause"] = cause
     return series, summary_
+
+
+def _indexed(run: Any) -> Optional[Any]:
+    """The run's charts from its chart index and what its files gained since (a ``ChartStore``), when
+    the index is usable and its files are whole here: the collector's copies of a run that ended, or
+    the run's own files on this machine. None: read the files."""
+    from ..live import layout
+    from ..live.charts import ChartStore
+
+    if layout.readable_here(run.plan, run.path) is None and _collected(run) is None:
+        return None
+    store = ChartStore(run.path, run.plan, run.plan.world_size)
+    if not store.index_path.is_file():
+        return None
+    store.update()
+    if not store.index_loaded or store.sampled or not store.feed.rows:
+        return None
+    if store.feed.ranks_seen and len(store.metric_tails) > 1:
+        return None  # a program's own per-rank rows from several nodes: merged by step, whole, from the files
+    return store
+
+
+def _workload_summary(path: Optional[Path]) -> Optional[dict[str, Any]]:
+    if path is None or not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def run_files(run: Any, fetch: bool = True) -> tuple[dict[str, list[Path]], list[str]]:
@@ -85,18 +132,6 @@ def _collected(run: Any) -> Optional[dict[str, list[Path]]]:
             "telemetry": layout.telemetry_files(run.path, plan)}
 
 
-def _gpu_findings(summary_: RunSummary, files: list[Path]) -> None:
-    """Each node's GPUs over the run, and the straggler's cause where its GPU's samples show one."""
-    from ..metrics.gpu_samples import gpu_cause, read_files, run_lines
-
-    samples = read_files(_in_folders(files))
-    summary_.gpus = run_lines(samples)
-    if summary_.straggler and samples:
-        cause = gpu_cause(samples, str(summary_.straggler.get("host")), summary_.straggler.get("local_ranks") or [])
-        if cause:
-            summary_.straggler["cause"] = cause
-
-
 def _already_here(run: Any, name: str) -> list[Path]:
     here = Path(run.plan.run_dir).expanduser() / name
     return sorted(run.path.glob(f"fetched/node*/{name}")) or ([here] if here.exists() else [])
@@ -108,7 +143,7 @@ def report_of(runs: list[Any], *, plot: Optional[PathLike] = None, fetch: bool =
     (a folder), their figures as PNG files; with ``tensorboard`` (a folder), each run's TensorBoard
     event files in ``<folder>/<run_id>/``; with ``html`` (a file), their pages in one self-contained
     HTML file."""
-    pairs = [run_series(r, fetch) for r in runs]
+    pairs = [run_series(r, fetch, rows=plot is not None) for r in runs]
     if tensorboard is not None:
         for run in runs:
             write_tensorboard(run, Path(tensorboard) / run.run_id, fetch=False)

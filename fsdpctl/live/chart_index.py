@@ -102,6 +102,8 @@ def save(store: Any, path: Path) -> None:
         "sources": _sources(store, store.root),
         "sampled": store.sampled,
         "feed": store.feed.state(),
+        "fold": store.fold.state(blobs.put),
+        "gpu_fold": store.gpu_fold.state(),
         "train": {key: _buckets_state(series, blobs) for key, series in store.train.items()},
         "val": _buckets_state(store.val, blobs),
         "heat": _heat_state(store.heat, blobs),
@@ -189,6 +191,8 @@ def load(store: Any, path: Path, metrics: list[Path], gpus: list[Path]) -> bool:
         store.gpu_top = {(int(n), str(h), str(g)): float(v) for n, h, g, v in header["gpu_top"]}
         store.last_sample = {(int(n), str(h)): float(v) for n, h, v in header["last_sample"]}
         store.feed.restore(header["feed"])
+        store.fold.restore(header["fold"], arrays)
+        store.gpu_fold.restore(header["gpu_fold"])
         store.sampled = bool(header.get("sampled"))
     except (KeyError, TypeError, ValueError, IndexError):
         store.reset()

@@ -106,61 +106,131 @@ def latest_by_node(samples: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[st
     return latest
 
 
-def _series(samples: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
-    """(host, GPU index) -> that GPU's entries, oldest first."""
-    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for sample in samples:
+def counted_median(counts: Mapping[float, int]) -> Optional[float]:
+    """The median of values given as value -> how many times (``statistics.median`` of them all)."""
+    total = sum(counts.values())
+    if not total:
+        return None
+    wanted = [(total - 1) // 2, total // 2]
+    found: list[float] = []
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        while len(found) < 2 and wanted[len(found)] < seen:
+            found.append(float(value))
+    return found[0] if total % 2 else (found[0] + found[1]) / 2
+
+
+class GpuFold:
+    """A run's GPU samples summed up as they come, in bounded memory (values counted, clocks and
+    utilisation being whole numbers): each node's GPUs over the run (``lines``) and what slowed a
+    straggler's GPUs (``cause``). Plain data in ``state``; ``restore`` takes it back."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, dict[str, Any]] = {}
+        self.gpus: dict[tuple[str, str], dict[str, Any]] = {}
+
+    @classmethod
+    def of(cls, samples: Iterable[Mapping[str, Any]]) -> GpuFold:
+        fold = cls()
+        for sample in samples:
+            fold.add(sample)
+        return fold
+
+    def add(self, sample: Mapping[str, Any]) -> None:
+        host = str(sample.get("host"))
+        mine = self.hosts.setdefault(host, {"samples": 0, "clocks": Counter(), "hottest": None, "utils": Counter(),
+                                            "reasons": Counter()})
+        mine["samples"] += 1
         for gpu in sample.get("gpus") or []:
-            out.setdefault((str(sample.get("host")), str(gpu.get("index"))), []).append(gpu)
-    return out
+            index = str(gpu.get("index"))
+            each = self.gpus.setdefault((host, index), {"entries": 0, "clocks": Counter(), "reasons": Counter(),
+                                                        "during": {}, "top": None})
+            each["entries"] += 1
+            reasons = gpu.get("reasons") or []
+            if gpu.get("sm_mhz") is not None:
+                clock = float(gpu["sm_mhz"])
+                mine["clocks"][clock] += 1
+                each["clocks"][clock] += 1
+                for reason in reasons:
+                    each["during"].setdefault(reason, Counter())[clock] += 1
+            if gpu.get("temp_c") is not None:
+                temp = float(gpu["temp_c"])
+                mine["hottest"] = temp if mine["hottest"] is None else max(mine["hottest"], temp)
+            if gpu.get("util_pct") is not None:
+                mine["utils"][float(gpu["util_pct"])] += 1
+            for reason in reasons:
+                mine["reasons"][f"GPU {gpu.get('index')} {reason}"] += 1
+                each["reasons"][reason] += 1
+            if each["top"] is None and gpu.get("sm_max_mhz"):
+                each["top"] = gpu["sm_max_mhz"]
+
+    def lines(self) -> list[str]:
+        """Per node, its GPUs over the run: SM clock (median and lowest), hottest, median power and
+        utilisation, and every slowdown reason seen with how often."""
+        lines = []
+        for host, mine in sorted(self.hosts.items()):
+            parts = [f"{mine['samples']} samples"]
+            if mine["clocks"]:
+                median, lowest = counted_median(mine["clocks"]), min(mine["clocks"])
+                parts.append(f"SM median {_mhz(median)} MHz (lowest {_mhz(lowest)})")
+            if mine["hottest"] is not None:
+                parts.append(f"hottest {mine['hottest']:.0f} C")
+            if mine["utils"]:
+                parts.append(f"util median {counted_median(mine['utils']):.0f} %")
+            seen = "; ".join(f"{what} in {n}" for what, n in mine["reasons"].most_common())
+            lines.append(f"GPUs on {host}: {', '.join(parts)}" + (f"; {seen}" if seen else ""))
+        return lines
+
+    def cause(self, host: str, gpu_indexes: Sequence[int]) -> Optional[str]:
+        """What the samples say slowed these GPUs of ``host`` (a straggler's), or None."""
+        medians = {key: counted_median(each["clocks"]) for key, each in self.gpus.items() if each["clocks"]}
+        for index in gpu_indexes:
+            each = self.gpus.get((host, str(index)))
+            if not each or not each["entries"]:
+                continue
+            if each["reasons"]:
+                reason, times = each["reasons"].most_common(1)[0]
+                if times >= REASON_SHARE * each["entries"]:
+                    during = each["during"].get(reason)
+                    clock = f" at {_mhz(counted_median(during))} MHz of {_mhz(each['top'])}" if during else ""
+                    return f"GPU {index} on {host}{clock}: {reason} (in {times} of {each['entries']} samples)"
+            mine = medians.get((host, str(index)))
+            others = [m for key, m in medians.items() if key != (host, str(index))]
+            if mine is not None and others and mine < CLOCK_RATIO * statistics.median(others):
+                return (f"GPU {index} on {host} ran at {_mhz(mine)} MHz where the others ran at "
+                        f"{_mhz(statistics.median(others))} (median SM clocks)")
+        return None
+
+    def state(self) -> dict[str, Any]:
+        def pairs(counts: Counter) -> list[list[Any]]:
+            return [[k, v] for k, v in counts.items()]
+
+        return {"hosts": [[host, {**mine, "clocks": pairs(mine["clocks"]), "utils": pairs(mine["utils"]),
+                                  "reasons": pairs(mine["reasons"])}] for host, mine in self.hosts.items()],
+                "gpus": [[host, index, {**each, "clocks": pairs(each["clocks"]), "reasons": pairs(each["reasons"]),
+                                        "during": [[r, pairs(c)] for r, c in each["during"].items()]}]
+                         for (host, index), each in self.gpus.items()]}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        def counter(pairs: list[list[Any]], number: bool = True) -> Counter:
+            return Counter({(float(k) if number else str(k)): int(v) for k, v in pairs})
+
+        self.hosts = {str(host): {"samples": int(mine["samples"]), "hottest": mine["hottest"],
+                                  "clocks": counter(mine["clocks"]), "utils": counter(mine["utils"]),
+                                  "reasons": counter(mine["reasons"], number=False)} for host, mine in state["hosts"]}
+        self.gpus = {(str(host), str(index)): {"entries": int(each["entries"]), "top": each["top"],
+                                               "clocks": counter(each["clocks"]),
+                                               "reasons": counter(each["reasons"], number=False),
+                                               "during": {str(r): counter(c) for r, c in each["during"]}}
+                     for host, index, each in state["gpus"]}
 
 
 def gpu_cause(samples: Sequence[Mapping[str, Any]], host: str, gpu_indexes: Sequence[int]) -> Optional[str]:
     """What the samples say slowed these GPUs of ``host`` (a straggler's), or None."""
-    series = _series(samples)
-    medians = {key: statistics.median(v) for key, entries in series.items()
-               if (v := [float(e["sm_mhz"]) for e in entries if e.get("sm_mhz") is not None])}
-    for index in gpu_indexes:
-        entries = series.get((host, str(index)), [])
-        if not entries:
-            continue
-        reasons = Counter(r for e in entries for r in e.get("reasons") or [])
-        if reasons:
-            reason, times = reasons.most_common(1)[0]
-            if times >= REASON_SHARE * len(entries):
-                during = [float(e["sm_mhz"]) for e in entries if reason in (e.get("reasons") or [])
-                          and e.get("sm_mhz") is not None]
-                top = next((e.get("sm_max_mhz") for e in entries if e.get("sm_max_mhz")), None)
-                clock = f" at {_mhz(statistics.median(during))} MHz of {_mhz(top)}" if during else ""
-                return f"GPU {index} on {host}{clock}: {reason} (in {times} of {len(entries)} samples)"
-        mine = medians.get((host, str(index)))
-        others = [m for key, m in medians.items() if key != (host, str(index))]
-        if mine is not None and others and mine < CLOCK_RATIO * statistics.median(others):
-            return (f"GPU {index} on {host} ran at {_mhz(mine)} MHz where the others ran at "
-                    f"{_mhz(statistics.median(others))} (median SM clocks)")
-    return None
+    return GpuFold.of(samples).cause(host, gpu_indexes)
 
 
 def run_lines(samples: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Per node, its GPUs over the run: SM clock (median and lowest), hottest, median power and
-    utilisation, and every slowdown reason seen with how often."""
-    by_host: dict[str, list[Mapping[str, Any]]] = {}
-    for sample in samples:
-        by_host.setdefault(str(sample.get("host")), []).append(sample)
-    lines = []
-    for host, mine in sorted(by_host.items()):
-        gpus = [g for s in mine for g in s.get("gpus") or []]
-        clocks = [float(g["sm_mhz"]) for g in gpus if g.get("sm_mhz") is not None]
-        temps = [float(g["temp_c"]) for g in gpus if g.get("temp_c") is not None]
-        utils = [float(g["util_pct"]) for g in gpus if g.get("util_pct") is not None]
-        reasons = Counter(f"GPU {g.get('index')} {r}" for g in gpus for r in g.get("reasons") or [])
-        parts = [f"{len(mine)} samples"]
-        if clocks:
-            parts.append(f"SM median {_mhz(statistics.median(clocks))} MHz (lowest {_mhz(min(clocks))})")
-        if temps:
-            parts.append(f"hottest {max(temps):.0f} C")
-        if utils:
-            parts.append(f"util median {statistics.median(utils):.0f} %")
-        seen = "; ".join(f"{what} in {n}" for what, n in reasons.most_common())
-        lines.append(f"GPUs on {host}: {', '.join(parts)}" + (f"; {seen}" if seen else ""))
-    return lines
+    """Per node, its GPUs over the run (``GpuFold.lines``)."""
+    return GpuFold.of(samples).lines()

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .fold import Fold
 from .rows import Series
-from .wait_rule import ranks_even_text, straggler_verdict
 
 
 @dataclass
@@ -50,7 +50,6 @@ class RunSummary:
         return {**self.__dict__, "restarts": self.restarts}
 
 
-ONE_RANK_TEXT = "a single rank, with no other rank to compare its timings with"
 """What ``report`` says of the ranks of a one-rank run that has per-rank timings."""
 
 
@@ -59,35 +58,16 @@ def _median(values: list[float]) -> Optional[float]:
 
 
 def summarize(series: Series, *, attempts: int = 1, state: Optional[str] = None) -> RunSummary:
-    """The summary of one run's series."""
-    out = RunSummary(series.name, attempts=attempts, state=state, skipped_lines=series.skipped)
-    steps, losses = series.column("loss")
-    if losses:
-        out.steps, out.final_loss = steps[-1], losses[-1]
-        best = min(range(len(losses)), key=losses.__getitem__)
-        out.best_loss, out.best_loss_step = losses[best], steps[best]
-    _, val = series.column("val_loss", series.val or series.train)
-    if val:
-        out.final_val_loss, out.best_val_loss = val[-1], min(val)
-    out.tokens_per_s = _median(series.column("tokens_per_s")[1])
-    out.mfu = _median(series.column("mfu")[1])
-    windows = series.windows()
-    walls = [statistics.median(e["wall_s"] for e in w) for w in windows if all("wall_s" in e for e in w)]
-    out.step_time_s = _median(series.column("step_time_s")[1]) or _median(walls)
-    if out.step_time_s is None and series.summary:
-        out.step_time_s = series.summary.get("median_step_time_s")
-    if out.step_time_s is None and out.tokens_per_s and series.summary and series.summary.get("tokens_per_step"):
-        out.step_time_s = series.summary["tokens_per_step"] / out.tokens_per_s
-    out.world = series.world or int((series.summary or {}).get("world_size") or 0)
-    if windows and all("mem_mb" in e for e in windows[-1]):
-        out.memory_mb_per_rank = [float(e["mem_mb"]) for e in windows[-1]]
-    elif series.summary and series.summary.get("peak_memory_mb_per_rank"):
-        out.memory_mb_per_rank = [float(v) for v in series.summary["peak_memory_mb_per_rank"]]
-    out.straggler = straggler_verdict(windows)
-    out.ranks_text = None if out.straggler else ranks_even_text(windows)
-    if out.ranks_text is None and windows and series.world == 1:
-        out.ranks_text = ONE_RANK_TEXT  # timed, but a straggler is only slower than other ranks
-    return out
+    """The summary of one run's series (by the same fold the run's chart index keeps)."""
+    return summary_of(Fold.of_rows(series.train, series.val), series.name, attempts=attempts, state=state,
+                      skipped=series.skipped, workload_summary=series.summary)
+
+
+def summary_of(fold: Fold, name: str, *, attempts: int = 1, state: Optional[str] = None, skipped: int = 0,
+               workload_summary: Optional[dict[str, Any]] = None) -> RunSummary:
+    """The summary of a run's rows folded (``fsdpctl.metrics.fold``): from its chart index, or read."""
+    return RunSummary(name, attempts=attempts, state=state, skipped_lines=skipped,
+                      **fold.figures(workload_summary))
 
 
 def _fmt(value: Any, spec: str = "") -> str:

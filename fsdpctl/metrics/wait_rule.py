@@ -77,6 +77,13 @@ def wait_verdict(windows: Iterable[Sequence[Mapping[str, Any]]]) -> Optional[dic
         found = window_culprit(ranks)
         if found is not None:
             flagged.setdefault(found[0], []).append((found[1], found[2]))
+    return wait_verdict_from(seen, flagged, where)
+
+
+def wait_verdict_from(seen: int, flagged: Mapping[int, Sequence[tuple[str, float]]],
+                      where: Mapping[int, Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+    """``wait_verdict`` from what its windows came to: how many were judged, each position's
+    ``window_culprit`` findings in them, and each position's newest entry."""
     if seen < MIN_WINDOWS:
         return None
     named = sorted(r for r, hits in flagged.items() if len(hits) >= max(MIN_WINDOWS, SHARE * seen))
@@ -117,18 +124,26 @@ def wait_even_text(windows: Sequence[Sequence[Mapping[str, Any]]]) -> Optional[s
     """What to say when nobody stands out, and what could not be judged."""
     if not windows:
         return None
-    last = windows[-1]
+    return wait_even_from(windows[-1], [g for ranks in windows if (g := wait_gap(ranks)) is not None])
+
+
+def wait_gap(ranks: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """One window's gap: how much less than the others the rank that waited least waited in
+    collectives, as a share of the step (None: not measured)."""
+    comm = [float(e["comm_s"]) for e in ranks if isinstance(e.get("comm_s"), (int, float))]
+    walls = [float(e["wall_s"]) for e in ranks if isinstance(e.get("wall_s"), (int, float))]
+    if len(comm) == len(ranks) >= 2 and walls and statistics.median(walls) > 0:
+        least = min(range(len(comm)), key=comm.__getitem__)
+        return (_median_others(comm, least) - comm[least]) / statistics.median(walls)
+    return None
+
+
+def wait_even_from(last: Sequence[Mapping[str, Any]], gaps: Sequence[float]) -> Optional[str]:
+    """``wait_even_text`` from the newest window and every window's ``wait_gap`` (None left out)."""
     unseen = next((UNSEEN[e["comm"]] for e in last if e.get("comm") in UNSEEN), None)
     if unseen:
         return (f"no rank's input stood out; a slow rank's compute cannot be named here: {unseen}, so waiting "
                 "is not told apart from computing")
-    gaps = []
-    for ranks in windows:
-        comm = [float(e["comm_s"]) for e in ranks if isinstance(e.get("comm_s"), (int, float))]
-        walls = [float(e["wall_s"]) for e in ranks if isinstance(e.get("wall_s"), (int, float))]
-        if len(comm) == len(ranks) >= 2 and walls and statistics.median(walls) > 0:
-            least = min(range(len(comm)), key=comm.__getitem__)
-            gaps.append((_median_others(comm, least) - comm[least]) / statistics.median(walls))
     if not gaps:
         return None
     return (f"ranks even: the rank that waited least in collectives waited {statistics.median(gaps):.0%} of a step "

@@ -106,13 +106,21 @@ def verdict(windows: Iterable[Sequence[Mapping[str, Any]]]) -> Optional[dict[str
     return tally.verdict()
 
 
-def even_text(windows: Sequence[Sequence[Mapping[str, Any]]]) -> Optional[str]:
-    """What to say when nobody stands out: the spread of compute across ranks (None: not measured)."""
-    spreads = []
-    for ranks in windows:
-        computes = [float(r["compute_s"]) for r in ranks if r.get("compute_s") is not None]
-        if len(computes) >= 2 and min(computes) > 0:
-            spreads.append(max(computes) / statistics.median(computes))
+def spread_of(ranks: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """One window's spread of compute: the slowest rank's over the median (None: not measured)."""
+    computes = [float(r["compute_s"]) for r in ranks if r.get("compute_s") is not None]
+    if len(computes) >= 2 and min(computes) > 0:
+        return max(computes) / statistics.median(computes)
+    return None
+
+
+def even_text_from(spreads: Sequence[float]) -> Optional[str]:
+    """``even_text`` from the windows' spreads (``spread_of`` each, None left out)."""
     if not spreads:
         return None
     return f"ranks even: the slowest rank's compute was {statistics.median(spreads):.2f}x the median (median window)"
+
+
+def even_text(windows: Sequence[Sequence[Mapping[str, Any]]]) -> Optional[str]:
+    """What to say when nobody stands out: the spread of compute across ranks (None: not measured)."""
+    return even_text_from([s for ranks in windows if (s := spread_of(ranks)) is not None])

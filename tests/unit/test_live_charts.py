@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from fsdpctl.live import charts, layout
+from fsdpctl.live import chart_series, charts, layout
 from fsdpctl.live.charts import Buckets, ChartStore, HeatMap
 from fsdpctl.live.collector import attempt_line
 from tests.unit.test_live_model import gpu_sample, new_run, row, write
@@ -107,7 +107,7 @@ def test_the_chart_index_gives_the_same_charts_as_the_files_read_whole(tmp_path,
     """The index kept with a line half written, GPU samples, and buckets already merged; then more rows,
     a restart and more samples: the same charts from the index as from the files. A replaced file makes
     the index stale, and it is not used."""
-    monkeypatch.setattr(charts, "POINTS", 8)  # the buckets merge in pairs inside what the index holds
+    monkeypatch.setattr(chart_series, "POINTS", 8)  # the buckets merge in pairs inside what the index holds
     run = new_run(tmp_path)
     metrics = layout.collected(run.root, 0, "metrics.jsonl")
     samples = layout.collected(run.root, 1, "gpu/node1.jsonl")
@@ -122,7 +122,9 @@ def test_the_chart_index_gives_the_same_charts_as_the_files_read_whole(tmp_path,
         write(samples, "".join(gpu_sample(1, 1030.0 + i, i % 5 == 0) for i in range(30)))
 
     expected = _three_ways(run, more)
-    assert expected["train"]["loss"]["x"][-1] == 70 and len(expected["heat"]["ranks"]) == 2
+    loss = expected["train"]["loss"]["x"]
+    assert loss[0] == 1 and 60 < loss[-1] <= 70 and len(loss) <= 8  # 70 steps in merged buckets
+    assert len(expected["heat"]["ranks"]) == 2
     assert sum(expected["gpus"][0]["slowed"]["y"]) > 0
 
     store = ChartStore(run.root, run.plan, 2)
@@ -166,3 +168,46 @@ def test_a_page_brings_its_first_nodes_curves_and_the_rest_on_demand(tmp_path):
     assert set(page["gpus"][0]["slowed"]) == {"y"}  # the SM clock's times serve both
     later = store.node_json(1, page=True)
     assert {g["node"] for g in later["gpus"]} == {1} and [r["rank"] for r in later["rank_time"]] == [1]
+
+
+def test_report_from_the_chart_index_says_what_report_from_the_files_says(tmp_path):
+    """A finished run (the collector's copies whole: a straggler, a slowed GPU, a restart that resumed
+    from step 25, validation rows, a loss that went NaN once): ``report`` from its chart index, plus the
+    rows written after the index was kept, and from the files alone give the same summary; with the
+    index deleted it reads the files again."""
+    from fsdpctl.api.run import Run
+    from fsdpctl.api.summaries import _indexed, report_of, run_series
+    from fsdpctl.rundir.rundir import load_run
+    from fsdpctl.rundir.state import RunState
+
+    run = new_run(tmp_path)
+    metrics = layout.collected(run.root, 0, "metrics.jsonl")
+    write(metrics, "".join(row(s, 1000.0 + s, slow=1.8, straggler=s > 20) for s in range(1, 31)))
+    write(metrics, json.dumps({"kind": "val", "step": 20, "val_loss": 7.5}) + "\n")
+    for node in (0, 1):
+        write(layout.collected(run.root, node, f"gpu/node{node}.jsonl"),
+              "".join(gpu_sample(node, 1000.0 + i, slowed=node == 1 and i > 3) for i in range(12)))
+    store = ChartStore(run.root, run.plan, 2)
+    store.update()
+    assert store.save_index()
+    nan_row = json.loads(row(27, 2027.0))
+    nan_row["loss"] = float("nan")
+    write(metrics, attempt_line(2, 25) + "".join(row(s, 2000.0 + s, slow=1.8) for s in range(26, 41)).replace(
+        row(27, 2027.0, slow=1.8), json.dumps(nan_row) + "\n"))
+    write(layout.live_dir(run.root) / "collect.json", "{}")
+    run.change(state=RunState.SUCCEEDED, finished_at="2026-11-26T13:00:00+00:00", exit_code=0, logs_complete=True)
+    handle = Run(load_run(run.root))
+
+    assert _indexed(handle) is not None and _indexed(handle).index_loaded
+    from_index = report_of([handle], fetch=False)
+    _, files_summary = run_series(handle, fetch=False, rows=True)
+    index_summary = from_index.summaries[0]
+    assert index_summary.to_json() == files_summary.to_json()
+    assert index_summary.steps == 40 and index_summary.straggler["rank"] == 1
+    assert index_summary.final_val_loss == 7.5 and "HW slowdown" in " ".join(index_summary.gpus)
+    assert "HW slowdown" in index_summary.straggler.get("cause", "")
+    assert not from_index.series[0].train  # the rows were not read
+
+    store.index_path.unlink()
+    assert _indexed(handle) is None
+    assert report_of([handle], fetch=False).summaries[0].to_json() == files_summary.to_json()
