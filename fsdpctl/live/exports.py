@@ -37,8 +37,10 @@ EXPORTED = "exported.json"
 """How far the exports have read each copy (``live/``): a later exporter of the run goes on from there."""
 EVERY_SECONDS = 2.0
 """How often the exports are brought up to date while a run goes."""
-PROMETHEUS_SECONDS = 5.0
-"""How often the textfile is written again (Prometheus scrapes every 15 s or so by default)."""
+PROMETHEUS_SECONDS = 15.0
+"""How often the textfile is written again: Prometheus scrapes every 15 s or so (DCGM-Exporter itself
+collects every 30 s by default); each write renders every GPU's and rank's figures (about 12 ms at 16 x 8
+GPUs), so writing it more often than it is read costs the launcher for nothing."""
 RANK_FIGURES = (("compute_s", "compute_s", "fsdpctl_rank_compute_seconds", "Seconds of compute per step"),
                 ("comm_s", "collective_s", "fsdpctl_rank_collective_seconds",
                  "Seconds per step waiting on collectives not hidden behind compute"),
@@ -158,10 +160,13 @@ class LiveExports:
         plan = self.run.plan
         metrics, gpus = self.sources or (layout.metrics_files(self.run.root, plan),
                                          layout.gpu_files(self.run.root, plan))
+        came = False
         for path in metrics:
-            self.metrics.add_lines(self.metric_tails.setdefault(path, LineTail(path)).read())
+            came = self.metrics.add_lines(self.metric_tails.setdefault(path, LineTail(path)).read()) or came
         for path in gpus:
-            self._samples(self.gpu_tails.setdefault(path, LineTail(path)).read())
+            lines = self.gpu_tails.setdefault(path, LineTail(path)).read()
+            came = came or bool(lines)
+            self._samples(lines)
         self._guarded("TensorBoard", lambda: self.writer.flush() if self.writer is not None else None)
         due = force or time.monotonic() - self.textfile_at >= PROMETHEUS_SECONDS
         if self.textfile is not None and due:  # scraped every 15 s or so: a few seconds old is current
@@ -169,7 +174,7 @@ class LiveExports:
             from ..export.prometheus import render, write_textfile
 
             self._guarded("Prometheus", lambda: write_textfile(self.textfile, render(self.families(state))))
-        if self.sources is None:
+        if self.sources is None and came:
             self._save()
 
     def close(self) -> None:
