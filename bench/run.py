@@ -38,7 +38,58 @@ BENCHMARKS = {
     "estimate": ["estimate_time.py"],
     "timing": ["rank_timing.py"],
     "live": ["live_view.py --nodes 16"],
+    "dashboard": ["dashboard.py"],
+    "collector": ["collector_scale.py --exports-off"],
+    "exports": ["export_writers.py"],
 }
+
+
+def _views_at_scale(add, out: list) -> None:
+    """The dashboard, report and collector at a long run's and a big cluster's scale, and the exports' writers."""
+    board = load("dashboard")
+    if board.get("long_run"):
+        long, before = board["long_run"], board["long_run"].get("tree_before", {})
+        page = long["this_tree"]
+        add(f"dashboard: first page of a 16 x 8-rank, {long.get('steps', 0):,}-step run "
+            f"({long['metrics_and_samples_mb'] / 1024:.1f} GB), seconds", page["first_s"], 2, "{:.2f}",
+            note=f" (the tree before: {before.get('first_s', '-')}; index deleted: "
+                 f"{long['this_tree_index_deleted']['first_s']}, once)")
+        add("dashboard: that page's weight, MB", page["page_kb"] / 1024, 2, "{:.2f}",
+            note=f" (before: {before.get('page_kb', 0) / 1024:.1f}); server {page['server_rss_mb']:.0f} MB "
+                 f"(before {before.get('server_rss_mb', '-')})")
+        add("`fsdpctl report` of that run, seconds", long["report_s"]["this_tree"], 2, "{:.2f}",
+            note=f" (the tree before: {long['report_s'].get('tree_before', '-')})")
+        out.append(("chart index of that run: size, upkeep CPU per run hour", f"{long['index_mb']} MB, "
+                    f"{long['index_upkeep_cpu_s_per_run_hour']} s ({long['index_upkeep_pct_of_a_core']} % of a core)",
+                    "-", "-"))
+    if board.get("million_steps"):
+        million = board["million_steps"]
+        add("dashboard: first page of a 1,000,000-step run (8 ranks), seconds", million["this_tree"]["first_s"], 2,
+            "{:.2f}", note=f" ({million['this_tree']['page_kb']} KB; report {million['report_s']} s)")
+    if board.get("registry"):
+        reg = board["registry"]
+        add("`fsdpctl runs --json`, 1,000 runs, seconds", reg.get("cli_runs_json_median_s_this_tree"), 0.3, "{:.2f}",
+            note=f" (the tree before: {reg.get('cli_runs_json_median_s_tree_before', '-')})")
+    scale = load("collector_scale").get("sizes", {})
+    for size, cases in scale.items():
+        mine = cases.get("this (collector + exports)")
+        plain = cases.get("this (collector, no exports)")
+        base = next((v for k, v in cases.items() if not k.startswith("this")), None)
+        if mine and base:
+            add(f"launcher CPU while a {size}-node run goes: collector + exports / before the collector",
+                mine["cpu_ms_per_node_per_s"] / base["cpu_ms_per_node_per_s"], 1.10,
+                note=f" ({mine['cpu_ms_per_node_per_s']:.2f} vs {base['cpu_ms_per_node_per_s']:.2f} ms per node per s"
+                     + (f"; collector alone {plain['cpu_ms_per_node_per_s'] / base['cpu_ms_per_node_per_s']:.2f}"
+                        if plain else "") + ")")
+        elif mine:
+            out.append((f"launcher CPU while a {size}-node run goes, ms per node per second",
+                        f"{mine['cpu_ms_per_node_per_s']:.2f}", "linear in nodes", "-"))
+    writers = load("export_writers").get("cases", {})
+    if writers:
+        tb = writers.get("tensorboard new (tensorboardX protobufs, C CRC)", {})
+        prom = writers.get("prometheus new (prometheus_client)", {})
+        out.append(("export writers' CPU / the hand-written ones: TensorBoard, Prometheus",
+                    f"{tb.get('ratio_to_baseline', 0):.2f}, {prom.get('ratio_to_baseline', 0):.2f}", "-", "-"))
 
 
 def load(name: str) -> dict:
@@ -222,6 +273,7 @@ def rows() -> list[tuple[str, str, str, str]]:
                     f"{ten['new_ssh_sessions']}, {ten['node_cpu_s']} / {none['new_ssh_sessions']}, "
                     f"{none['node_cpu_s']}", "the same",
                     "met" if ten["new_ssh_sessions"] == none["new_ssh_sessions"] == 0 else "MISSED"))
+    _views_at_scale(add, out)
     gpu = load("gpu")
     if gpu.get("skipped") or not gpu:
         out.append(("GPU: MFU of gpt2-124m, bf16, compiled", gpu.get("skipped", "not measured"), ">= 45%", "-"))

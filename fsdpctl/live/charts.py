@@ -25,6 +25,8 @@ from .chart_series import Buckets, HeatMap, rounded
 from .metrics_feed import MetricsFeed
 from .tails import LineTail
 
+CHUNK_BYTES = 64 << 10
+"""Of each metrics copy, what is read before the next copy's turn."""
 SEED_BYTES = 16 << 20
 """A metrics or samples file longer than this is sampled for its history instead of read whole."""
 SAMPLED = 2000
@@ -102,12 +104,21 @@ class ChartStore:
                 from .chart_index import load
 
                 self.index_loaded = came = load(self, self.index_path, metrics, gpus)
+        tails = []
         for path in metrics:
             tail = self.metric_tails.get(path)
             if tail is None:
                 tail = self.metric_tails[path] = LineTail(path)
                 came = self._seed(path, tail, self.feed.add_lines) or came
-            came = self.feed.add_lines(tail.read()) or came
+            tails.append(tail)
+        while tails:  # each copy in turn, a chunk at a time: no node's rows run far ahead of the others'
+            going = []
+            for tail in tails:
+                offset = tail.offset
+                came = self.feed.add_lines(tail.read(CHUNK_BYTES)) or came
+                if tail.offset > offset and not tail.began_again:
+                    going.append(tail)  # (a file read again from its start is read on at the next update)
+            tails = going
         for path in gpus:
             tail = self.gpu_tails.get(path)
             if tail is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Optional
@@ -30,6 +31,11 @@ SEEN_LINES = 8192
 """Lines remembered to drop the same line read again (nodes that share a run directory each send it)."""
 RATE_ROWS = 10
 """Rows the step rate (and so the ETA) is measured over."""
+PENDING_SECONDS = 5.0
+"""How long a step of a program's own per-rank rows waits for a rank that writes none for it (one
+that stopped writing, or writes only now and then) before it goes out without it."""
+PENDING_STEPS = 1024
+"""Steps held at most, whatever the time (what a reader catching up holds, read copy by copy)."""
 COMPACT = ("step", "loss", "tokens_per_s", "mfu", "time", "step_time_s", "lr", "epoch")
 
 
@@ -51,6 +57,10 @@ class MetricsFeed:
         self.hook = RankWindows(world_size)
         self.pending: dict[int, dict[int, dict[str, Any]]] = {}
         self.ranks_seen: set[int] = set()
+        self.rank_newest: dict[int, int] = {}
+        self.pending_since: dict[int, float] = {}
+        self.behind = -1
+        """The newest step of the rank furthest behind (its rows of later steps may still come)."""
         self.seen: OrderedDict[int, None] = OrderedDict()
         self.straggler_said = False
         """The newest row carries the workload's own verdict (the bundled workload's rows do)."""
@@ -95,18 +105,31 @@ class MetricsFeed:
         return took
 
     def _rank_row(self, row: dict[str, Any]) -> None:
-        """A program's own row of one rank: held until every rank's row of its step is in."""
-        step = row["step"]
-        self.ranks_seen.add(row["rank"])
-        self.pending.setdefault(step, {})[row["rank"]] = row
+        """A program's own row of one rank: held until its step is whole, every rank's row in, or every
+        rank seen has written a later step (a rank that writes no row for it: none will come). Each
+        node's copy is read in turn, so a rank far ahead of the others is not a step given up on;
+        ``PENDING_STEPS`` bounds what waits for a rank that stopped writing."""
+        step, rank = row["step"], row["rank"]
+        had = self.rank_newest.get(rank, -1)  # -1: not yet in this attempt
+        self.rank_newest[rank] = max(step, had)
+        if rank not in self.ranks_seen or had <= self.behind:  # it may have been the one furthest behind
+            self.ranks_seen.add(rank)
+            self.behind = min(self.rank_newest.get(r, -1) for r in self.ranks_seen)
+        if step not in self.pending:
+            self.pending_since[step] = time.monotonic()
+        self.pending.setdefault(step, {})[rank] = row
         world = self.world_size or len(self.ranks_seen)
-        newest = max(self.pending)
+        behind = self.behind if len(self.ranks_seen) >= world else -1  # a rank not seen yet is behind
+        given_up = time.monotonic() - PENDING_SECONDS
         for waiting in sorted(self.pending):
             rows = self.pending[waiting]
-            later = sum(1 for s in self.pending if s > waiting)
-            if len(rows) >= world or later >= 2 or waiting < newest - 1000:
+            if (len(rows) >= world or waiting < behind or len(self.pending) > PENDING_STEPS
+                    or self.pending_since.get(waiting, 0.0) < given_up):
                 del self.pending[waiting]
+                self.pending_since.pop(waiting, None)
                 self._row(merge_rank_rows(list(rows.values())))
+            else:
+                break  # in step order: a later step waits for this one
 
     def _row(self, row: dict[str, Any]) -> None:
         self.rows += 1
@@ -129,6 +152,9 @@ class MetricsFeed:
             return
         if self.on_attempt is not None:
             self.on_attempt(from_step)
+        self.pending = {step: rows for step, rows in self.pending.items() if step <= from_step}
+        self.pending_since = {step: since for step, since in self.pending_since.items() if step in self.pending}
+        self.rank_newest, self.behind = {}, -1  # the ranks write their steps again from there
         self.train = deque((r for r in self.train if r["step"] <= from_step), maxlen=HISTORY)
         self.val = deque((r for r in self.val if r["step"] <= from_step), maxlen=HISTORY)
         # The next attempt may run on other hosts (a spare in a lost one's place): the ranks' windows
@@ -143,13 +169,17 @@ class MetricsFeed:
         the rows still waiting for the rest of their step, the lines remembered as read. Not the
         figures of rows already merged."""
         return {"pending": [[step, list(rows.values())] for step, rows in self.pending.items()],
-                "ranks_seen": sorted(self.ranks_seen), "seen": list(self.seen), "hook": self.hook.state(),
+                "ranks_seen": sorted(self.ranks_seen), "rank_newest": list(self.rank_newest.items()),
+                "seen": list(self.seen), "hook": self.hook.state(),
                 "skipped": self.skipped, "rows": self.rows}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Go on from ``state`` (``state()`` of the reader that read the lines before)."""
         self.pending = {int(step): {int(r["rank"]): r for r in rows} for step, rows in state["pending"]}
+        self.pending_since = dict.fromkeys(self.pending, time.monotonic())  # the wait begins again
         self.ranks_seen = {int(r) for r in state["ranks_seen"]}
+        self.rank_newest = {int(r): int(s) for r, s in state["rank_newest"]}
+        self.behind = min((self.rank_newest.get(r, -1) for r in self.ranks_seen), default=-1)
         self.seen = OrderedDict((int(key), None) for key in state["seen"])
         self.hook.restore(state["hook"])
         self.skipped, self.rows = int(state["skipped"]), int(state["rows"])

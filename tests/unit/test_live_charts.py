@@ -211,3 +211,35 @@ def test_report_from_the_chart_index_says_what_report_from_the_files_says(tmp_pa
     store.index_path.unlink()
     assert _indexed(handle) is None
     assert report_of([handle], fetch=False).summaries[0].to_json() == files_summary.to_json()
+
+
+def test_a_programs_rows_from_every_nodes_copy_read_in_turn_merge_into_whole_steps(tmp_path, monkeypatch):
+    """Each node's copy holds its rank's rows; read one copy after the other, every step still comes out
+    once, with every rank in it (a rank ahead of the others is not a step given up on), the same as the
+    files read whole; a rank that stops writing holds nothing back once every other rank has moved on."""
+    from fsdpctl.live.metrics_feed import MetricsFeed
+    from fsdpctl.metrics.rows import read_rows
+
+    ranks = 4
+    copies = [[_program_row(s, r) for s in range(1, 21)] for r in range(ranks)]
+    merged: list[dict] = []
+    feed = MetricsFeed(ranks, on_row=lambda kind, row: merged.append(row))
+    for batch in range(0, 20, 5):  # four reads, each taking every copy's new rows in turn
+        for rank in range(ranks):
+            feed.add_lines(copies[rank][batch:batch + 5])
+    assert [r["step"] for r in merged] == list(range(1, 21))
+    assert all(len(r["ranks"]) == ranks for r in merged)
+    whole = read_rows([line for copy in copies for line in copy], "x").train
+    assert [r["loss"] for r in merged] == [r["loss"] for r in whole]
+
+    from fsdpctl.live import metrics_feed
+
+    gone = MetricsFeed(2, on_row=lambda kind, row: merged.append(row))
+    merged.clear()
+    gone.add_lines([_program_row(1, 0), _program_row(1, 1), _program_row(2, 0)])  # rank 1 stops at step 1
+    gone.add_lines([_program_row(s, 0) for s in range(3, 10)])
+    assert [r["step"] for r in merged] == [1]  # 2-9 wait for rank 1 (PENDING_SECONDS)
+    monkeypatch.setattr(metrics_feed, "PENDING_SECONDS", 0.0)  # ... and then go without it
+    gone.add_lines([_program_row(10, 0)])
+    assert merged[0]["step"] == 1 and len(merged[0]["ranks"]) == 2
+    assert [r["step"] for r in merged[1:4]] == [2, 3, 4] and len(merged[1]["ranks"]) == 1
