@@ -90,9 +90,7 @@ class Run:
 
     def __init__(self, run_dir: RunDir, backend: Optional[Backend] = None):
         self._loaded: Optional[RunDir] = run_dir
-        self._root = run_dir.root
-        self._backend = backend
-        self._listing: Optional[Listed] = None
+        self._root, self._backend, self._listing = run_dir.root, backend, None
 
     @classmethod
     def _listed(cls, listing: Listed, run_dir: Optional[RunDir] = None) -> Run:
@@ -108,6 +106,10 @@ class Run:
 
             self._loaded = load_run(self._root)
         return self._loaded
+
+    @_dir.setter
+    def _dir(self, run_dir: RunDir) -> None:  # a later attempt's directory (resume, restart)
+        self._loaded, self._root, self._listing = run_dir, run_dir.root, None
 
     # ---- what the run is -------------------------------------------------------------------------
     @property
