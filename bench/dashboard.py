@@ -187,6 +187,7 @@ def generated_run(runs: Path, steps: int, nodes: int, per_node: int, keep_every:
             kept_cpu += time.process_time() - started
             saves += 1
     (live / "collect.json").write_text("{}")
+    run.change(logs_complete=True)  # its follower saw the end: report reads the copies here
     index = live / "charts.idx"
     hours = steps * 0.5 / 3600
     return run, {"metrics_and_samples_mb": round(sum(p.stat().st_size for p in live.rglob("*.jsonl")) / 2**20),
@@ -220,11 +221,21 @@ def open_page(runs: Path, run_id: str, root: Path, python_path: Optional[Path] =
     return result
 
 
+def report_seconds(runs: Path, run_id: str, root: Path, tree: Path = REPO) -> float:
+    """``fsdpctl report RUN --json --no-fetch`` of this tree (or ``tree``), start to exit."""
+    env = {**fsdpctl_env(root), "FSDPCTL_RUNS_DIR": str(runs), "PYTHONPATH": str(tree)}
+    return round(time_command([sys.executable, "-m", "fsdpctl", "report", run_id, "--json", "--no-fetch"],
+                              env=env, cwd=root), 2)
+
+
 def long_run(args, root: Path, baseline: Optional[Path]) -> dict:
     runs = root / "long"
     runs.mkdir()
     run, made = generated_run(runs, args.steps, 16, 8, args.keep_every)
-    result = {**made, "this_tree": open_page(runs, run.run_id, root)}
+    result = {"steps": args.steps, **made, "this_tree": open_page(runs, run.run_id, root),
+              "report_s": {"this_tree": report_seconds(runs, run.run_id, root)}}
+    if baseline is not None:
+        result["report_s"]["tree_before"] = report_seconds(runs, run.run_id, root, baseline)
     index = run.root / "live" / "charts.idx"
     index.rename(index.with_name("charts.idx.kept"))
     result["this_tree_index_deleted"] = open_page(runs, run.run_id, root)
@@ -240,7 +251,8 @@ def million_steps(args, root: Path) -> dict:
     runs = root / "million"
     runs.mkdir()
     run, made = generated_run(runs, args.million, 1, 8, 2000)
-    return {"steps": args.million, **made, "this_tree": open_page(runs, run.run_id, root)}
+    return {"steps": args.million, **made, "this_tree": open_page(runs, run.run_id, root),
+            "report_s": report_seconds(runs, run.run_id, root)}
 
 
 def pages_on_a_live_run(args, root: Path) -> dict:
