@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import FsdpctlError, UsageError
 from ..metrics.gpu_samples import GpuFold, read_files
-from ..metrics.rows import Series, read_run_files
+from ..metrics.rows import Series, read_run_files, read_workload_summary
 from ..metrics.summary import Report, RunSummary, summarize, summary_of
 from .options import PathLike
 
@@ -21,7 +20,7 @@ def run_series(run: Any, fetch: bool = True, rows: bool = False) -> tuple[Series
     store = None if rows else _indexed(run)
     if store is not None:
         found, notes = run_files(run, fetch=False)
-        series = Series(run.run_id, summary=_workload_summary(next(iter(found["summary.json"]), None)))
+        series = Series(run.run_id, summary=read_workload_summary(next(iter(found["summary.json"]), None)))
         summary_ = summary_of(store.fold, run.run_id, attempts=int(run.info.attempt or 1), state=str(run.info.state),
                               skipped=store.feed.skipped, workload_summary=series.summary)
         gpus = store.gpu_fold
@@ -69,16 +68,6 @@ def _indexed(run: Any) -> Optional[Any]:
     if store.feed.ranks_seen and len(store.metric_tails) > 1:
         return None  # a program's own per-rank rows from several nodes: merged by step, whole, from the files
     return store
-
-
-def _workload_summary(path: Optional[Path]) -> Optional[dict[str, Any]]:
-    if path is None or not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def run_files(run: Any, fetch: bool = True) -> tuple[dict[str, list[Path]], list[str]]:

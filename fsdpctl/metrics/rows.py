@@ -149,9 +149,16 @@ def read_run_files(files: list[Path], name: str, summary: Optional[Path] = None)
     for path in files:
         lines += path.read_text(encoding="utf-8", errors="replace").splitlines()
     series = read_rows(lines, name)
-    if summary is not None and summary.exists():
-        try:
-            series.summary = json.loads(summary.read_text(encoding="utf-8"))
-        except ValueError:
-            series.summary = None
+    series.summary = read_workload_summary(summary)
     return series
+
+
+def read_workload_summary(path: Optional[Path]) -> Optional[dict[str, Any]]:
+    """The bundled workload's summary.json (None: none, or not readable as a JSON object)."""
+    if path is None or not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

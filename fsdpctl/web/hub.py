@@ -159,8 +159,8 @@ class Hub:
                 self.runs.publish(rows)
                 last = rows
 
-    def run_payload(self, run: Any) -> Payload:
-        """``run``'s page data, its watcher started when nobody watched it."""
+    def _watcher(self, run: Any) -> RunWatcher:
+        """``run``'s watcher, started when nobody watched it."""
         with self.lock:
             watcher = self.watchers.get(run.run_id)
             if watcher is None or watcher.stop.is_set():
@@ -168,15 +168,15 @@ class Hub:
                 self.watchers[run.run_id] = watcher
                 watcher.start()
             watcher.payload.asked_at = time.monotonic()
-            return watcher.payload
+            return watcher
+
+    def run_payload(self, run: Any) -> Payload:
+        """``run``'s page data."""
+        return self._watcher(run).payload
 
     def node_charts(self, run: Any, node: int) -> dict[str, Any]:
-        """One node's curves by time of ``run`` (its watcher started when nobody watched it)."""
-        watcher = self.watchers.get(run.run_id)
-        if watcher is None or watcher.stop.is_set():
-            self.run_payload(run)
-            watcher = self.watchers[run.run_id]
-        return watcher.node_charts(node)
+        """One node's curves by time of ``run``."""
+        return self._watcher(run).node_charts(node)
 
     def _forget(self, run_id: str) -> None:
         with self.lock:
