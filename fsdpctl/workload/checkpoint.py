@@ -74,6 +74,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer,
         os.replace(tmp, final)
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+        # The launcher of an elastic run short of nodes grows it back at this line (``SAVED_LINE``).
+        print(f"fsdpctl.workload: checkpoint step={step} saved", flush=True)
     dist.barrier()
     if not final.is_dir():
         raise ConfigError("run_dir", f"this rank cannot see checkpoint {final} that rank 0 wrote",

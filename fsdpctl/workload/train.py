@@ -25,6 +25,7 @@ from . import checkpoint as ckpt
 from . import data
 from . import parallelize as par
 from .config import ESTIMATE_SETTINGS, ConfigError, TrainConfig, parse_args
+from .elastic import BatchSplitError, on_this_world
 from .memory import StepMemory, estimate_step, report_line
 from .metrics import Meter, RunLog, peak_memory_mb
 from .model import GPTConfig, count_params, default_batch_size, flops_per_token, preset_config, set_timer
@@ -196,6 +197,10 @@ def evaluate(model, cfg: TrainConfig, rt: Runtime, sampler: Sampler) -> tuple[fl
 def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: StopSignals | None = None,
         trackers: Trackers | None = None) -> None:
     rt = par.init_distributed(device_type)
+    try:  # an elastic run on fewer ranks keeps its global batch
+        cfg, elastic = on_this_world(cfg, rt.world, rt.local_world)
+    except BatchSplitError as error:
+        raise ConfigError("batch_size", str(error), "give a batch_size x grad_accum that divides evenly") from None
     trackers = trackers if trackers is not None else Trackers()
     # Before the data and the model: a tracker that cannot start ends the run at once, on every rank.
     par.agree(rt, lambda: trackers.start(dataclasses.asdict(cfg)) if rt.rank == 0 else None)
@@ -249,10 +254,13 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
               f"dataset={corpus.name} "
               f"train_tokens={len(tokens.train)} steps={total_steps} "
               + (f"resumed_from={latest.name}" if latest else "fresh"))
+    if elastic:
+        log.print(f"{PREFIX}: {elastic}")
 
     def save(at_step: int) -> None:
         meter.close_window()
         state = {"step": at_step, "sampler": train_sampler.state(), "world_size": rt.world,
+                 "global_batch": train_sampler.global_batch,
                  "preset": cfg.preset, "model_config": gpt_config.to_dict(),
                  "scaler": scaler.state_dict() if scaler is not None else None,
                  "corpus_digest": tokens.corpus_digest}
