@@ -23,6 +23,10 @@ def submit(
                                            "time limit and requeue; resume when requeued (overrides slurm.requeue)."),
     spares: Optional[int] = typer.Option(None, "--spares", help="Spare nodes the job holds: when a node fails, "
                                          "the next step runs on a spare in its place (overrides slurm.spares)."),
+    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", min=0, help="When a node fails and no spare is left, "
+                                            "the next step runs on the healthy nodes if at least this many remain, "
+                                            "keeping the bundled workload's global batch (overrides "
+                                            "elastic.min_nodes; 0: end the job)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
     top: bool = typer.Option(False, "--top", help="With --follow: watch the job in `fsdpctl top`'s live view once "
                              "it is submitted (q leaves the view; the job goes on, its lines follow here)."),
@@ -45,14 +49,14 @@ def submit(
     slurm_options = {"nodes": nodes, "time": time, "partition": partition, "via": via, "requeue": requeue,
                      "spares": spares}
     if flags.resume is not None:
-        flags.refuse_with_resume(**slurm_options)
+        flags.refuse_with_resume(**slurm_options, min_nodes=min_nodes)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
         printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"), run_id_on_stdout=True)
         with watching(printer, top) as handler:
             run.resume(steps=flags.steps, epochs=flags.epochs, detach=not follow, hang_timeout=flags.hang_timeout,
                        on_hang=flags.on_hang, on_event=handler, handle_signals=True)
         raise typer.Exit(exit_code_of(printer))
-    options = flags.job_options(**slurm_options)
+    options = flags.job_options(**slurm_options, min_nodes=min_nodes)
     if flags.dry_run:
         prepared = fsdpctl.prepare(flags.profile, options=options, slurm=True)
         print_dry_run(prepared.plan, prepared.previews(), flags.as_json, prepared.warnings)

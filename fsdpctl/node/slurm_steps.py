@@ -10,8 +10,12 @@ them: a node whose slurmd is gone fails it) or when its ranks died by a signal n
 got (torchrun's summary in its log). Each such node is replaced by the first spare that passes the
 same re-check, and the next step runs from the newest checkpoint (the workload resumes one when it is
 there). A program's own error blames no node and ends the job with its exit code, as without spares;
-so does a node to blame with no spare left. Every decision is appended to ``slurm-steps.jsonl`` in
-the run directory (``status`` reads it) and said in the node log of the rank it concerns.
+so does a node to blame with no spare left, unless the job is elastic (``--min-nodes K``): then the
+next step runs on the healthy nodes (at least K of them; the spares that passed in their places),
+from the newest checkpoint, and every rank is told how often the node count changed
+(``FSDPCTL_ELASTIC_ATTEMPT``; the bundled workload keeps its global batch). Every decision is
+appended to ``slurm-steps.jsonl`` in the run directory (``status`` reads it) and said in the node
+log of the rank it concerns.
 
 Standard library only, Python 3.8+: this runs on a node with nothing of fsdpctl installed.
 """
@@ -28,6 +32,7 @@ from pathlib import Path
 
 from fsdpctl.node.gpu_watch import fault_in_log
 from fsdpctl.node.torchrun_summary import summary_signal
+from fsdpctl.workload.elastic import ELASTIC_ATTEMPT
 from fsdpctl.workload.layout import complete_steps
 
 EVENTS_FILE = "slurm-steps.jsonl"
@@ -148,14 +153,27 @@ def choose(active, spares, blamed, allocation, passes):
     return nodes, replacements, left, failed
 
 
-class Steps:
-    """The job's steps, their failures and replacements, recorded in the run directory."""
+def shrink(active, blamed, replacements, allocation, min_nodes):
+    """When too few spares pass: the nodes an elastic job goes on with (the active ones not blamed,
+    the spares that passed in their places), in Slurm's order; None when they are fewer than
+    ``min_nodes`` (0: the job is not elastic)."""
+    if not min_nodes:
+        return None
+    taken = {r["host"]: r["by"] for r in replacements}
+    healthy = [taken.get(h, h) for h in active if h not in blamed or h in taken]
+    return sorted(healthy, key=allocation.index) if len(healthy) >= min_nodes else None
 
-    def __init__(self, run_dir, nodes, python, gpus, command, srun_flags=()):
+
+class Steps:
+    """The job's steps, their failures, replacements and shrinks, recorded in the run directory."""
+
+    def __init__(self, run_dir, nodes, python, gpus, command, srun_flags=(), min_nodes=0):
         self.run_dir, self.nodes, self.python, self.gpus, self.command = run_dir, nodes, python, gpus, command
-        self.srun_flags = list(srun_flags)
+        self.srun_flags, self.min_nodes, self.count = list(srun_flags), min_nodes, nodes
         self.job = os.environ.get("SLURM_JOB_ID", "")
         self.start = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
+        self.changes = int(os.environ.get(ELASTIC_ATTEMPT) or 0)
+        """How often the node count changed (the plan's count, then one more for each shrink)."""
 
     def record(self, event, **fields):
         line = json.dumps({"event": event, "job": self.job, "slurm_start": self.start, "at": _now(),
@@ -166,7 +184,7 @@ class Steps:
     def say(self, text, rank=None):
         """One line in the batch output, and in the node log of ``rank`` (followed like the ranks')."""
         print(f"fsdpctl: {text}", flush=True)
-        for node in range(self.nodes) if rank is None else (rank,):
+        for node in range(self.count) if rank is None else (rank,):
             with open(os.path.join(self.run_dir, f"node{node}.log"), "a", encoding="utf-8") as handle:
                 handle.write(f"fsdpctl: {text}\n")
 
@@ -182,15 +200,25 @@ class Steps:
             thread.join()
         return {h: found.get(h) for h in hosts}
 
+    def step_env(self, number, head_addr):
+        """A step's environment: this one's, the head's address, the step, and in an elastic job how
+        often the node count changed (over the batch script's export of the plan's count)."""
+        env = dict(os.environ, FSDPCTL_HEAD_ADDR=head_addr, FSDPCTL_SLURM_STEP=str(number))
+        if self.min_nodes:
+            env[ELASTIC_ATTEMPT] = str(self.changes)
+        return env
+
     def run_step(self, number, hosts):
-        env = dict(os.environ, FSDPCTL_HEAD_ADDR=node_address(hosts[0]), FSDPCTL_SLURM_STEP=str(number))
+        self.count = len(hosts)
+        env = self.step_env(number, node_address(hosts[0]))
         self.record("step", step=number, hosts=hosts)
-        argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={self.nodes}", f"--ntasks={self.nodes}",
+        argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={self.count}", f"--ntasks={self.count}",
                 "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}", *self.srun_flags, *self.command]
         return subprocess.call(argv, env=env)
 
     def run(self, allocation):
-        """Steps until one succeeds, a failure blames no node, or no spare is left; the exit status."""
+        """Steps until one succeeds, a failure blames no node, or no spare is left (an elastic job: too
+        few healthy nodes); the exit status."""
         active, spares = allocation[:self.nodes], allocation[self.nodes:]
         number = 1
         while True:
@@ -217,21 +245,50 @@ class Steps:
                         last_step=last_step, last_step_at=last_at)
             for spare, why in failed.items():
                 self.say(f"spare {spare} is passed over: {why}")
-            if nodes is None:
-                missing = len(blamed) - len(replacements)
-                self.say(f"step {number} failed (exit {status}); {', '.join(sorted(blamed))} to blame "
-                         f"({'; '.join(blamed[h] for h in sorted(blamed))}) and no spare left: {missing} "
-                         f"node(s) missing, the job ends")
-                self.record("ended", step=number, why="no spare left", missing=missing)
-                return status
+            shrunk = shrink(active, blamed, replacements, allocation, self.min_nodes) if nodes is None else None
+            if nodes is None and shrunk is None:
+                return self.end(number, status, active, blamed, replacements)
             number += 1
-            self.record("replaced", step=number, replacements=replacements, hosts=nodes,
-                        from_step=newest_checkpoint(self.run_dir))
+            if shrunk is not None:
+                self.shrunk(number, active, shrunk, blamed, replacements)
+                nodes = shrunk
+            else:
+                self.record("replaced", step=number, replacements=replacements, hosts=nodes,
+                            from_step=newest_checkpoint(self.run_dir))
             for change in replacements:
                 rank = nodes.index(change["by"])
                 self.say(f"{change['by']} replaces {change['host']} as node {rank} for step {number} "
                          f"({change['why']}); it continues from the newest checkpoint", rank=rank)
             active = nodes
+
+    def end(self, number, status, active, blamed, replacements):
+        """No spare left for a node to blame (an elastic job: fewer healthy nodes than min_nodes)."""
+        missing = len(blamed) - len(replacements)
+        left = (f"; {len(active) - missing} node(s) left, fewer than min_nodes {self.min_nodes}"
+                if self.min_nodes else "")
+        self.say(f"step {number} failed (exit {status}); {', '.join(sorted(blamed))} to blame "
+                 f"({'; '.join(blamed[h] for h in sorted(blamed))}) and no spare left: {missing} "
+                 f"node(s) missing{left}, the job ends")
+        why = f"fewer than min_nodes {self.min_nodes}" if self.min_nodes else "no spare left"
+        self.record("ended", step=number, why=why, missing=missing)
+        return status
+
+    def shrunk(self, number, active, nodes, blamed, replacements):
+        """Step ``number`` runs on fewer nodes: record it, say it, count the change."""
+        replaced = {r["host"] for r in replacements}
+        out = [h for h in active if h in blamed and h not in replaced]
+        why = "; ".join(blamed[h] for h in out)
+        self.changes += 1
+        try:  # where node 0's log says it: the bundled workload's line on its split batch follows
+            log_at = os.path.getsize(os.path.join(self.run_dir, "node0.log"))
+        except OSError:
+            log_at = 0
+        self.record("shrunk", step=number, hosts=nodes, out=out, why=why, nodes=len(nodes), before=len(active),
+                    full=self.nodes, from_step=newest_checkpoint(self.run_dir), replacements=replacements,
+                    min_nodes=self.min_nodes, log_at=log_at)
+        self.count = len(nodes)
+        self.say(f"step {number} runs on {len(nodes)} of {self.nodes} nodes: {', '.join(out)} out ({why}); "
+                 f"it continues from the newest checkpoint (min_nodes {self.min_nodes})", rank=0)
 
 
 def main(argv=None):
@@ -240,17 +297,21 @@ def main(argv=None):
     parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs the re-check expects on a node")
     parser.add_argument("--python", default=sys.executable, help="the nodes' Python (the re-check runs it)")
     parser.add_argument("--srun-flag", action="append", default=[], help="a flag for every step's srun (Pyxis's)")
+    parser.add_argument("--min-nodes", type=int, default=0, help="with no spare left, go on with at least this many "
+                        "healthy nodes (0: end the job)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then what srun runs on every node")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command after --")
+    if not 0 <= args.min_nodes <= args.nodes:
+        parser.error(f"--min-nodes {args.min_nodes}: give 0 (off) to --nodes ({args.nodes})")
     allocation = allocation_hosts(os.environ["SLURM_JOB_NODELIST"])
     if len(allocation) < args.nodes:
         print(f"fsdpctl: the job holds {len(allocation)} node(s) and a step needs {args.nodes}", file=sys.stderr)
         return 1
     run_dir = os.environ.get("FSDPCTL_RUN_DIR") or os.getcwd()
-    steps = Steps(run_dir, args.nodes, args.python, args.gpus_per_node, command, args.srun_flag)
+    steps = Steps(run_dir, args.nodes, args.python, args.gpus_per_node, command, args.srun_flag, args.min_nodes)
     return steps.run(allocation)
 
 

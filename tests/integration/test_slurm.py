@@ -201,16 +201,23 @@ def test_a_failing_job_reports_failed_with_its_exit_code(lab, slurm, tmp_path, s
 SPARE_STEPS = 40
 
 
-def test_a_node_lost_mid_job_is_replaced_by_a_held_spare_and_the_job_finishes_with_the_same_loss(
-        lab, slurm, tmp_path):
-    """n1 and n2 train, n3 is held; n2's slurmd and ranks are killed; the next step runs on n1 and
-    n3 in the same allocation, from the newest checkpoint, and ends with an uninterrupted run's loss."""
-    path = profile(lab, tmp_path, SPARE_STEPS, extra_train="  checkpoint_interval: 10\n")
-    reference = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(path), "--follow")
+def spare_profile(lab, tmp_path: Path) -> Path:
+    """A 2-node job of SPARE_STEPS steps that saves a checkpoint every 10."""
+    return profile(lab, tmp_path, SPARE_STEPS, extra_train="  checkpoint_interval: 10\n")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(lab, slurm, tmp_path_factory) -> float:
+    """The final loss of the same 2-node job run without a node lost (the loss a spare or a shrink keeps)."""
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    reference = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(spare_profile(lab, tmp_path)), "--follow")
     assert reference.returncode == 0, reference.stderr[-2000:]
-    reference_dir = tmp_path / "work" / "runs" / reference.stdout.strip().splitlines()[0]
-    path.write_text(path.read_text().replace("  nodes: 2\n", "  nodes: 2\n  spares: 1\n  partition: spares\n"))
-    follower, run_dir = follow_submit(lab, slurm, tmp_path, "-p", str(path))
+    return final_loss(tmp_path / "work" / "runs" / reference.stdout.strip().splitlines()[0])
+
+
+def lose_node_1(slurm, run_dir: Path, follower: subprocess.Popen) -> tuple[str, str]:
+    """Once node 0 logged step 14: kill n2's slurmd and its ranks, as when the node dies; the
+    follower's output once the job ended."""
     try:
         wait_for_line(run_dir / "node0.log", r"step=14 loss=")
         ranks = [pid for pid in processes_of(run_dir.name, node_rank=1)
@@ -220,11 +227,21 @@ def test_a_node_lost_mid_job_is_replaced_by_a_held_spare_and_the_job_finishes_wi
         slurm.kill_slurmd("n2")
         for pid in ranks:
             os.kill(pid, signal.SIGKILL)
-        out, err = follower.communicate(timeout=300)
+        return follower.communicate(timeout=300)
     finally:
         if follower.poll() is None:
             follower.kill()
         slurm.start_slurmd("n2")
+
+
+def test_a_node_lost_mid_job_is_replaced_by_a_held_spare_and_the_job_finishes_with_the_same_loss(
+        lab, slurm, tmp_path, uninterrupted):
+    """n1 and n2 train, n3 is held; n2's slurmd and ranks are killed; the next step runs on n1 and
+    n3 in the same allocation, from the newest checkpoint, and ends with an uninterrupted run's loss."""
+    path = spare_profile(lab, tmp_path)
+    path.write_text(path.read_text().replace("  nodes: 2\n", "  nodes: 2\n  spares: 1\n  partition: spares\n"))
+    follower, run_dir = follow_submit(lab, slurm, tmp_path, "-p", str(path))
+    out, err = lose_node_1(slurm, run_dir, follower)
     print(f"\n--- submit --follow with a spare ---\n{err[-4000:]}")
     assert follower.returncode == 0, err[-4000:]
     assert "n3 replaces n2 as node 1 for step 2 (failed the re-check: " in out + err
@@ -243,7 +260,39 @@ def test_a_node_lost_mid_job_is_replaced_by_a_held_spare_and_the_job_finishes_wi
     assert "n3 in the place of n2 (failed the re-check" in said and f"{redone} step(s) done again" in said
     steps = train_steps(run_dir)
     assert steps[-1] == SPARE_STEPS and set(range(2, SPARE_STEPS + 1, 2)) <= set(steps)
-    assert final_loss(run_dir) == final_loss(reference_dir)
+    assert final_loss(run_dir) == uninterrupted
+
+
+def test_a_node_lost_mid_job_with_no_spare_shrinks_an_elastic_job_to_the_node_left_with_the_same_loss(
+        lab, slurm, tmp_path, uninterrupted):
+    """n1 and n2 train, no spare is held, --min-nodes 1; n2's slurmd and ranks are killed; the next
+    step runs on n1 alone in the same allocation, from the newest checkpoint, keeping the global
+    batch by accumulation, and ends with (nearly) an uninterrupted 2-node run's loss."""
+    follower, run_dir = follow_submit(lab, slurm, tmp_path, "-p", str(spare_profile(lab, tmp_path)),
+                                      "--min-nodes", "1")
+    out, err = lose_node_1(slurm, run_dir, follower)
+    print(f"\n--- submit --follow --min-nodes 1 ---\n{err[-4000:]}")
+    assert follower.returncode == 0, err[-4000:]
+    assert ("step 2 runs on 1 of 2 nodes: n2 out (failed the re-check: " in out + err
+            and "it continues from the newest checkpoint (min_nodes 1)" in out + err)
+    events = [json.loads(line) for line in (run_dir / "slurm-steps.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["step", "failed", "shrunk", "step", "succeeded"]
+    failed, shrunk = events[1], events[2]
+    assert list(failed["blamed"]) == ["n2"] and shrunk["from_step"] % 10 == 0
+    assert (shrunk["hosts"], shrunk["out"], shrunk["nodes"], shrunk["before"], shrunk["full"]) == (
+        ["n1"], ["n2"], 1, 2, 2)
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_dir.name, "--json").stdout)
+    assert status["state"] == "succeeded" and [(n["host"], n["ranks"]) for n in status["nodes"]] == [("n1", "0")]
+    assert status["resize"]["batch"] == "global batch 8 kept: batch 4 x accumulation 2 per rank"
+    redone = failed["last_step"] - shrunk["from_step"]
+    assert status["recovery"]["steps_redone"] == redone and status["recovery"]["stood_still_s"] > 0
+    said = fsdpctl(lab, slurm, tmp_path, "status", run_dir.name).stdout
+    assert "runs on 1 of 2 nodes: n2 out (failed the re-check" in said and f"{redone} step(s) done again" in said
+    assert "step 2, node count changed 1 time(s)" in (run_dir / "node0.log").read_text()  # the ranks were told
+    steps = train_steps(run_dir)
+    assert steps[-1] == SPARE_STEPS and set(range(2, SPARE_STEPS + 1, 2)) <= set(steps)
+    print(f"final loss: shrunk to 1 node {final_loss(run_dir)}, uninterrupted on 2 nodes {uninterrupted}")
+    assert final_loss(run_dir) == pytest.approx(uninterrupted, rel=0.005)
 
 
 def final_loss(run_dir: Path) -> float:

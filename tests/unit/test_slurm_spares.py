@@ -1,20 +1,25 @@
-"""A Slurm job holding spare nodes: its batch script, and the decisions ``fsdpctl.node.slurm_steps``
-makes after a failed step (which node is to blame, which spare takes its place), as pure functions."""
+"""A Slurm job holding spare nodes (or an elastic one): its batch script, and the decisions
+``fsdpctl.node.slurm_steps`` makes after a failed step (which node is to blame, which spare takes its
+place, which nodes an elastic job goes on with), as pure functions and through stand-in Slurm clients."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from fsdpctl.backends import plan_run
+from fsdpctl.backends.slurm.plan import SlurmPlan
 from fsdpctl.backends.slurm.scripts import render_sbatch_script
-from fsdpctl.backends.slurm.steps import json_lines, recovery_of, replacements_of
+from fsdpctl.backends.slurm.steps import json_lines, read_events, recovery_of, replacements_of, spare_changes
 from fsdpctl.errors import UsageError
 from fsdpctl.node import slurm_steps
-from fsdpctl.profiles.loader import parse_profile
-from tests.unit.test_slurm_plan import slurm_plan
+from fsdpctl.plan.types import Overrides
+from fsdpctl.profiles.loader import load_profile, parse_profile
+from tests.unit.test_slurm_plan import RUN_ID, slurm_plan
 
 SUMMARY = """[rank1]: Traceback (most recent call last):
 ============================================================
@@ -111,12 +116,13 @@ def test_the_gpu_recheck_fails_on_a_node_that_sees_fewer_gpus():
     assert subprocess.run(slurm_steps.probe_command(sys.executable, 0), timeout=60).returncode == 0
 
 
-def test_status_reads_the_replacement_and_what_it_cost():
+@pytest.mark.parametrize("changed", ["replaced", "shrunk"])
+def test_status_reads_the_replacement_and_what_it_cost(changed):
     events = json_lines("\n".join(json.dumps(e) for e in [
         {"event": "step", "step": 1, "hosts": ["n1", "n2"], "at_s": 100.0},
         {"event": "failed", "step": 1, "blamed": {"n2": "failed the re-check: gone"}, "last_step": 14,
          "last_step_at": 110.0, "at_s": 125.0},
-        {"event": "replaced", "step": 2, "hosts": ["n1", "n3"], "from_step": 10, "at_s": 125.1,
+        {"event": changed, "step": 2, "hosts": ["n1", "n3"], "from_step": 10, "at_s": 125.1, "nodes": 2,
          "replacements": [{"host": "n2", "by": "n3", "why": "failed the re-check: gone"}]},
     ]) + '\n{"cut sh')
     metrics = [{"kind": "train", "step": 14, "time": 110.0}, {"kind": "train", "step": 12, "time": 131.5},
@@ -126,3 +132,86 @@ def test_status_reads_the_replacement_and_what_it_cost():
     recovery = recovery_of(events, metrics)
     assert recovery is not None and recovery.steps_redone == 4 and recovery.stood_still_s == pytest.approx(21.5)
     assert recovery_of(events[:2], metrics) is None  # no replacement yet
+
+
+def elastic_plan(min_nodes, **options):
+    plan = plan_run(load_profile("slurm").profile, run_id=RUN_ID, local_run_dir="r", home="/home/me",
+                    backend="slurm", overrides=Overrides(min_nodes=min_nodes, backend_options=options))
+    return plan, SlurmPlan.of(plan)
+
+
+def test_an_elastic_plan_runs_its_steps_through_the_helper_with_no_kill_and_the_steps_own_node_count():
+    plan, slurm = elastic_plan(1)
+    assert dict(slurm.directives)["nodes"] == "2" and dict(slurm.directives)["no-kill"] == "" and slurm.min_nodes == 1
+    script = render_sbatch_script(plan)
+    assert "-m fsdpctl.node.slurm_steps --nodes=2 --gpus-per-node=8 --min-nodes=1 " in script
+    assert '--nnodes "$SLURM_STEP_NUM_NODES"' in slurm.step_command  # torchrun waits for the step's nodes
+    assert "--min-nodes" not in render_sbatch_script(slurm_plan(spares=1)[0])
+    with pytest.raises(UsageError, match="elastic.min_nodes: submitit starts the step on every node"):
+        elastic_plan(1, via="submitit")
+    with pytest.raises(UsageError, match=r"elastic\.min_nodes: 3 is more than slurm\.nodes \(2\)"):
+        parse_profile("name: s\nbackend: slurm\nslurm: {nodes: 2}\nelastic: {min_nodes: 3}\n", "s.yaml")
+
+
+def test_with_too_few_spares_an_elastic_job_goes_on_with_the_healthy_nodes_down_to_min_nodes():
+    allocation = ["a1", "a2", "a3", "a4"]
+    nodes, replacements, _, _ = slurm_steps.choose(["a1", "a2", "a3"], ["a4"], {"a1": "x", "a3": "y"}, allocation,
+                                                   lambda h: None)
+    assert nodes is None  # a4 took a1's place; none is left for a3
+    assert slurm_steps.shrink(["a1", "a2", "a3"], {"a1": "x", "a3": "y"}, replacements, allocation, 2) == ["a2", "a4"]
+    assert slurm_steps.shrink(["a1", "a2", "a3"], {"a1": "x", "a3": "y"}, replacements, allocation, 3) is None
+    assert slurm_steps.shrink(["a1", "a2"], {"a2": "x"}, [], allocation, 0) is None  # not elastic
+
+
+FAKE_SRUN = """#!/bin/bash
+# A step on n1,n2 fails (n2 is gone: it fails the re-check); a step on n1 alone trains on. With
+# PROGRAM_ERROR set every step fails and every node passes.
+for arg in "$@"; do case $arg in --nodelist=*) hosts=${arg#--nodelist=};; --kill-on-bad-exit=0) probe=1;; esac; done
+if [ -n "$probe" ]; then
+  [ "$hosts" != n2 ] || [ -n "$PROGRAM_ERROR" ] || { echo "srun: error: Unable to contact slurmd on n2" >&2; exit 1; }
+  exit 0
+fi
+echo "$hosts $FSDPCTL_ELASTIC_ATTEMPT" >> "$FSDPCTL_RUN_DIR/steps.txt"
+case $hosts$PROGRAM_ERROR in *n2*) exit 1;; esac
+echo "[rank0]:fsdpctl.workload: elastic: 1 of the run's 2 ranks; global batch 8 kept: batch 4 x accumulation 2 \
+per rank" >> "$FSDPCTL_RUN_DIR/node0.log"
+"""
+
+
+@pytest.mark.parametrize("min_nodes,program_error", [(1, ""), (2, ""), (1, "1")],
+                         ids=["shrinks", "below-min-nodes", "program-error"])
+def test_a_lost_node_with_no_spare_shrinks_an_elastic_job_down_to_min_nodes_and_below_it_ends_the_job(
+        tmp_path, monkeypatch, min_nodes, program_error):
+    """The helper's loop with stand-in ``srun`` and ``scontrol`` on PATH (no cluster here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FSDPCTL_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("FSDPCTL_ELASTIC_ATTEMPT", "0")  # the batch script's export of the plan's count
+    monkeypatch.setenv("PROGRAM_ERROR", program_error)
+    steps = slurm_steps.Steps(str(tmp_path), 2, sys.executable, 0, ["true"], min_nodes=min_nodes)
+    code = steps.run(["n1", "n2"])
+    events = read_events(tmp_path)
+    said = (tmp_path / "node0.log").read_text()
+    if program_error:  # nobody to blame: nothing shrinks
+        assert code == 1 and [e["event"] for e in events] == ["step", "failed"] and "no node is to blame" in said
+        return
+    if min_nodes == 2:
+        assert code == 1 and [e["event"] for e in events] == ["step", "failed", "ended"]
+        assert "no spare left: 1 node(s) missing; 1 node(s) left, fewer than min_nodes 2, the job ends" in said
+        assert events[-1]["why"] == "fewer than min_nodes 2" and spare_changes(tmp_path, "")["resize"] is None
+        return
+    assert code == 0 and [e["event"] for e in events] == ["step", "failed", "shrunk", "step", "succeeded"]
+    assert (tmp_path / "steps.txt").read_text().splitlines() == ["n1,n2 0", "n1 1"]  # the count changed once
+    shrunk = events[2]
+    assert (shrunk["hosts"], shrunk["out"], shrunk["nodes"], shrunk["before"], shrunk["full"]) == (
+        ["n1"], ["n2"], 1, 2, 2)
+    assert ("fsdpctl: step 2 runs on 1 of 2 nodes: n2 out (failed the re-check: Unable to contact slurmd on n2); "
+            "it continues from the newest checkpoint (min_nodes 1)") in said
+    resize = spare_changes(tmp_path, "")["resize"]
+    assert resize.describe() == ("runs on 1 of 2 nodes: n2 out (failed the re-check: Unable to contact slurmd on "
+                                 "n2); global batch 8 kept: batch 4 x accumulation 2 per rank")

@@ -35,7 +35,7 @@ from .logs import NodeLogs, NodeLogsTail
 from .plan import OPTIONS, SlurmPlan, finish_slurm_plan, slurm_placement
 from .records import nodes_of, record_job_state, refresh_records
 from .scripts import SUBMITIT_SETUP_SCRIPT, slurm_scripts
-from .steps import metrics_text, spare_changes
+from .steps import metrics_text, spare_changes, step_hosts, step_nodes
 from .submit import submit_slurm, submitit_job
 from .tasks import split_tasks
 
@@ -55,6 +55,9 @@ class SlurmBackend(Backend):
     def check_profile(cls, profile: ClusterProfile) -> Optional[ProfileProblem]:
         if profile.slurm is None:
             return "slurm", "a slurm profile needs a slurm section", "add slurm: {nodes: 2, ...}"
+        if profile.elastic is not None and profile.elastic.min_nodes > profile.slurm.nodes:
+            return ("elastic.min_nodes", f"{profile.elastic.min_nodes} is more than slurm.nodes "
+                    f"({profile.slurm.nodes})", f"give {profile.slurm.nodes} or fewer, or raise slurm.nodes")
         return None
 
     @classmethod
@@ -126,7 +129,8 @@ class SlurmBackend(Backend):
         if not record.state.is_over and record.job_id is not None:
             slurm = client.job_state(record.job_id, requeueable=SlurmPlan.of(plan).requeue)
             record = record_job_state(run, slurm, logs)
-        nodes = () if record.job_id is None else nodes_of(record.state, record.exit_code, logs, plan.num_nodes)
+        nodes = () if record.job_id is None else nodes_of(record.state, record.exit_code, logs,
+                                                          step_nodes(run_dir, plan.num_nodes))
         job = {"job_id": record.job_id, "slurm_state": record.job.get("slurm_state"),
                "restarts": record.job.get("restarts")}  # requeued by Slurm (--requeue)
         metrics = metrics_text(run_dir)
@@ -163,16 +167,20 @@ class SlurmBackend(Backend):
 
     def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:
-        """Every rank's stack: one ``srun --overlap`` step into the job, one task per node."""
+        """Every rank's stack: one ``srun --overlap`` step into the job, one task per node (a job with
+        spares, or an elastic one: on the newest step's nodes, numbered as that step numbers them)."""
         plan, job_id = run.plan, run.record.job_id
         command = stacks_command(plan.run_dir, plan.run_id, plan.host_python, '"$SLURM_NODEID"', flight=flight,
                                  py_spy=py_spy, native=native)
-        argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={plan.num_nodes}", "--ntasks-per-node=1",
-                "--label", "--kill-on-bad-exit=0", "bash", "-c", command]
+        hosts = step_hosts(Path(plan.run_dir).expanduser())
+        count = len(hosts) or plan.num_nodes
+        argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={count}", "--ntasks-per-node=1",
+                *([f"--nodelist={','.join(hosts)}"] if hosts else []), "--label", "--kill-on-bad-exit=0",
+                "bash", "-c", command]
         done = client.run_client(argv, timeout=STACKS_TIMEOUT)
         tasks = split_tasks(done.stdout, STACKS_BEGIN, STACKS_END)
         nodes = []
-        for task in range(plan.num_nodes):
+        for task in range(count):
             try:
                 found = answer_of(tasks.get(task, ""))
             except ValueError:

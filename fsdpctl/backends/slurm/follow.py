@@ -27,7 +27,7 @@ from ..torchrun import has_summary, in_shutdown, torchrun_failure
 from . import client, states
 from .logs import NodeLogs, follow
 from .plan import SlurmPlan
-from .steps import metrics_text, spare_changes
+from .steps import metrics_text, spare_changes, step_nodes
 
 BATCH_TAIL_LINES = 20
 TAIL_BYTES = 256 * 1024
@@ -194,10 +194,11 @@ def failure_in_logs(run: RunDir) -> Optional[Failure]:
     torchrun printed its failure summary failed on its own; the others Slurm ended (``srun
     --kill-on-bad-exit``). None when no node says (the batch script itself failed)."""
     run_dir = Path(run.plan.run_dir).expanduser()
-    logs = NodeLogs(run_dir, run.plan.num_nodes)
+    count = step_nodes(run_dir, run.plan.num_nodes)  # the newest step's: a rank beyond is an earlier step's
+    logs = NodeLogs(run_dir, count)
     logs.read_new(lambda line: None)  # the nodes name themselves in their first line
     ends = []
-    for rank in range(run.plan.num_nodes):
+    for rank in range(count):
         lines = _tail_lines(run_dir / f"node{rank}.log")
         said = has_summary(lines)
         failure = torchrun_failure(lines, host=logs.hosts[rank], node_rank=rank, exit_code=1) if said else None

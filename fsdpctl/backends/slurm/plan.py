@@ -25,6 +25,8 @@ HEAD_ADDR_NAME = "$FSDPCTL_HEAD_ADDR"
 """How the plan names the head's address (it is known only inside the job)."""
 NODE_RANK = NodeExpr('"$SLURM_NODEID"')
 """A node's rank, expanded in the node's own shell (never at submit time)."""
+STEP_NODES = NodeExpr('"$SLURM_STEP_NUM_NODES"')
+"""The nodes of the step a node runs in: an elastic job's later steps may run on fewer than the plan's."""
 OPTIONS = ("nodes", "time", "partition", "requeue", "via", "spares")
 """What ``submit`` may set over the profile's slurm section (``Overrides.backend_options``)."""
 
@@ -51,6 +53,14 @@ class SlurmPlan:
     """What a node's re-check expects to see before it runs a step."""
     srun_flags: tuple[str, ...] = ()
     """More flags for the step's ``srun`` (Pyxis's ``--container-image`` and its mounts)."""
+    min_nodes: int = 0
+    """An elastic job (``elastic.min_nodes``, ``--min-nodes``): when a node is to blame and no spare
+    is left, the next step runs on the healthy nodes, as long as at least this many remain (0: off)."""
+
+    @property
+    def runs_steps(self) -> bool:
+        """The batch script runs ``fsdpctl.node.slurm_steps`` (``--no-kill``), not one ``srun``."""
+        return bool(self.spares or self.min_nodes)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,11 +129,15 @@ def slurm_placement(name: str, profile: ClusterProfile, overrides: Overrides, co
 def finish_slurm_plan(profile: ClusterProfile, overrides: Overrides, plan: LaunchPlan) -> LaunchPlan:
     """The plan with its Slurm part: every node runs the same step, its rank expanded on the node."""
     step_args = torchrun_args(plan, node_rank=NODE_RANK, nproc=plan.nproc_per_node, master_addr=HEAD_ADDR)
+    min_nodes = int(plan.elastic.get("min_nodes") or 0)
+    if min_nodes:  # a later step may run on fewer nodes: torchrun waits for the step's own
+        at = step_args.index("--nnodes") + 1
+        step_args = (*step_args[:at], STEP_NODES, *step_args[at + 1:])
     slurm_plan = make_slurm_plan(profile, overrides, plan.run_id, plan.run_dir, plan.num_nodes, step_args,
                                  requeues(profile.slurm, overrides), plan.profile_source, plan.chdir, plan.secrets,
                                  plan.gpu_sample_seconds, container=plan.container, python=plan.python,
                                  env_names=[*plan.env, "FSDPCTL_RUN_DIR", "FSDPCTL_NODE_RANK", *plan.secrets],
-                                 workdir=plan.workdir)
+                                 workdir=plan.workdir, min_nodes=min_nodes)
     return dataclasses.replace(plan, backend_plan=slurm_plan.to_json(), shared_run_dir=True)
 
 
@@ -171,14 +185,14 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
                     num_nodes: int, step_args: tuple[str, ...], requeue: bool, source: str,
                     chdir: str = ".", secrets: tuple[str, ...] = (), sample_seconds: float = 0.0, *,
                     container: ContainerPlan | None = None, python: str = "python3", env_names: Sequence[str] = (),
-                    workdir: str = "~") -> SlurmPlan:
+                    workdir: str = "~", min_nodes: int = 0) -> SlurmPlan:
     slurm = profile.slurm
     assert slurm is not None
     spares = spares_of(slurm, overrides)
     directives: list[tuple[str, str]] = [
         ("job-name", f"fsdpctl-{run_id}"), ("nodes", str(num_nodes + spares)), ("ntasks-per-node", "1"),
     ]
-    if spares:
+    if spares or min_nodes:
         directives.append(("no-kill", ""))  # a failed node leaves the allocation; the job goes on without it
     optional = {
         "gpus-per-node": slurm.gpus_per_node, "cpus-per-task": slurm.cpus_per_task,
@@ -201,12 +215,18 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
     if spares and via == "submitit":
         raise UsageError(f"{source or profile.name}: slurm.spares: submitit starts the step on every node it "
                          "allocates, so it cannot hold spares", "submit with --via sbatch, or without spares")
+    if min_nodes and via == "submitit":
+        raise UsageError(f"{source or profile.name}: elastic.min_nodes: submitit starts the step on every node it "
+                         "allocates, so it cannot go on with fewer", "submit with --via sbatch, or without elastic")
     # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
     ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
     enter = "" if chdir == "." else f"cd {quote_path(chdir)} || exit 1; "  # the user's code: ranks start there
-    announce = (f'echo "fsdpctl: node $SLURM_NODEID of {num_nodes} on $(hostname) in $PWD, '
+    # An elastic job's step may run on fewer nodes than the plan's, and says how often that changed.
+    of, changes = ("$SLURM_STEP_NUM_NODES", ", node count changed $FSDPCTL_ELASTIC_ATTEMPT time(s)") if min_nodes \
+        else (str(num_nodes), "")
+    announce = (f'echo "fsdpctl: node $SLURM_NODEID of {of} on $(hostname) in $PWD, '
                 f'Slurm start $((${{SLURM_RESTART_COUNT:-0}} + 1))'
-                f'${{FSDPCTL_SLURM_STEP:+, step $FSDPCTL_SLURM_STEP}}"; ')  # a job with spares runs steps
+                f'${{FSDPCTL_SLURM_STEP:+, step $FSDPCTL_SLURM_STEP}}{changes}"; ')  # a job with spares runs steps
     # With a container, torchrun is the image's (Pyxis: the whole step runs inside it).
     torchrun, may_exec = step_torchrun(container, run_id, python, step_args, list(dict.fromkeys(env_names)), chdir)
     helper = step_python(container, python)
@@ -226,7 +246,7 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
         command = (f'cd "$FSDPCTL_RUN_DIR" && export FSDPCTL_NODE_RANK="$SLURM_NODEID" && {ignore}'
                    f'{{ {enter}{announce}{"exec " if may_exec else ""}{torchrun}; }} >> node"$SLURM_NODEID".log 2>&1')
     return SlurmPlan(directives=tuple(directives), step_command=command, nodes=num_nodes, requeue=requeue,
-                     signal_seconds=slurm.signal_seconds, via=via, spares=spares,
+                     signal_seconds=slurm.signal_seconds, via=via, spares=spares, min_nodes=min_nodes,
                      gpus_per_node=slurm.gpus_per_node or 0,
                      srun_flags=pyxis_flags(container, run_dir, workdir, chdir)
                      if container is not None and container.runtime == "pyxis" else ())

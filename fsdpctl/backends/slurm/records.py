@@ -5,6 +5,7 @@ are allocated, requeues it, ends it at its time limit), so whoever asks Slurm wr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Optional
 
 from ...errors import FsdpctlError
@@ -16,6 +17,7 @@ from . import client, states
 from .follow import record_end
 from .logs import NodeLogs
 from .plan import SlurmPlan
+from .steps import step_nodes
 
 LIST_TIMEOUT = 20.0
 """How long listing the runs waits for squeue: a controller that does not answer leaves the records as they are."""
@@ -46,8 +48,10 @@ def record_job_state(run: RunDir, slurm: client.JobState, logs: Optional[NodeLog
         return record_end(run, slurm, unless_ended=True)
     record = run.record
     state = states.live_state(slurm.state)
-    nodes = nodes_of(state, None, logs, run.plan.num_nodes) if logs is not None else tuple(
-        node.replace(state=node_state(state)) for node in record.nodes)
+    if logs is not None:  # the newest step's nodes (an elastic job's may be fewer than the plan's)
+        nodes = nodes_of(state, None, logs, step_nodes(Path(run.plan.run_dir).expanduser(), run.plan.num_nodes))
+    else:
+        nodes = tuple(node.replace(state=node_state(state)) for node in record.nodes)
     job = {"slurm_state": slurm.state, **({"restarts": slurm.restarts} if slurm.restarts else {})}
     job_id = record.job_id
     return run.change_if(lambda now: not now.state.is_over and now.job_id == job_id, state=state, nodes=nodes,

@@ -1,15 +1,24 @@
-"""What a Slurm job with spare nodes did: the events ``fsdpctl.node.slurm_steps`` appended to
-``slurm-steps.jsonl`` in the shared run directory, as the replacements and the recovery ``status``
-shows (which node failed, which spare took its place, how long the training stood still)."""
+"""What a Slurm job with spare nodes (or an elastic one) did: the events ``fsdpctl.node.slurm_steps``
+appended to ``slurm-steps.jsonl`` in the shared run directory, as the replacements, the resize and
+the recovery ``status`` shows (which node failed, which spare took its place or how many nodes the
+job went on with, how long the training stood still)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
 from ...node.slurm_steps import EVENTS_FILE
-from ...rundir.status import Recovery, Replacement
+from ...rundir.status import Recovery, Replacement, Resize
+
+CHANGED = ("replaced", "shrunk")
+"""The events after which a step runs on other nodes than the failed one, from the newest checkpoint."""
+_KEPT_BATCH = re.compile(r"fsdpctl\.workload: elastic: .*?(global batch \d+ kept: .+?)\s*$")
+"""The bundled workload's line on fewer ranks (``fsdpctl.workload.elastic.on_this_world``)."""
+BATCH_LINE_BYTES = 256 * 1024
+"""Of node 0's log from where a shrink was said, what is read for that line (it comes at the step's start)."""
 
 
 def metrics_text(run_dir: Path) -> str:
@@ -19,11 +28,25 @@ def metrics_text(run_dir: Path) -> str:
 
 
 def spare_changes(run_dir: Path, metrics: str) -> dict[str, Any]:
-    """What a job with spares changed on the way, as run.json and ``status`` keep it: the spares in
-    failed nodes' places (``replacements``) and what the newest one cost (``recovery``); ``metrics``
-    is metrics.jsonl's text."""
+    """What a job with spares (or an elastic one) changed on the way, as run.json and ``status`` keep
+    it: the spares in failed nodes' places (``replacements``), the newest shrink (``resize``) and what
+    the newest change cost (``recovery``); ``metrics`` is metrics.jsonl's text."""
     events = read_events(run_dir)
-    return {"replacements": replacements_of(events), "recovery": recovery_of(events, json_lines(metrics))}
+    return {"replacements": replacements_of(events), "recovery": recovery_of(events, json_lines(metrics)),
+            "resize": resize_of(events, run_dir)}
+
+
+def step_hosts(run_dir: Path) -> list[str]:
+    """The hosts of the job's newest step, in rank order (empty: a job that runs no steps of its own)."""
+    steps = [e for e in read_events(run_dir) if e.get("event") == "step" and e.get("hosts")]
+    return list(steps[-1]["hosts"]) if steps else []
+
+
+def step_nodes(run_dir: Path, planned: int) -> int:
+    """The nodes the job's newest step runs on (an elastic job's may be fewer than ``planned``):
+    node<R>.log of a rank beyond them is an earlier step's."""
+    hosts = step_hosts(run_dir)
+    return min(len(hosts), planned) if hosts else planned
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
@@ -48,14 +71,39 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 def replacements_of(events: list[dict[str, Any]]) -> tuple[Replacement, ...]:
     """Every spare that took a failed node's place, in order."""
-    return tuple(Replacement.from_json(r) for e in events if e.get("event") == "replaced"
+    return tuple(Replacement.from_json(r) for e in events if e.get("event") in CHANGED
                  for r in e.get("replacements") or ())
 
 
+def resize_of(events: list[dict[str, Any]], run_dir: Optional[Path] = None) -> Optional[Resize]:
+    """The newest shrink of an elastic job (None: none), with how the bundled workload kept its
+    global batch when node 0's log says so after it (``run_dir``)."""
+    shrunk = next((e for e in reversed(events) if e.get("event") == "shrunk"), None)
+    if shrunk is None:
+        return None
+    return Resize(nodes=int(shrunk["nodes"]), before=int(shrunk.get("before") or shrunk["nodes"]),
+                  full=int(shrunk.get("full") or shrunk["nodes"]), hosts=tuple(shrunk.get("out") or ()),
+                  why=str(shrunk.get("why") or ""), batch=kept_batch(run_dir, shrunk) if run_dir else None)
+
+
+def kept_batch(run_dir: Path, shrunk: dict[str, Any]) -> Optional[str]:
+    """``global batch 8 kept: batch 4 x accumulation 2 per rank``: how the bundled workload split it in the
+    step a shrink started, from node 0's log where the shrink was said (None: not said yet, or
+    another program)."""
+    try:
+        with (run_dir / "node0.log").open("rb") as handle:
+            handle.seek(int(shrunk.get("log_at") or 0))
+            text = handle.read(BATCH_LINE_BYTES).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    found = (m.group(1) for line in text.splitlines() if (m := _KEPT_BATCH.search(line)))
+    return next(found, None)
+
+
 def recovery_of(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> Optional[Recovery]:
-    """The newest replacement's cost: from the failed step's last training step to the next step's
-    first (metrics.jsonl's times), and the steps trained again (from the checkpoint it resumed)."""
-    replaced = next((i for i in range(len(events) - 1, -1, -1) if events[i].get("event") == "replaced"), None)
+    """The newest replacement's (or shrink's) cost: from the failed step's last training step to the
+    next step's first (metrics.jsonl's times), and the steps trained again (from the checkpoint it resumed)."""
+    replaced = next((i for i in range(len(events) - 1, -1, -1) if events[i].get("event") in CHANGED), None)
     if replaced is None or replaced == 0 or events[replaced - 1].get("event") != "failed":
         return None
     failed, again = events[replaced - 1], events[replaced]
