@@ -71,6 +71,9 @@ class JobOptions:
     """Your model's training FLOPs per token, for its MFU (default: the profile's ``telemetry.flops_per_token``)."""
     exclude: tuple[str, ...] = ()
     """Hosts of the profile this launch leaves out (a spare takes each one's place)."""
+    min_nodes: Optional[int] = None
+    """An elastic run: the fewest nodes it goes on with when a node is to blame and no spare is left
+    (over the profile's ``elastic.min_nodes``; 0: not elastic)."""
     nodes: Optional[int] = None
     """Slurm: nodes to allocate."""
     time: Optional[str] = None
@@ -98,6 +101,8 @@ class JobOptions:
             raise UsageError(f"--node-timeout {self.node_timeout}: too short", "give 3 seconds or more (default 30)")
         if self.max_restarts is not None and not 0 <= self.max_restarts <= 100:
             raise UsageError(f"--max-restarts {self.max_restarts}: out of range", "give 0 to 100")
+        if self.min_nodes is not None and self.min_nodes < 0:
+            raise UsageError(f"--min-nodes {self.min_nodes}: negative", "give the fewest nodes to go on with (0: off)")
         if self.tokens_per_step is not None and self.tokens_per_step < 1:
             raise UsageError(f"--tokens-per-step {self.tokens_per_step}: not positive",
                              "give the tokens of one optimizer step over all ranks (global batch x sequence length)")

@@ -53,14 +53,22 @@ def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
     if not inputs:
         raise UsageError(f"run {run.run_id}: has no {INPUTS} (started by an older fsdpctl)",
                          "start it afresh with `fsdpctl launch`")
+    elastic = run.plan.elastic
     if profile is None and backend.takes_spares:
         from ..hostpool.placing import place_hosts
 
         # the run's profile as it placed its hosts now: remembered exclusions and its --exclude applied
-        profile = place_hosts(run.profile, tuple(inputs.get("exclude") or ())).profile
+        choice = place_hosts(run.profile, tuple(inputs.get("exclude") or ()), elastic.get("min_nodes", 0))
+        profile, changes["full_nodes"] = choice.profile, changes.get("full_nodes") or choice.full
+    if elastic:  # how often its node count changed, this attempt's change counted
+        nodes = len(profile.hosts) if profile is not None and backend.takes_spares else run.plan.num_nodes
+        full = changes.get("full_nodes") or elastic["full_nodes"]
+        changes.update(full_nodes=full if nodes < full else None,
+                       elastic_changes=elastic.get("changes", 0) + (nodes != run.plan.num_nodes))
     overrides = overrides_from_json(inputs["overrides"])
     overrides = dataclasses.replace(overrides, train={**overrides.train, **train}, attempt=run.plan.attempt + 1,
-                                    **{k: v for k, v in changes.items() if v is not None})
+                                    **{k: v for k, v in changes.items()
+                                       if v is not None or k in ("full_nodes", "batch_limit")})
     plan = make_plan(profile or run.profile, placer=type(backend), run_id=run.run_id, local_run_dir=str(run.root),
                      profile_source=inputs["profile_source"], overrides=overrides,
                      local_python=inputs["local_python"], home=inputs["home"], local_cwd=inputs["local_cwd"])

@@ -23,6 +23,7 @@ from .parent_run import end_status, mark_parent
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Follower, Preflight
+    from ..backends.hang_watch import HangWatch
     from ..bundle import Payload
     from ..plan.types import LaunchPlan
     from ..rundir.rundir import RunDir
@@ -83,15 +84,19 @@ def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Em
 
 
 def follow(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,
-           act: bool, leave: Optional[threading.Event] = None) -> Outcome:
+           act: bool, leave: Optional[threading.Event] = None,
+           wrap_watch: Optional[Callable[[Optional[HangWatch]], HangWatch]] = None) -> Outcome:
     """Follow the run to its end (or until ``leave`` is set, for a follower that is not its owner),
     its lines and the hang watchdog's reports as events; then the flight recorder's dumps of a
     failed run, read. ``act``: this follower may end the run on a hang (its owner, or anyone
     following a run nobody owns). A KeyboardInterrupt (without ``signals``) is raised again once
-    the run it owns is stopped and recorded."""
+    the run it owns is stopped and recorded. ``wrap_watch``: the watch the follower asks instead
+    of the hang watchdog, given it (an elastic run's growth beside it)."""
     from ..diagnose.hang import flight_after_failure, watch_for
 
     watch = watch_for(backend, run, act=act, echo=emit.notice)
+    if wrap_watch is not None:
+        watch = wrap_watch(watch)
     outcome = follower.follow(emit, watch=watch, signals=signals, leave=leave)
     emit(RunEnded(run.run_id, outcome, str(run.root)))
     if act and not outcome.left:  # who acts on the run gives its MLflow parent run the end (a restart: again)

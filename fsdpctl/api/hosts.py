@@ -111,5 +111,6 @@ def exclude_host(profile: ClusterProfile, host: str, reason: str) -> None:
     from ..rundir.record import now
 
     excluded_hosts(profile, (host,))  # an unknown host, or a backend without spares, is refused here
-    place_hosts(profile, (host,))  # and so is one whose runs would then lack a host
+    # and so is one whose runs would then lack a host (an elastic profile's: go below its min_nodes)
+    place_hosts(profile, (host,), profile.elastic.min_nodes if profile.elastic else 0)
     add_exclusions(profile.name, [Exclusion(host, reason, None, now())])

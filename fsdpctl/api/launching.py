@@ -172,6 +172,8 @@ def _created(run: RunDir, prepared: Prepared) -> RunDir:
     """A new run's directory, with the spares it runs on in the place of excluded hosts recorded."""
     if prepared.replacements:
         run.change(replacements=prepared.replacements)
+    if prepared.resize is not None:
+        run.change(resize=prepared.resize)
     return run
 
 

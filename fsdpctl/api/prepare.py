@@ -14,11 +14,12 @@ from .options import JobOptions, workload_settings
 if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..bundle import Payload
+    from ..hostpool.choice import HostChoice
     from ..job import Job
     from ..plan.types import LaunchPlan, Overrides
     from ..profiles.loader import LoadedProfile
     from ..profiles.schema import ClusterProfile, HostSpec
-    from ..rundir.status import Replacement
+    from ..rundir.status import Replacement, Resize
 
 ProfileLike = Union[str, "os.PathLike[str]", "LoadedProfile"]
 """A profile's name (``./cluster_profiles``, ``~/.config/fsdpctl/profiles``, shipped), a path to a
@@ -62,6 +63,8 @@ class Prepared:
     """The spares left, checked by the preflight too."""
     placed_profile: Optional[ClusterProfile] = None
     """The profile the plan was made from, its hosts placed (spares in place); None: ``loaded``'s."""
+    resize: Optional[Resize] = None
+    """An elastic run that starts short of its hosts (excluded, no spare left): how short, and why."""
 
     @property
     def queued(self) -> bool:
@@ -159,6 +162,21 @@ def with_container(loaded: LoadedProfile, image: Optional[str]) -> LoadedProfile
     return dataclasses.replace(loaded, profile=dataclasses.replace(loaded.profile, container=container))
 
 
+def short_start(profile: ClusterProfile, placed: Optional[HostChoice], exclude: tuple[str, ...]) -> Optional[Resize]:
+    """The resize of an elastic run that starts with hosts missing (None: it has them all)."""
+    if placed is None or not placed.missing:
+        return None
+    from ..hostpool.placing import excluded_hosts
+    from ..rundir.status import Resize
+
+    excluded = excluded_hosts(profile, exclude)
+    if len(placed.missing) == 1:
+        why = excluded.get(placed.missing[0], "excluded")
+    else:
+        why = "; ".join(f"{host}: {excluded.get(host, 'excluded')}" for host in placed.missing)
+    return Resize(nodes=len(placed.hosts), before=placed.full, full=placed.full, hosts=placed.missing, why=why)
+
+
 def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend: Optional[str] = None,
             runs_dir: Optional[Path] = None) -> Prepared:
     """Resolve the job, refuse workload settings next to a command of the user's, build and render
@@ -189,15 +207,24 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         allow_busy_gpus=options.allow_busy_gpus, container_image=job.container,
         tensorboard=options.tensorboard, prometheus=options.prometheus, telemetry=options.telemetry,
         tokens_per_step=options.tokens_per_step, flops_per_token=options.flops_per_token,
-        backend_options=backend_options(placer, options, job))
+        min_nodes=options.min_nodes, backend_options=backend_options(placer, options, job))
     loaded = with_container(loaded, job.container)  # the backend's probes ask inside the same image
     if placer.queued and overrides.max_restarts:
         raise UsageError(f"--max-restarts: {placer.name} requeues a job itself", "use requeue=True (--requeue) instead")
     from ..hostpool.placing import place_hosts
 
-    placed = place_hosts(loaded.profile, options.exclude) if placer.takes_spares else None
+    min_nodes = overrides.min_nodes if overrides.min_nodes is not None else (
+        loaded.profile.elastic.min_nodes if loaded.profile.elastic else 0)
+    if overrides.min_nodes and placer.takes_spares and loaded.profile.max_restarts < 1 and not options.max_restarts:
+        raise UsageError(f"--min-nodes {overrides.min_nodes}: a run goes on with fewer nodes by a restart, and "
+                         f"max_restarts is 0", "add --max-restarts 3 (or set max_restarts in the profile)")
+    placed = place_hosts(loaded.profile, options.exclude, min_nodes) if placer.takes_spares else None
     if options.exclude and placed is None:
         raise UsageError(f"--exclude: {placer.name} does not run on hosts the profile names", "drop --exclude")
+    if placed is not None and placed.missing:  # an elastic run that starts short of its hosts
+        from dataclasses import replace
+
+        overrides = replace(overrides, full_nodes=placed.full)
     plan = build_plan(loaded, overrides, backend=placer.name, runs_dir=runs_dir,
                       profile=placed.profile if placed is not None else None)
     warnings = tuple(f"{name} looks like a credential and is written into the run's scripts and records; pass it "
@@ -207,5 +234,10 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
     if placed is None:
         return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings)
     warnings += tuple(f"{r.by} runs in the place of {r.host}, excluded: {r.why}" for r in placed.replacements)
+    short = short_start(loaded.profile, placed, options.exclude)
+    if short is not None:
+        warnings += (f"elastic (min_nodes {min_nodes}): the run starts short and {short.describe()}; it grows "
+                     f"back at a checkpoint once the host is restored (`fsdpctl hosts -p {loaded.name} --restore "
+                     f"HOST`)",)
     return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings, placed.replacements,
-                    placed.profile.hosts, placed.profile.spares, placed.profile)
+                    placed.profile.hosts, placed.profile.spares, placed.profile, short)

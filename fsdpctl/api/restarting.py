@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
 from ..rundir.lines import STEP_LINE, LogLine
+from .elastic import change_of
 from .events import AttemptStarting, Emitter, Event, Fetched
 from .following import check, follow, start_attempt
+
+TOK_S = re.compile(r"\btok/s=(\d+(?:\.\d+)?)")
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Follower
@@ -30,15 +34,23 @@ if TYPE_CHECKING:
 
 class StepClock(Emitter):
     """The emitter it wraps, noting when the bundled workload's step lines reach this process: how
-    long a restart stood the training still, and the steps it trains again."""
+    long a restart stood the training still, the steps it trains again, and its speed before and
+    after (tokens/s)."""
+
+    AFTER_LINES = 3
+    """The step line after a restart whose speed counts as the speed after it (the first is warm-up)."""
 
     def __init__(self, inner: Emitter):
         super().__init__(None)
         self.inner = inner
         self.last_step: Optional[int] = None
         self.last_at: Optional[float] = None
+        self.tok_s: Optional[float] = None
         self.on_first: Optional[Callable[[int, float], None]] = None
         """Called once with the next step line's step and time (then cleared)."""
+        self.on_speed: Optional[Callable[[float], None]] = None
+        """Called once with the tokens/s of the ``AFTER_LINES``-th step line after ``on_first``'s."""
+        self._lines_after = 0
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, LogLine):
@@ -57,10 +69,17 @@ class StepClock(Emitter):
         if "step=" not in line.text or (match := STEP_LINE.search(line.text)) is None:
             return
         step, at = int(match.group(1)), time.monotonic()
+        speed = TOK_S.search(line.text)
+        tok_s = float(speed.group(1)) if speed else None
         if self.on_first is not None:
-            first, self.on_first = self.on_first, None
+            first, self.on_first, self._lines_after = self.on_first, None, 0
             first(step, at)
-        self.last_step, self.last_at = step, at
+        elif self.on_speed is not None and tok_s is not None:
+            self._lines_after += 1
+            if self._lines_after >= self.AFTER_LINES:
+                said, self.on_speed = self.on_speed, None
+                said(tok_s)
+        self.last_step, self.last_at, self.tok_s = step, at, tok_s if tok_s is not None else self.tok_s
 
 
 def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, emit: Emitter
@@ -96,18 +115,27 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
         else:
             blamed[host] = why
     trusted = [n.host for n in run.record.nodes if n.host not in suspects]
+    min_nodes = run.plan.elastic.get("min_nodes", 0)
     while True:
         excluded = {**before, **blamed}
         choice = choose_hosts(profile, excluded)
-        if choice.missing:
+        if choice.missing and not (min_nodes and len(choice.hosts) >= min_nodes):
             _remember(run, blamed)
-            emit.notice(f"run {run.run_id} ends: {choice.shortage(excluded)}", "error")
+            below = f"; fewer than min_nodes {min_nodes} left" if min_nodes else ""
+            emit.notice(f"run {run.run_id} ends: {choice.shortage(excluded)}{below}", "error")
             return None
         for replacement in choice.replacements:
             if replacement.host in blamed:
                 emit.notice(f"{replacement.by} replaces {replacement.host} for attempt {number}: {replacement.why}",
                             "warning")
-        plan, scripts = plan_next_attempt(backend, run, train={}, profile=choice.profile)
+        resize = change_of(run, choice, excluded, emit) if len(choice.hosts) != run.plan.num_nodes else None
+        if resize is not None and resize.refused:
+            _remember(run, blamed)
+            emit.notice(f"run {run.run_id} ends: it cannot go on with {len(choice.hosts)} nodes: {resize.refused}",
+                        "error")
+            return None
+        plan, scripts = plan_next_attempt(backend, run, train={}, profile=choice.profile, full_nodes=choice.full,
+                                          batch_limit=resize.batch.limit if resize is not None else None)
         payload = dataclasses.replace(attempt, plan=plan, scripts=scripts).payload()  # its own node scripts
         checked = check(backend, plan, payload, emit, recheck=True)
         if checked.ok:
@@ -121,8 +149,12 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
         blamed.update({host: f"failed the re-check: {why}" for host, why in unfit.items()})
     _remember(run, blamed)
     replacements = choice.replacements
+    if resize is not None:
+        emit.notice(f"run {run.run_id} goes on: attempt {number} {resize.record.describe()} "
+                    f"(elastic, min_nodes {min_nodes})", "warning")
     return start_attempt(backend, plan, payload, emit, detached=False, checked=checked,
-                         open_run=lambda: _begun(begin_attempt(run, plan, scripts, attempt.from_step), replacements))
+                         open_run=lambda: _begun(begin_attempt(run, plan, scripts, attempt.from_step), replacements,
+                                                 resize.record if resize is not None else None))
 
 
 def hardware_faults(run: RunDir) -> dict[str, str]:
@@ -141,9 +173,10 @@ def hardware_faults(run: RunDir) -> dict[str, str]:
     return faults
 
 
-def _begun(run: RunDir, replacements) -> RunDir:
-    if replacements:
-        run.change(replacements=replacements)
+def _begun(run: RunDir, replacements, resize=None) -> RunDir:
+    if replacements or resize:
+        run.change(**({"replacements": replacements} if replacements else {}),
+                   **({"resize": resize} if resize else {}))
     return run
 
 
@@ -176,14 +209,30 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
     and start the next attempt while the run's restarts last; then fetch. The run as it now is (its
     last attempt) and how it ended."""
     from .attempts import plan_restart
+    from .growing import GrowWatch, short_of_nodes
 
     plan = run.plan
     last_attempt = plan.attempt + plan.max_restarts
-    clock = StepClock(emit) if plan.max_restarts and not plan.command else None
+    clock = StepClock(emit) if (plan.max_restarts or plan.elastic) and not plan.command else None
     emit = clock or emit
-    outcome = follow(backend, run, follower, emit, signals=signals, act=True)
-    while outcome.exit_code != 0:
-        attempt, after = plan_restart(backend, run, outcome, last_attempt)
+
+    def following(run: RunDir, follower: Follower) -> tuple[Outcome, Optional[GrowWatch]]:
+        watches: list[GrowWatch] = []
+        wrap = None
+        if short_of_nodes(run) and backend.takes_spares:
+            def wrap(watch):
+                watches.append(GrowWatch(run, watch, emit))
+                return watches[0]
+        outcome = follow(backend, run, follower, emit, signals=signals, act=True, wrap_watch=wrap)
+        return outcome, next(iter(watches), None)
+
+    outcome, grow = following(run, follower)
+    while outcome.exit_code != 0 or (grow is not None and grow.fired):
+        if grow is not None and grow.fired:
+            last_attempt += 1  # a planned growth spends no restart
+            attempt, after = plan_growth(backend, run), f"growing back to {len(grow.grow_to.hosts)} nodes"
+        else:
+            attempt, after = plan_restart(backend, run, outcome, last_attempt)
         if attempt is None:
             if after:
                 emit.notice(after, "warning")
@@ -194,18 +243,32 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
             break
         run, follower = started
         if clock is not None and clock.last_at is not None:
-            clock.on_first = functools.partial(_recovered, run, clock.last_at, clock.last_step, attempt.from_step)
-        outcome = follow(backend, run, follower, emit, signals=signals, act=True)
+            clock.on_first = functools.partial(_recovered, run, clock, attempt.from_step)
+        outcome, grow = following(run, follower)
     for path in fetch:
         emit(Fetched(backend.fetch(run, path)))
     return run, outcome
 
 
-def _recovered(run: RunDir, failed_at: float, failed_step: Optional[int], from_step: Optional[int],
-               step: int, at: float) -> None:
+def plan_growth(backend: Backend, run: RunDir) -> Optional[NextAttempt]:
+    """The attempt that follows one stopped at a checkpoint to grow: from that checkpoint."""
+    from .attempts import NextAttempt, checkpoint_steps, plan_next_attempt
+
+    saved = [] if run.plan.command else checkpoint_steps(backend, run)
+    plan, scripts = plan_next_attempt(backend, run, train={})
+    return NextAttempt(plan, scripts, saved[-1] if saved else None)
+
+
+def _recovered(run: RunDir, clock: StepClock, from_step: Optional[int], step: int, at: float) -> None:
     """The next attempt's first step is in: record how long the training stood still since the
-    failed attempt's last step, and how many steps it trains again."""
+    last attempt's last step, how many steps it trains again and its speed before; its speed after
+    once a few more steps are in."""
     from ..rundir.status import Recovery
 
+    failed_step, failed_at = clock.last_step, clock.last_at
+    assert failed_at is not None
     redone = failed_step - from_step if failed_step is not None and from_step is not None else None
-    run.change(recovery=Recovery(stood_still_s=at - failed_at, steps_redone=redone))
+    recovery = Recovery(stood_still_s=at - failed_at, steps_redone=redone, tok_s_before=clock.tok_s)
+    run.change(recovery=recovery)
+    if clock.tok_s is not None:
+        clock.on_speed = lambda tok_s: run.change(recovery=dataclasses.replace(recovery, tok_s_after=tok_s))

@@ -166,6 +166,9 @@ class EventPrinter:
             last = f"; last {self.progress()}" if self.step else ""
             say(f"run {run_id} succeeded{last}; logs in {run_dir}", "green")
             return
+        if failure.kind == "resize":
+            say(f"run {run_id}: {failure.detail}; every node was stopped", "yellow")
+            return
         if failure.kind == "hang":
             say(f"run {run_id} FAILED: {failure.headline()}; every node was stopped (exit {outcome.exit_code})", "red")
             typer.echo(f"  stacks and flight-recorder dumps in {failure.hang_dir}; logs in {run_dir}", err=True)

@@ -30,6 +30,10 @@ def launch(
     exclude: Optional[list[str]] = typer.Option(None, "--exclude", autocompletion=host_completion,
                                                 help="Leave this host of the profile out of "
                                                 "this launch; a spare takes its place (repeatable)."),
+    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", min=0, help="Elastic: when a node is to blame and no "
+                                            "spare is left, go on with the nodes left, down to N (the bundled "
+                                            "workload keeps its global batch); grow back when the host is "
+                                            "restored. Default: the profile's elastic.min_nodes; 0: off."),
     allow_busy_gpus: Optional[bool] = typer.Option(None, "--allow-busy-gpus/--no-allow-busy-gpus", help="Start even "
                                                    "when other processes already use a GPU (the preflight then "
                                                    "only warns; default: the profile's health.allow_busy_gpus)."),
@@ -52,7 +56,7 @@ def launch(
 
     note_process_start()  # the launch's timeline begins with this process
     if flags.resume is not None:
-        flags.refuse_with_resume(exclude=exclude, allow_busy_gpus=allow_busy_gpus)
+        flags.refuse_with_resume(exclude=exclude, allow_busy_gpus=allow_busy_gpus, min_nodes=min_nodes)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
         printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"))
         with watching(printer, top) as handler:
@@ -61,7 +65,7 @@ def launch(
                        on_hang=flags.on_hang, max_restarts=max_restarts, on_event=handler, handle_signals=True)
         raise typer.Exit(exit_code_of(printer))
     options = flags.job_options(node_timeout=node_timeout, max_restarts=max_restarts, exclude=tuple(exclude or ()),
-                                allow_busy_gpus=allow_busy_gpus)
+                                allow_busy_gpus=allow_busy_gpus, min_nodes=min_nodes)
     if flags.dry_run:
         prepared = fsdpctl.prepare(flags.profile, options=options)
         print_dry_run(prepared.plan, prepared.previews(), flags.as_json, prepared.warnings)

@@ -48,11 +48,11 @@ def status(
         start = f" from step {earlier.from_step}" if earlier.from_step is not None else ""
         ended = f": {earlier.ended_by}" if earlier.ended_by else ""
         code = "" if earlier.exit_code is None else f" (exit {earlier.exit_code})"
-        changes = attempt_changes(earlier.replacements, earlier.recovery)
+        changes = attempt_changes(earlier.replacements, earlier.recovery, earlier.resize)
         changes = f"; {changes}" if changes else ""
         typer.echo(f"  attempt {earlier.attempt}{start}: {earlier.state}{code}{ended}{changes}")
-    if info.replacements or info.recovery:
-        typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery)}")
+    if info.replacements or info.recovery or info.resize:
+        typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery, info.resize)}")
     latest = latest_by_node(info.gpu_samples)
     for node in info.nodes:
         code = "" if node.exit_code is None else f" (exit {node.exit_code})"

@@ -318,6 +318,8 @@ def _straggler(screen: Screen, snap: Snapshot) -> None:
 
 
 def _attempts(screen: Screen, snap: Snapshot) -> None:
+    if snap.resize is not None:  # its own line: a run short of nodes is what the reader must see first
+        screen.add(("elastic: " + snap.resize.describe(), "bold yellow"))
     parts = [f"{r.by} in the place of {r.host}" for r in snap.replacements]
     for earlier in snap.attempts:
         ended = f": {earlier.ended_by}" if earlier.ended_by else ""

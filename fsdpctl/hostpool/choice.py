@@ -28,6 +28,11 @@ class HostChoice:
     def hosts(self) -> tuple[str, ...]:
         return tuple(h.host for h in self.profile.hosts)
 
+    @property
+    def full(self) -> int:
+        """The nodes the profile asks for: those placed and those missing."""
+        return len(self.profile.hosts) + len(self.missing)
+
     def shortage(self, excluded: Mapping[str, str]) -> str:
         """Why the run cannot have all its hosts, in one line (for a choice with ``missing``)."""
         wanted = len(self.profile.hosts) + len(self.missing)

@@ -36,15 +36,17 @@ def excluded_hosts(profile: ClusterProfile, exclude: Sequence[str] = ()) -> dict
     return excluded
 
 
-def place_hosts(profile: ClusterProfile, exclude: Sequence[str] = ()) -> HostChoice:
+def place_hosts(profile: ClusterProfile, exclude: Sequence[str] = (), min_nodes: int = 0) -> HostChoice:
     """The hosts a run of ``profile`` uses: a spare in the place of each excluded host (remembered,
-    or ``exclude``). UsageError, saying how many hosts are missing, when the spares do not go round."""
+    or ``exclude``). UsageError, saying how many hosts are missing, when the spares do not go round
+    and fewer than ``min_nodes`` (an elastic run's; 0: every one) are left."""
     from .choice import choose_hosts
 
     excluded = excluded_hosts(profile, exclude)
     choice = choose_hosts(profile, excluded)
-    if choice.missing:
-        raise UsageError(f"profile {profile.name}: {choice.shortage(excluded)}",
+    if choice.missing and not (min_nodes and len(choice.hosts) >= min_nodes):
+        below = f"; fewer than min_nodes {min_nodes} left" if min_nodes else ""
+        raise UsageError(f"profile {profile.name}: {choice.shortage(excluded)}{below}",
                          f"add spares: to the profile, or put a host back once it is healthy "
                          f"(`fsdpctl hosts -p {profile.name} --restore HOST`)")
     return choice

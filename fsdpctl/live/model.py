@@ -204,7 +204,8 @@ class LiveRun:
                        and h.host not in {e["host"] for e in self.exclusions})
         return Snapshot(taken_at=now, run=progress, nodes=nodes, ranks=ranks, straggler=straggler,
                         attempts=record.attempts, replacements=record.replacements, recovery=record.recovery,
-                        hosts=HostsNow(spares=spares, excluded=self.exclusions), logs=tuple(self.logs))
+                        resize=record.resize, hosts=HostsNow(spares=spares, excluded=self.exclusions),
+                        logs=tuple(self.logs))
 
     def _nodes(self, record: Any, said: dict[Any, Any]) -> tuple[NodeNow, ...]:
         plan = self.run.plan

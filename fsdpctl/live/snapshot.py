@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..rundir.lines import LogLine
-from ..rundir.status import AttemptInfo, Recovery, Replacement
+from ..rundir.status import AttemptInfo, Recovery, Replacement, Resize
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +128,8 @@ class Snapshot:
     """The earlier attempts, oldest first."""
     replacements: tuple[Replacement, ...] = ()
     recovery: Optional[Recovery] = None
+    resize: Optional[Resize] = None
+    """This attempt runs on another number of nodes than the one before (an elastic run)."""
     hosts: HostsNow = field(default_factory=HostsNow)
     logs: tuple[LogLine, ...] = ()
     """The newest log lines, oldest first."""
@@ -153,8 +155,9 @@ class Snapshot:
             return value
 
         data = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if f.name not in ("attempts", "replacements", "recovery")}
+                if f.name not in ("attempts", "replacements", "recovery", "resize")}
         data["attempts"] = [a.to_json() for a in self.attempts]
         data["replacements"] = [r.to_json() for r in self.replacements]
         data["recovery"] = self.recovery.to_json() if self.recovery else None
+        data["resize"] = self.resize.to_json() if self.resize else None
         return data

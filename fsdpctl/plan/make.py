@@ -20,6 +20,7 @@ from ..profiles.schema import ClusterProfile, ContainerSpec
 from ..shell import NodeExpr, join_path, quote_path
 from ..workload import REQUIREMENTS
 from ..workload import config as train_config
+from .elastic import elastic_env, elastic_settings
 from .export import export_plan
 from .types import ContainerPlan, LaunchPlan, NodeSpec, Overrides, Placement, Placer, PlanContext
 
@@ -279,6 +280,8 @@ def make_plan(
     run_dir = join_path(placement.workdir, "runs", run_id)
     port = overrides.master_port or profile.rendezvous.port
     nproc = _node_nproc(profile, overrides, placement.gpus_per_node)
+    elastic = elastic_settings(profile, overrides, placement.num_nodes)
+    env.update(elastic_env(elastic, nproc, overrides.batch_limit))
     plan = LaunchPlan(
         run_id=run_id, profile_name=profile.name, profile_source=profile_source, backend=placement.backend,
         fsdpctl_version=__version__, num_nodes=placement.num_nodes, nproc_per_node=nproc, world_size=None,
@@ -296,7 +299,7 @@ def make_plan(
                              else profile.health.allow_busy_gpus),
         max_restarts=placement.max_restarts if placement.max_restarts is not None
         else overrides.max_restarts if overrides.max_restarts is not None else profile.max_restarts,
-        entry=entry, container=container, export=export, rdzv_timeout=profile.rendezvous.timeout,
+        entry=entry, container=container, export=export, rdzv_timeout=profile.rendezvous.timeout, elastic=elastic,
     )
     nodes = _nodes(plan, profile, overrides, placement)
     counts = [n.nproc for n in nodes] or [nproc] * plan.num_nodes

@@ -82,6 +82,14 @@ class Overrides:
     """``--tokens-per-step`` (over ``telemetry.tokens_per_step``)."""
     flops_per_token: Optional[float] = None
     """``--flops-per-token`` (over ``telemetry.flops_per_token``)."""
+    min_nodes: Optional[int] = None
+    """``--min-nodes`` (over ``elastic.min_nodes``; 0: not elastic)."""
+    full_nodes: Optional[int] = None
+    """An elastic run's full size, when this attempt runs on fewer nodes (set by fsdpctl, not a flag)."""
+    elastic_changes: int = 0
+    """How often an elastic run's node count changed before this attempt (``FSDPCTL_ELASTIC_ATTEMPT``)."""
+    batch_limit: Optional[int] = None
+    """The largest per-rank batch the bundled workload may take on fewer nodes (``estimate``'s choice)."""
 
 
 _LEGACY_OPTION_PREFIX = "slurm_"
@@ -319,6 +327,9 @@ class LaunchPlan:
     export: Mapping[str, Any] = field(default_factory=dict)
     """Where the run's numbers go (``fsdpctl.plan.export``): ``tensorboard`` (this run's folder),
     ``prometheus`` (the textfile), ``wandb`` and ``mlflow`` (their settings)."""
+    elastic: Mapping[str, Any] = field(default_factory=dict)
+    """An elastic run (``fsdpctl.plan.elastic``): ``min_nodes``, ``full_nodes`` (its full size),
+    ``changes`` (how often its node count changed), ``recheck``, ``grow_batch``; empty: not elastic."""
 
     @property
     def host_python(self) -> str:

@@ -23,6 +23,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("container", schema.ContainerSpec),
     ("ssh", schema.SSHSpec),
     ("slurm", schema.SlurmSpec),
+    ("elastic", schema.ElasticSpec),
     ("export", schema.ExportSpec),
     ("export.wandb", schema.WandbSpec),
     ("export.mlflow", schema.MlflowSpec),

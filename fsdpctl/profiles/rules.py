@@ -196,6 +196,28 @@ def _job_rules(job: schema.JobSpec):
     return None
 
 
+def _elastic_rules(elastic: schema.ElasticSpec):
+    if elastic.min_nodes < 1:
+        return "min_nodes", f"{elastic.min_nodes} is not positive", "give the fewest nodes a run may go on with, e.g. 2"
+    return None
+
+
+def _elastic_fits(p: ClusterProfile):
+    """``elastic`` against the nodes the profile names (a backend's own rules check its own count)."""
+    from ..backends.registry import backend_class
+
+    elastic = p.elastic
+    if elastic is None or not backend_class(p.backend).takes_spares:
+        return None
+    if elastic.min_nodes > len(p.hosts):
+        return ("elastic.min_nodes", f"{elastic.min_nodes} is more than the profile's {len(p.hosts)} hosts",
+                f"give {len(p.hosts)} or fewer")
+    if p.max_restarts < 1:
+        return ("elastic", "a run goes on with fewer nodes by a restart, and max_restarts is 0",
+                "set max_restarts: 3 (or more) beside elastic:")
+    return None
+
+
 def _backend_rules(p: ClusterProfile):
     """The backend is a plugin: whether it exists, and what it needs of a profile, is its own to say."""
     from ..backends.registry import ENTRY_POINT_GROUP, backend_class, backend_names
@@ -208,7 +230,7 @@ def _backend_rules(p: ClusterProfile):
     if p.spares and not backend_class(p.backend).takes_spares:
         return ("spares", f"backend {p.backend} does not run on hosts the profile names",
                 "remove spares: (they serve ssh profiles)")
-    return backend_class(p.backend).check_profile(p)
+    return _elastic_fits(p) or backend_class(p.backend).check_profile(p)
 
 
 RULES: dict[type, tuple] = {
@@ -221,5 +243,6 @@ RULES: dict[type, tuple] = {
     schema.SSHSpec: (_ssh_rules,),
     schema.ContainerSpec: (_container_rules,),
     schema.SlurmSpec: (_slurm_rules,),
+    schema.ElasticSpec: (_elastic_rules,),
     ClusterProfile: (_profile_rules, _backend_rules),
 }

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
+from .elastic_spec import ElasticSpec  # noqa: F401 - a profile's section type
 from .export_spec import ExportSpec, MlflowSpec, WandbSpec  # noqa: F401 - a profile's section types
 
 Device = Literal["auto", "cuda", "cpu"]
@@ -372,6 +373,9 @@ class ClusterProfile:
     healthy run (compilation, an evaluation, a checkpoint, the time between logged steps)."""
     on_hang: str = "stop"
     """What a hang does: ``stop`` (end the run, exit 124) or ``keep`` (report it and let it run)."""
+    elastic: Optional[ElasticSpec] = None
+    """Go on with fewer nodes when a node is to blame and no spare is left (see its fields); needs
+    ``max_restarts`` on ssh (a shrink is a restart). Slurm: the next step in the same allocation."""
     max_restarts: int = 0
     """How often ``launch`` starts a failed run again (a rank or node failed, or it hung): it tears
     the run down, re-checks the nodes, and continues in the same run directory (the bundled workload

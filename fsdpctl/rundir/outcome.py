@@ -82,6 +82,8 @@ def settle(nodes: Sequence[NodeEnd], *, interrupted_by: Optional[int] = None,
     """The run's state from its nodes': a hang the watchdog ended (124), a launcher interrupted by a
     signal (128+N), a live run while a node is, the root cause's exit code once one failed, else success."""
     if hang is not None and interrupted_by is None:
+        if hang.kind == "resize":  # fsdpctl stopped it at a checkpoint to start it on more nodes
+            return Settled(RunState.STOPPED, 0, hang)
         return Settled(RunState.FAILED, HANG_EXIT, hang)
     if interrupted_by is not None:  # how the nodes fsdpctl stopped ended is its own doing, not a failure
         return Settled(RunState.INTERRUPTED, 128 + interrupted_by, root_cause([n for n in nodes if not n.stopped]))

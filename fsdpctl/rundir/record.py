@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .state import Failure, Outcome, RunState
-from .status import AttemptInfo, NodeStatus, Recovery, Replacement, RunStatus, attempt_changes
+from .status import AttemptInfo, NodeStatus, Recovery, Replacement, Resize, RunStatus, attempt_changes
 
 
 def now() -> str:
@@ -91,6 +91,8 @@ class RunRecord:
     how many steps it trains again."""
     timeline: Optional[Mapping[str, Any]] = None
     """Where this attempt's seconds went: each phase, per node (``rundir.timeline``)."""
+    resize: Optional[Resize] = None
+    """This attempt runs on another number of nodes than the one before (``elastic``)."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend keeps of the run (Slurm: ``job_id``, ``via``, ``slurm_output``, ``slurm_state``)."""
 
@@ -124,14 +126,14 @@ class RunRecord:
                            from_step=self.from_step, ended_by=failure.describe() if failure else None,
                            started_at=self.started_at or self.submitted_at, finished_at=self.finished_at,
                            job_id=self.job_id, nodes=self.nodes, replacements=self.replacements,
-                           recovery=self.recovery, timeline=self.timeline)
+                           recovery=self.recovery, timeline=self.timeline, resize=self.resize)
 
     def recoveries(self) -> tuple[str, ...]:
         """Each attempt's spares and what its restart cost, in a line ("attempt 2: n4 in the place of
         n2 (lost: ...); stood still 21.3 s, 5 step(s) done again"), for those that had either."""
-        every = [*((a.attempt, a.replacements, a.recovery) for a in self.attempts),
-                 (self.attempt, self.replacements, self.recovery)]
-        return tuple(f"attempt {n}: {attempt_changes(r, c)}" for n, r, c in every if r or c)
+        every = [*((a.attempt, a.replacements, a.recovery, a.resize) for a in self.attempts),
+                 (self.attempt, self.replacements, self.recovery, self.resize)]
+        return tuple(f"attempt {n}: {attempt_changes(r, c, z)}" for n, r, c, z in every if r or c or z)
 
     def outcome(self) -> Outcome:
         """How the run ended, as recorded (for a run that has ended)."""
@@ -146,7 +148,7 @@ class RunRecord:
             "run_id": self.run_id, "state": self.state, "exit_code": self.exit_code, "nodes": self.nodes,
             "first_failure": self.first_failure, "attempt": self.attempt, "from_step": self.from_step,
             "attempts": self.attempts, "job": {"job_id": self.job_id} if self.job_id else {},
-            "replacements": self.replacements, "recovery": self.recovery,
+            "replacements": self.replacements, "recovery": self.recovery, "resize": self.resize,
         }
         values.update(changes)
         return RunStatus(**values)
@@ -177,6 +179,8 @@ class RunRecord:
             data["replacements"] = [r.to_json() for r in self.replacements]
         if self.recovery is not None:
             data["recovery"] = self.recovery.to_json()
+        if self.resize is not None:
+            data["resize"] = self.resize.to_json()
         data.update({k: v for k, v in self.job.items() if k not in data})
         return data
 
@@ -198,7 +202,7 @@ class RunRecord:
             remaining=dict(data.get("remaining") or {}),
             attempts=tuple(AttemptInfo.from_json(a) for a in data.get("attempts") or ()),
             replacements=tuple(Replacement.from_json(r) for r in data.get("replacements") or ()),
-            recovery=Recovery.from_json(data.get("recovery")),
+            recovery=Recovery.from_json(data.get("recovery")), resize=Resize.from_json(data.get("resize")),
             job={k: v for k, v in data.items() if k not in _KNOWN}, detached=bool(data.get("detached")),
             logs_complete=bool(data.get("logs_complete")), **values,
         )

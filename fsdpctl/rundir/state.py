@@ -114,7 +114,7 @@ def signal_name(number: Optional[int]) -> Optional[str]:
         return None
 
 
-FailureKind = Literal["exit", "lost", "hang", "refused"]
+FailureKind = Literal["exit", "lost", "hang", "refused", "resize"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +166,7 @@ class Failure:
         "a hang (...)", "sbatch refused the job: ..."."""
         if self.kind == "hang":
             return f"a hang ({self.detail})"
-        if self.kind == "refused":
+        if self.kind in ("refused", "resize"):
             return str(self.detail)
         if self.kind == "lost":
             return f"{self.host} (node {self.node_rank}) was lost"
@@ -180,7 +180,7 @@ class Failure:
         "sbatch refused the job: ..."."""
         if self.kind == "hang":
             return f"hung: {self.detail}"
-        if self.kind == "refused":
+        if self.kind in ("refused", "resize"):
             return str(self.detail)
         if self.kind == "lost":
             return f"{self.host} (node {self.node_rank}) was lost: {self.detail}"
@@ -192,7 +192,8 @@ class Failure:
         data: dict[str, Any] = {
             "kind": self.kind, "host": self.host, "node_rank": self.node_rank, "rank": self.rank,
             "local_rank": self.local_rank, "exit_code": self.exit_code, "signal": self.signal,
-            "state": {"exit": "failed", "lost": "lost", "hang": "hung", "refused": "refused"}[self.kind],
+            "state": {"exit": "failed", "lost": "lost", "hang": "hung", "refused": "refused",
+                      "resize": "stopped"}[self.kind],
             "error": self.error, "error_file": self.error_file, "failed_at": self.failed_at,
             "last_lines": list(self.last_lines), "peer_gone": self.peer_gone,
         }
@@ -202,8 +203,8 @@ class Failure:
             data["lost"] = self.detail
         if self.kind == "hang":
             data.update(hang=self.detail, hang_dir=self.hang_dir)
-        if self.kind == "refused":
-            data["refused"] = self.detail
+        if self.kind in ("refused", "resize"):
+            data[self.kind] = self.detail
         return data
 
     @classmethod
@@ -218,7 +219,8 @@ class Failure:
         return cls(kind=kind, host=data.get("host"), node_rank=data.get("node_rank"),
                    exit_code=code if code is not None else 1, rank=data.get("rank"),
                    local_rank=data.get("local_rank"), signal=data.get("signal") or sig,
-                   detail=data.get(kind) if kind in ("hang", "refused") else data.get("lost"), error=data.get("error"),
+                   detail=data.get(kind) if kind in ("hang", "refused", "resize") else data.get("lost"),
+                   error=data.get("error"),
                    error_file=data.get("error_file"), failed_at=data.get("failed_at"),
                    last_lines=tuple(data.get("last_lines") or ()), peer_gone=bool(data.get("peer_gone")),
                    hang_dir=data.get("hang_dir"), in_shutdown=bool(data.get("in_shutdown")))

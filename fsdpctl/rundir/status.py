@@ -77,28 +77,90 @@ class Replacement:
 
 @dataclass(frozen=True, kw_only=True)
 class Recovery:
-    """What a restart cost: from the failure to the next attempt's first step, and the steps trained twice."""
+    """What a restart cost: from the failure to the next attempt's first step, the steps trained
+    twice, and the training speed before the failure and after it (tokens/s of the bundled workload's
+    lines, when it said them)."""
 
     stood_still_s: float
     steps_redone: Optional[int] = None
+    tok_s_before: Optional[float] = None
+    tok_s_after: Optional[float] = None
 
     def describe(self) -> str:
         redone = "" if self.steps_redone is None else f", {self.steps_redone} step(s) done again"
-        return f"stood still {self.stood_still_s:.1f} s{redone}"
+        speed = ""
+        if self.tok_s_before is not None and self.tok_s_after is not None:
+            speed = f", {self.tok_s_before:,.0f} -> {self.tok_s_after:,.0f} tok/s"
+        return f"stood still {self.stood_still_s:.1f} s{redone}{speed}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"stood_still_s": round(self.stood_still_s, 1), "steps_redone": self.steps_redone}
+        data = {"stood_still_s": round(self.stood_still_s, 1), "steps_redone": self.steps_redone}
+        for name in ("tok_s_before", "tok_s_after"):
+            if getattr(self, name) is not None:
+                data[name] = round(getattr(self, name), 1)
+        return data
 
     @classmethod
     def from_json(cls, data: Optional[Mapping[str, Any]]) -> Optional[Recovery]:
         if not data or data.get("stood_still_s") is None:
             return None
-        return cls(stood_still_s=float(data["stood_still_s"]), steps_redone=data.get("steps_redone"))
+        return cls(stood_still_s=float(data["stood_still_s"]), steps_redone=data.get("steps_redone"),
+                   tok_s_before=data.get("tok_s_before"), tok_s_after=data.get("tok_s_after"))
 
 
-def attempt_changes(replacements: tuple[Replacement, ...], recovery: Optional[Recovery]) -> str:
-    """``n4 in the place of n2 (lost: ...); stood still 12.3 s, 5 step(s) done again`` (empty: none)."""
-    return "; ".join([r.describe() for r in replacements] + ([recovery.describe()] if recovery else []))
+@dataclass(frozen=True, kw_only=True)
+class Resize:
+    """An attempt that runs on another number of nodes than the one before (``elastic``): fewer when
+    a node was to blame and no spare was left, all of them again when excluded hosts came back."""
+
+    nodes: int
+    """The nodes this attempt runs on."""
+    before: int
+    """The nodes the attempt before ran on (a run that starts short: the profile's own count)."""
+    full: int
+    """The run's full size: the profile's nodes."""
+    hosts: tuple[str, ...]
+    """The hosts that went (a shrink) or came back (a grow)."""
+    why: str
+    """Why, in a few words: the blame of each host that went, or how the ones back came back."""
+    batch: Optional[str] = None
+    """How the bundled workload keeps its global batch on this many nodes (``global batch 24 kept:
+    batch 8 x accumulation 3 per rank``)."""
+
+    @property
+    def grows(self) -> bool:
+        return self.nodes > self.before
+
+    def describe(self) -> str:
+        """``runs on 2 of 3 nodes: 10.0.0.3 out (lost: ...)``, or ``grows back to 3 of 3 nodes: ...``."""
+        hosts = ", ".join(self.hosts)
+        kept = f"; {self.batch}" if self.batch else ""
+        if self.grows:
+            return f"grows back to {self.nodes} of {self.full} nodes: {hosts} back ({self.why}){kept}"
+        return f"runs on {self.nodes} of {self.full} nodes: {hosts} out ({self.why}){kept}"
+
+    def to_json(self) -> dict[str, Any]:
+        data = {"nodes": self.nodes, "before": self.before, "full": self.full, "hosts": list(self.hosts),
+                "why": self.why}
+        if self.batch:
+            data["batch"] = self.batch
+        return data
+
+    @classmethod
+    def from_json(cls, data: Optional[Mapping[str, Any]]) -> Optional[Resize]:
+        if not data or data.get("nodes") is None:
+            return None
+        return cls(nodes=int(data["nodes"]), before=int(data.get("before") or data["nodes"]),
+                   full=int(data.get("full") or data["nodes"]), hosts=tuple(data.get("hosts") or ()),
+                   why=str(data.get("why") or ""), batch=data.get("batch"))
+
+
+def attempt_changes(replacements: tuple[Replacement, ...], recovery: Optional[Recovery],
+                    resize: Optional[Resize] = None) -> str:
+    """``n4 in the place of n2 (lost: ...); stood still 12.3 s, 5 step(s) done again`` (empty: none);
+    a resize first (``runs on 2 of 3 nodes: n3 out (lost: ...)``)."""
+    return "; ".join(([resize.describe()] if resize else []) + [r.describe() for r in replacements]
+                     + ([recovery.describe()] if recovery else []))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +185,8 @@ class AttemptInfo:
     """How long the run stood still before its first step, and the steps done again."""
     timeline: Optional[Mapping[str, Any]] = None
     """Where its seconds went (``rundir.timeline``)."""
+    resize: Optional[Resize] = None
+    """It ran on another number of nodes than the attempt before (``elastic``)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttemptInfo:
@@ -134,7 +198,8 @@ class AttemptInfo:
                    nodes=tuple(NodeStatus.from_json(n) for n in data.get("nodes") or ()),
                    replacements=tuple(Replacement.from_json(r) for r in data.get("replacements") or ()),
                    recovery=Recovery.from_json(data.get("recovery")),
-                   timeline=data.get("timeline") if isinstance(data.get("timeline"), Mapping) else None)
+                   timeline=data.get("timeline") if isinstance(data.get("timeline"), Mapping) else None,
+                   resize=Resize.from_json(data.get("resize")))
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as run.json keeps it."""
@@ -144,7 +209,8 @@ class AttemptInfo:
                 "nodes": [n.to_json() for n in self.nodes] or None,
                 "replacements": [r.to_json() for r in self.replacements] or None,
                 "recovery": self.recovery.to_json() if self.recovery else None,
-                "timeline": dict(self.timeline) if self.timeline else None}
+                "timeline": dict(self.timeline) if self.timeline else None,
+                "resize": self.resize.to_json() if self.resize else None}
         return {k: v for k, v in data.items() if v is not None}
 
 
@@ -168,6 +234,8 @@ class RunStatus:
     """Spares this attempt runs on in the place of excluded hosts."""
     recovery: Optional[Recovery] = None
     """How long the run stood still before this attempt's first step, and the steps done again."""
+    resize: Optional[Resize] = None
+    """This attempt runs on another number of nodes than the one before (``elastic``)."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend says of its job (Slurm: ``job_id``, ``slurm_state``, ``restarts``, how often it
     requeued the job), shown in ``--json`` beside the common fields."""
@@ -190,6 +258,7 @@ class RunStatus:
             "attempts": [a.to_json() for a in self.attempts],
             "replacements": [r.to_json() for r in self.replacements],
             "recovery": self.recovery.to_json() if self.recovery else None,
+            "resize": self.resize.to_json() if self.resize else None,
             "gpu_samples": list(self.gpu_samples),
         }
         data.update({k: v for k, v in self.job.items() if k not in data and v is not None})

@@ -45,8 +45,8 @@ def straight(lab, tmp_path_factory):
 class Cut:
     """A host's link taken down (and always brought back up)."""
 
-    def __init__(self, lab, name: str):
-        self.argv = ["ip", "-n", lab.hosts[name].namespace, "link", "set", "eth0"]
+    def __init__(self, lab, name: str, card: str = "eth0"):
+        self.argv = ["ip", "-n", lab.hosts[name].namespace, "link", "set", card]
 
     def __enter__(self) -> Cut:
         subprocess.run([*self.argv, "down"], check=True, timeout=10)

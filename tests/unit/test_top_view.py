@@ -4,6 +4,7 @@ GPU on its node and the straggler with its cause, filters the lines by rank, and
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from fsdpctl.cli.top_view import duration, gpus_text, plain, render, sparkline
@@ -77,3 +78,15 @@ def test_small_pieces():
     gpus = big_run().nodes[0].gpus
     assert gpus_text(gpus) == "8x 98% 1980/1980MHz 64C 5.5kW 60/80G"
     assert gpus_text(()) == "no GPU samples"
+
+
+def test_an_elastic_run_short_of_a_node_says_so_with_what_it_cost():
+    from fsdpctl.rundir.status import Recovery, Resize
+
+    snap = dataclasses.replace(big_run(), replacements=(), resize=Resize(
+        nodes=15, before=16, full=16, hosts=("gpu-node-002",), why="lost: nothing heard from it",
+        batch="global batch 1024 kept: batch 8 x accumulation 8 per rank"),
+        recovery=Recovery(stood_still_s=41.2, steps_redone=7, tok_s_before=3.2e6, tok_s_after=3.0e6))
+    text = render(snap, 200, 40).plain
+    assert "elastic: runs on 15 of 16 nodes: gpu-node-002 out (lost: nothing heard from it); global batch 1024 kept" in text
+    assert "stood still 41.2 s, 7 step(s) done again, 3,200,000 -> 3,000,000 tok/s" in text

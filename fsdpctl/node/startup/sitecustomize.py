@@ -197,6 +197,8 @@ def _install():
     atexit.register(_at_exit, marker, os.getpid())
     if os.environ.get("FSDPCTL_TELEMETRY") == "1":
         _TELEMETRY.append((run_dir, rank))
+    if rank == "0" and os.environ.get("FSDPCTL_ORIGINAL_NODES"):
+        when_imported("torch.distributed.checkpoint", _say_saves)
     _say_ranks(rank)
     if DUMP_SIGNAL is None:
         return
@@ -261,6 +263,25 @@ def when_imported(name, callback):
         callback(sys.modules[name])
     else:
         sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+DCP_SAVED = "fsdpctl: checkpoint saved (torch.distributed.checkpoint.save returned on rank 0)"
+"""Said by rank 0 of an elastic run after each DCP save: its launcher grows a short run back there."""
+
+
+def _say_saves(dcp):
+    original = getattr(dcp, "save", None)
+    if original is None or getattr(original, "fsdpctl_says", False):
+        return
+
+    def save(*args, **kwargs):
+        result = original(*args, **kwargs)
+        sys.stderr.write(DCP_SAVED + "\n")
+        sys.stderr.flush()
+        return result
+
+    save.__doc__, save.__name__, save.__wrapped__, save.fsdpctl_says = original.__doc__, "save", original, True
+    dcp.save = save
 
 
 _TELEMETRY = []

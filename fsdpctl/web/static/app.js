@@ -238,18 +238,28 @@
     panel.append(wrapTable(table));
   }
 
+  function resizeText(r) {  // as Resize.describe() says it
+    const grows = r.nodes > r.before;
+    return (grows ? "grows back to " : "runs on ") + r.nodes + " of " + r.full + " nodes: " + r.hosts.join(", ") +
+      (grows ? " back (" : " out (") + r.why + ")" + (r.batch ? "; " + r.batch : "");
+  }
+
   function renderAttempts(snap, panel) {
     clear(panel).append(el("h2", {}, "attempts and replacements"));
     const list = el("ul", { id: "attempts-list" });
     for (const a of snap.attempts) {
       list.append(el("li", {}, "attempt " + a.attempt + " " + a.state + (a.from_step !== null && a.from_step !== undefined ? " from step " + a.from_step : "") +
         (a.ended_by ? ": " + a.ended_by : "") + (a.started_at ? " (" + a.started_at.slice(11, 19) + "–" + (a.finished_at || "").slice(11, 19) + ")" : "")));
+      if (a.resize) list.append(el("li", { class: "warn" }, resizeText(a.resize)));
       for (const r of a.replacements || []) list.append(el("li", { class: "warn" }, r.by + " in the place of " + r.host + " (" + r.why + ")"));
     }
     list.append(el("li", {}, "attempt " + snap.run.attempt + " " + snap.run.state + " (now)"));
+    if (snap.resize) list.append(el("li", { class: "warn", id: "resize" }, resizeText(snap.resize)));
     for (const r of snap.replacements) list.append(el("li", { class: "warn" }, r.by + " in the place of " + r.host + " (" + r.why + ")"));
     if (snap.recovery) list.append(el("li", {}, "stood still " + fmt(snap.recovery.stood_still_s, 1) + " s" +
-      (snap.recovery.steps_redone !== null ? ", " + snap.recovery.steps_redone + " step(s) done again" : "")));
+      (snap.recovery.steps_redone !== null ? ", " + snap.recovery.steps_redone + " step(s) done again" : "") +
+      (snap.recovery.tok_s_before != null && snap.recovery.tok_s_after != null ?
+        ", " + fmt(snap.recovery.tok_s_before, 0) + " -> " + fmt(snap.recovery.tok_s_after, 0) + " tok/s" : "")));
     panel.append(list);
     const hosts = snap.hosts;
     if (hosts.spares.length) panel.append(el("p", {}, "spares: " + hosts.spares.join(", ")));

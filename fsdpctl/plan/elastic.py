@@ -1,0 +1,39 @@
+"""An elastic run's part of the plan: the fewest nodes it goes on with, its full size, how often its
+node count changed, and what every rank is told of it (pure)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..errors import UsageError
+from ..profiles.schema import ClusterProfile
+from ..workload.elastic import BATCH_LIMIT, ELASTIC_ATTEMPT, ORIGINAL_NODES, ORIGINAL_WORLD
+from .types import Overrides
+
+
+def elastic_settings(profile: ClusterProfile, overrides: Overrides, num_nodes: int) -> dict[str, Any]:
+    """The plan's ``elastic`` mapping (empty: the run is not elastic): ``--min-nodes`` over the
+    profile's ``elastic.min_nodes``; the full size is the one an earlier attempt had, else this one's."""
+    spec = profile.elastic
+    min_nodes = overrides.min_nodes if overrides.min_nodes is not None else spec.min_nodes if spec else 0
+    if not min_nodes:
+        return {}
+    full = overrides.full_nodes or num_nodes
+    if min_nodes > full:
+        raise UsageError(f"--min-nodes {min_nodes}: more than the run's {full} nodes",
+                         f"give {full} or fewer (the fewest nodes the run may go on with)")
+    return {"min_nodes": min_nodes, "full_nodes": full, "changes": overrides.elastic_changes,
+            "recheck": bool(spec.recheck) if spec else False, "grow_batch": spec.grow_batch if spec else True}
+
+
+def elastic_env(elastic: dict[str, Any], nproc: str, batch_limit: Optional[int]) -> dict[str, str]:
+    """What every rank of an elastic run is told: its full size (nodes, and ranks when every node's
+    count is known here), how often its node count changed, the bundled workload's batch limit."""
+    if not elastic:
+        return {}
+    env = {ORIGINAL_NODES: str(elastic["full_nodes"]), ELASTIC_ATTEMPT: str(elastic["changes"])}
+    if nproc.isdigit():  # else each rank works it out from its node's count (``workload.elastic``)
+        env[ORIGINAL_WORLD] = str(elastic["full_nodes"] * int(nproc))
+    if batch_limit:
+        env[BATCH_LIMIT] = str(batch_limit)
+    return env
