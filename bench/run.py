@@ -31,6 +31,7 @@ BENCHMARKS = {
     "stacks": ["stacks.py"],
     "restart": ["restart.py"],
     "spares": ["spare_recovery.py --nodes 2", "spare_recovery.py --nodes 8"],
+    "elastic": ["elastic_recovery.py --nodes 3"],
     "teardown": ["teardown.py --nodes 16"],
     "health": ["health_checks.py"],
     "containers": ["containers.py"],
@@ -186,6 +187,21 @@ def rows() -> list[tuple[str, str, str, str]]:
             out.append((f"spare, {nodes}+1 nodes: (link cut -> first step on the spare - node timeout) / fresh start",
                         f"{spared['beyond_node_timeout_over_fresh']:.2f} ({ours['median_s']:.1f} s: {phases})",
                         "<= 1.2", "PASS" if spared["beyond_node_timeout_over_fresh"] <= 1.2 else "FAIL"))
+    elastic = load("elastic_recovery_3")
+    if elastic:
+        cases = elastic["cases"]
+        shrink = next(row for name, row in cases.items() if name.startswith("shrink"))
+        grow = next(row for name, row in cases.items() if name.startswith("grow"))
+        phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in elastic["shrink_phases_median_s"].items())
+        out.append(("elastic, 3 -> 2 nodes, no spare: (link cut -> first step on 2 - node timeout) / fresh start on 2",
+                    f"{elastic['shrink_beyond_node_timeout_over_fresh']:.2f} ({shrink['median_s']:.1f} s: {phases})",
+                    "<= 1.2", "PASS" if elastic["shrink_beyond_node_timeout_over_fresh"] <= 1.2 else "FAIL"))
+        grown = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in elastic.get("grow_phases_median_s",
+                                                                                    {}).items())
+        out.append(("elastic, 2 -> 3 nodes: (checkpoint -> first step on 3) / fresh start on 3",
+                    f"{elastic['grow_over_fresh']:.2f} ({grow['median_s']:.1f} s{': ' + grown if grown else ''})",
+                    "<= 1.2",
+                    "PASS" if elastic["grow_over_fresh"] <= 1.2 else "FAIL"))
     teardown = load("teardown_16")
     if teardown:
         floor = next(row for name, row in teardown["cases"].items() if name.startswith("by hand"))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
 from ..rundir.lines import STEP_LINE, LogLine
+from ..rundir.state import NodeState
 from .elastic import change_of
 from .events import AttemptStarting, Emitter, Event, Fetched
 from .following import check, follow, start_attempt
@@ -107,15 +108,23 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     profile = run.profile
     before = excluded_hosts(profile, tuple((read_json(run.root / INPUTS) or {}).get("exclude") or ()))
     suspects = nodes_to_blame(run.record.nodes, hardware_faults(run))
+    lost = {n.host for n in run.record.nodes if n.state is NodeState.LOST}
+    min_nodes = run.plan.elastic.get("min_nodes", 0)
     blamed: dict[str, str] = {}
     for host, why in suspects.items():
-        if choose_hosts(profile, {**before, **blamed, host: why}).missing:
+        without = choose_hosts(profile, {**before, **blamed, host: why})
+        if not without.missing:
+            blamed[host] = why
+        elif host in lost and min_nodes and len(without.hosts) >= min_nodes:
+            # Elastic: a host silent for the node timeout is not waited for again (its re-check would
+            # wait for SSH's timeout); it comes back by `hosts --restore` or the run's own re-check.
+            blamed[host] = why
+            emit.notice(f"{host}: {why}; no spare left to take its place: attempt {number} goes on without it "
+                        f"(elastic)", "warning")
+        else:
             emit.notice(f"{host}: {why}; no spare left to take its place: it is re-checked, and attempt {number} "
                         f"runs on it again if it passes", "warning")
-        else:
-            blamed[host] = why
     trusted = [n.host for n in run.record.nodes if n.host not in suspects]
-    min_nodes = run.plan.elastic.get("min_nodes", 0)
     while True:
         excluded = {**before, **blamed}
         choice = choose_hosts(profile, excluded)

@@ -26,12 +26,21 @@ def elastic_settings(profile: ClusterProfile, overrides: Overrides, num_nodes: i
             "recheck": bool(spec.recheck) if spec else False, "grow_batch": spec.grow_batch if spec else True}
 
 
-def elastic_env(elastic: dict[str, Any], nproc: str, batch_limit: Optional[int]) -> dict[str, str]:
+SAY_SAVES = "FSDPCTL_SAY_SAVES"
+"""Set for a program of yours in an elastic run: rank 0's start-up hook says each DCP save (the bundled
+workload says its own checkpoints)."""
+
+
+def elastic_env(elastic: dict[str, Any], nproc: str, batch_limit: Optional[int], program: bool = False
+                ) -> dict[str, str]:
     """What every rank of an elastic run is told: its full size (nodes, and ranks when every node's
-    count is known here), how often its node count changed, the bundled workload's batch limit."""
+    count is known here), how often its node count changed, the bundled workload's batch limit; a
+    ``program`` of yours, to have its DCP saves said."""
     if not elastic:
         return {}
     env = {ORIGINAL_NODES: str(elastic["full_nodes"]), ELASTIC_ATTEMPT: str(elastic["changes"])}
+    if program:
+        env[SAY_SAVES] = "1"
     if nproc.isdigit():  # else each rank works it out from its node's count (``workload.elastic``)
         env[ORIGINAL_WORLD] = str(elastic["full_nodes"] * int(nproc))
     if batch_limit:

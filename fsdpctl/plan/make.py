@@ -281,7 +281,7 @@ def make_plan(
     port = overrides.master_port or profile.rendezvous.port
     nproc = _node_nproc(profile, overrides, placement.gpus_per_node)
     elastic = elastic_settings(profile, overrides, placement.num_nodes)
-    env.update(elastic_env(elastic, nproc, overrides.batch_limit))
+    env.update(elastic_env(elastic, nproc, overrides.batch_limit, program=bool(overrides.command)))
     plan = LaunchPlan(
         run_id=run_id, profile_name=profile.name, profile_source=profile_source, backend=placement.backend,
         fsdpctl_version=__version__, num_nodes=placement.num_nodes, nproc_per_node=nproc, world_size=None,

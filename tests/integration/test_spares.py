@@ -132,8 +132,10 @@ def test_losing_the_host_that_holds_the_rendezvous_moves_it_to_the_spare(lab, tm
 
 
 def test_with_no_spare_left_a_dead_host_ends_the_run_at_once_and_the_next_launch_is_refused(lab, tmp_path):
+    """An elastic profile that may not go below its two nodes ends the same way, saying so."""
     n2 = lab.hosts["n2"].address
     profile = spares_profile(lab, tmp_path, spares=(), name="bare")
+    profile.write_text(profile.read_text() + "max_restarts: 1\nelastic:\n  min_nodes: 2\n")
     started = time.monotonic()
     code, err, run_dir = launch_and_cut(lab, tmp_path, profile, "n2")
     took = time.monotonic() - started
@@ -141,7 +143,8 @@ def test_with_no_spare_left_a_dead_host_ends_the_run_at_once_and_the_next_launch
     assert code == 255, err[-3000:]
     assert (f"run {run_dir.name} ends: 1 of its 2 hosts excluded and no spare left ({n2}: failed the re-check: "
             in err), err[-3000:]
-    assert "1 host(s) missing" in err and "attempt 2 of 2" in err
+    assert "1 host(s) missing; fewer than min_nodes 2 left" in err and "attempt 2 of 2" in err
     refused = run(lab, tmp_path, "launch", "-p", str(profile), "--dry-run")
     assert refused.returncode == 2 and "no spare left" in refused.stderr and "--restore" in refused.stderr
+    assert "fewer than min_nodes 2 left" in refused.stderr
     assert not processes_of(run_dir.name, node_rank=0)

@@ -63,6 +63,7 @@ def test_an_elastic_plan_says_its_full_size_and_changes_to_every_rank():
     assert elastic_env(shrunk, "4", 16) == {"FSDPCTL_ORIGINAL_NODES": "3", "FSDPCTL_ELASTIC_ATTEMPT": "1",
                                             "FSDPCTL_ORIGINAL_WORLD_SIZE": "12", "FSDPCTL_ELASTIC_BATCH_LIMIT": "16"}
     assert "FSDPCTL_ORIGINAL_WORLD_SIZE" not in elastic_env(shrunk, "auto", None)
+    assert elastic_env(shrunk, "1", None, program=True)["FSDPCTL_SAY_SAVES"] == "1"  # rank 0 says its DCP saves
     assert elastic_settings(profile(), Overrides(min_nodes=0), 3) == {}  # --min-nodes 0: off
     with pytest.raises(UsageError, match="--min-nodes 4: more than the run's 3 nodes"):
         elastic_settings(profile(), Overrides(min_nodes=4), 3)

@@ -88,5 +88,6 @@ def test_an_elastic_run_short_of_a_node_says_so_with_what_it_cost():
         batch="global batch 1024 kept: batch 8 x accumulation 8 per rank"),
         recovery=Recovery(stood_still_s=41.2, steps_redone=7, tok_s_before=3.2e6, tok_s_after=3.0e6))
     text = render(snap, 200, 40).plain
-    assert "elastic: runs on 15 of 16 nodes: gpu-node-002 out (lost: nothing heard from it); global batch 1024 kept" in text
+    assert ("elastic: runs on 15 of 16 nodes: gpu-node-002 out (lost: nothing heard from it); global batch 1024 "
+            "kept") in text
     assert "stood still 41.2 s, 7 step(s) done again, 3,200,000 -> 3,000,000 tok/s" in text

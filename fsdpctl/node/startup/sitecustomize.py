@@ -197,7 +197,7 @@ def _install():
     atexit.register(_at_exit, marker, os.getpid())
     if os.environ.get("FSDPCTL_TELEMETRY") == "1":
         _TELEMETRY.append((run_dir, rank))
-    if rank == "0" and os.environ.get("FSDPCTL_ORIGINAL_NODES"):
+    if rank == "0" and os.environ.get("FSDPCTL_SAY_SAVES") == "1":  # a program of yours in an elastic run
         when_imported("torch.distributed.checkpoint", _say_saves)
     _say_ranks(rank)
     if DUMP_SIGNAL is None:
