@@ -15,6 +15,9 @@ The rule, which holds against noisy but even links and names a throttled node:
   pairs than the median node: a throttled node is in all n-1 of its pairs, a healthy one only in
   its pairs with throttled nodes. So two nodes whose only slow pair is with each other are not
   named (either could be at fault; the pair is), and two throttled nodes among eight are both named;
+* a pair that reads slow is measured again at once, alone on the links, and held to the better of
+  its two readings: a pair is named only when the second reading confirms it (its line says both), so
+  a moment of load on a busy machine or network names nobody;
 * with 2 nodes there is one pair and nothing to compare it with: nothing is judged slow, and the
   text says to compare the figure with the link's rated speed. Likewise when half the nodes or more
   are throttled the cluster looks even, at the lower speed: the reference is printed for that check.
@@ -29,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..workload.link_rule import SLOW_RATIO, bandwidths, reference, slow_pairs
 
 LINKS_MODULE = "fsdpctl.workload.links"
 LINKS_PREFIX = "fsdpctl.links: "
-SLOW_RATIO = 0.5  # a pair below this fraction of the reference is slow
 
 
 @dataclass
@@ -67,25 +70,29 @@ def _hosts(result: dict[str, Any]) -> list[str]:
 
 
 def _bandwidths(result: dict[str, Any]) -> dict[tuple[int, int], float]:
-    """(lower node, higher node) -> GB/s per direction."""
-    return {(min(p["a"], p["b"]), max(p["a"], p["b"])): float(p["gbps"]) for p in result.get("pairs", [])}
+    """(lower node, higher node) -> GB/s per direction, a pair measured again at its better reading."""
+    return bandwidths([*result.get("pairs", []), *result.get("again", [])])
 
 
-def _reference(n: int, gbps: dict[tuple[int, int], float]) -> float:
-    per_node = [[g for pair, g in gbps.items() if i in pair] for i in range(n)]
-    return statistics.median(statistics.median(values) for values in per_node if values)
+def _readings(result: dict[str, Any]) -> dict[tuple[int, int], list[float]]:
+    """Each pair measured again: its readings, first and again."""
+    first = bandwidths(result.get("pairs", []))
+    again = bandwidths(result.get("again", []))
+    return {pair: [first[pair], g] for pair, g in again.items() if pair in first}
 
 
 def _slow_nodes(n: int, slow: list[tuple[int, int, float, float]], gbps: dict[tuple[int, int], float],
-                reference: float) -> list[tuple[int, str]]:
+                reference: float, readings: dict[tuple[int, int], list[float]]) -> list[tuple[int, str]]:
     counts = [sum(i in (a, b) for a, b, _, _ in slow) for i in range(n)]
     typical = statistics.median(counts)
     named = []
     for i in range(n):
         pairs = [g for pair, g in gbps.items() if i in pair]
         if pairs and 2 * counts[i] >= len(pairs) and counts[i] > typical:
-            reason = (f"{counts[i]} of its {len(pairs)} pairs are slow, median {statistics.median(pairs):.2f} GB/s "
-                      f"against the {reference:.2f} GB/s reference")
+            mine = [(a, b) for a, b, _, _ in slow if i in (a, b)]
+            twice = "; each measured twice" if all(pair in readings for pair in mine) else ""
+            reason = (f"{counts[i]} of its {len(pairs)} pairs are slow{twice}, median {statistics.median(pairs):.2f} "
+                      f"GB/s against the {reference:.2f} GB/s reference")
             named.append((i, reason))
     return named
 
@@ -98,27 +105,38 @@ def judge_links(result: dict[str, Any]) -> LinkVerdict:
             f"{_size(result.get('bytes', 0))} x {result.get('iters', 0)} each way ({result.get('backend', '?')})")
     if not gbps:
         return LinkVerdict(text=[head, "no pair of nodes to measure: a link check needs 2 nodes or more"])
-    reference = _reference(n, gbps)
-    verdict = LinkVerdict(reference_gbps=reference, text=[head])
+    ref = reference(n, gbps)
+    verdict = LinkVerdict(reference_gbps=ref, text=[head])
     if len(gbps) == 1:
-        verdict.text.append(f"one pair, {reference:.2f} GB/s per direction: nothing to compare it with, so no "
+        verdict.text.append(f"one pair, {ref:.2f} GB/s per direction: nothing to compare it with, so no "
                             "node is judged; compare it with the link's rated speed")
         return verdict
-    verdict.slow_pairs = sorted((a, b, g, g / reference) for (a, b), g in gbps.items()
-                                if g < SLOW_RATIO * reference)
-    verdict.slow_nodes = _slow_nodes(n, verdict.slow_pairs, gbps, reference)
+    verdict.slow_pairs = slow_pairs(n, gbps)
+    readings = _readings(result)
+    verdict.slow_nodes = _slow_nodes(n, verdict.slow_pairs, gbps, ref, readings)
     low, high = min(gbps.values()), max(gbps.values())
-    verdict.text.append(f"reference {reference:.2f} GB/s per direction (pairs {low:.2f} to {high:.2f})")
+    verdict.text.append(f"reference {ref:.2f} GB/s per direction (pairs {low:.2f} to {high:.2f})")
     for i, reason in verdict.slow_nodes:
         verdict.text.append(f"slow link: node {i} ({hosts[i]}): {reason}")
     named = {i for i, _ in verdict.slow_nodes}
     for a, b, g, ratio in verdict.slow_pairs:
         if a not in named and b not in named:
             verdict.text.append(f"slow pair: node {a} ({hosts[a]}) <-> node {b} ({hosts[b]}): "
-                                f"{g:.2f} GB/s, {ratio:.2f} of the reference")
+                                f"{g:.2f} GB/s, {ratio:.2f} of the reference{_twice(readings.get((a, b)))}")
+    slow = {(a, b) for a, b, _, _ in verdict.slow_pairs}
+    for (a, b), (first, again) in sorted(readings.items()):
+        if (a, b) not in slow:
+            verdict.text.append(f"measured again: node {a} ({hosts[a]}) <-> node {b} ({hosts[b]}) read {first:.2f} "
+                                f"GB/s, then {again:.2f} GB/s: not slow (the first reading was noise)")
     if not verdict.slow_pairs:
         verdict.text.append(f"all {len(gbps)} pairs within {SLOW_RATIO:.0%} of the reference: the links look even")
     return verdict
+
+
+def _twice(readings: list[float] | None) -> str:
+    if not readings:
+        return ""
+    return f" (measured twice: {readings[0]:.2f} and {readings[1]:.2f} GB/s)"
 
 
 def _size(count: int) -> str:

@@ -253,6 +253,7 @@ def test_a_slowed_link_is_named_and_even_links_name_nobody(gpu_lab, tmp_path):
     text = profile(gpu_lab, NAMES)
     for _ in range(2):
         rc, data, err = doctor_json(gpu_lab, tmp_path, text, "--links")
+        print("\n" + "\n".join(data.get("links", {}).get("verdict", [])))
         assert rc == 0, (err[-2000:], data.get("links"))
         assert data["links"]["rounds"] == 3 and len(data["links"]["pairs"]) == 6
         assert all(c["status"] == "pass" for h in data["hosts"] for c in h["checks"] if c["name"] == "links")
@@ -266,6 +267,7 @@ def test_a_slowed_link_is_named_and_even_links_name_nobody(gpu_lab, tmp_path):
     assert result.returncode == 1, result.stdout[-3000:]
     slow = gpu_lab.hosts["g3"].address
     assert f"FAIL {slow} links: the slow link" in result.stdout
+    assert "3 of its 3 pairs are slow; each measured twice" in result.stdout, result.stdout[-3000:]
     for other in ("g1", "g2", "g4"):  # their pairs with g3 are g3's, not theirs
         assert f" {gpu_lab.hosts[other].address} links" not in result.stdout, result.stdout[-3000:]
     assert (plots / "links.png").stat().st_size > 0  # matplotlib: the test extra has it
