@@ -206,9 +206,13 @@ def rows() -> list[tuple[str, str, str, str]]:
     if teardown:
         floor = next(row for name, row in teardown["cases"].items() if name.startswith("by hand"))
         ours = teardown["empty_median_s"]
+        phases = teardown.get("phases_median_s", {})
+        named, failed = phases.get("no process on a node names beat.py (ps)"), phases.get("the launcher's FAILED line")
+        seen = (f"; `ps | grep` on every node empty after {named:.2f} s; the launcher's FAILED line {failed:.2f} s, "
+                f"its exit {phases['the launcher exits']:.2f} s" if named is not None else "")
         out.append(("teardown, 16 nodes: a rank killed -> every other node empty, seconds (/ ssh kill -KILL to all "
                     "16 at once)", f"{ours:.2f} ({ours / floor['median_s']:.2f} x the by-hand floor, "
-                    f"{floor['median_s']:.2f} s)", "<= 5 s", "PASS" if ours <= 5.0 else "FAIL"))
+                    f"{floor['median_s']:.2f} s{seen})", "<= 5 s", "PASS" if ours <= 5.0 else "FAIL"))
     for size in (8, 32):
         cases = load(f"health_doctor_{size}").get("cases", {})
         add(f"doctor --health, {size} hosts x 8 fake GPUs / doctor without the GPU part",

@@ -3,7 +3,11 @@ nodes go on running.
 
   A: `fsdpctl launch` of a small program on N hosts (one rank each: gloo, a barrier every 0.1 s);
      once every rank is in its loop, the rank on node N/2 is killed (SIGKILL, by PID); timed from
-     the kill to (1) the last process of the run gone from every node and (2) the launcher's exit
+     the kill to (1) the last process of the run gone from every node (those whose environment names
+     the run: ranks, torchrun, the node script), (2) the last process whose command line names the
+     program, as a user's `ps | grep beat.py` on each node finds them (the launcher, in the client's
+     namespace, is on no node: the lab's hosts share this machine's PIDs, so a plain `ps` here sees it
+     too), and (3) the launcher's exit
   B (baseline): the floor of tearing the same run down by hand once the failure is known: the
      same run, and `ssh HOST kill -KILL PIDS` to every node at once; timed from the first ssh to
      the last process gone
@@ -32,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import fsdpctl_env, interleaved, report, start_lab, summarize  # noqa: E402
 from restart import Lines  # noqa: E402
 
-from tests.testbed.lab import processes_of  # noqa: E402
+from tests.testbed.lab import named_on_hosts, processes_of  # noqa: E402
 
 PROGRAM = """import time
 import torch.distributed as dist
@@ -64,6 +68,20 @@ def wait_empty(run_id: str, since: float, nodes: int, timeout: float = 120.0) ->
         if time.monotonic() > deadline:
             raise SystemExit(f"processes of {run_id} still running {timeout:.0f} s after the failure")
         time.sleep(0.05)
+
+
+def wait_named_gone(lab, program: str, since: float, timeout: float = 60.0) -> tuple[float, dict[int, str]]:
+    """Seconds from ``since`` until no process on any node names ``program`` (a user's ``ps | grep`` on
+    each node), and every one still there when the run's own count (its environment) was empty."""
+    deadline = time.monotonic() + timeout
+    seen: dict[int, str] = {}
+    while time.monotonic() < deadline:
+        now = named_on_hosts(lab, program)
+        seen.update(now)
+        if not now:
+            return time.perf_counter() - since, seen
+        time.sleep(0.05)
+    raise SystemExit(f"processes naming {program} still on the nodes {timeout:.0f} s after the failure: {seen}")
 
 
 def node_of(pid: int) -> int | None:
@@ -100,6 +118,8 @@ def main() -> None:
         victim_empty: list[float] = []  # torchrun there noticed its rank's death and ended
         first_other: list[float] = []  # the first other node empty: fsdpctl's stop reached the nodes
         failed_lines: list[float] = []
+        named_gone: list[float] = []  # the user's count: no process naming beat.py on any node
+        left_over: list[dict[int, str]] = []  # named after the run's own count said empty
 
         def start(chosen: Path = profile) -> tuple[subprocess.Popen, Lines, str]:
             before = set((root / "runs").glob("*")) if (root / "runs").exists() else set()
@@ -122,6 +142,7 @@ def main() -> None:
             for pid in workers:
                 os.kill(pid, signal.SIGKILL)
             empty, per_node = wait_empty(run_id, killed, args.nodes)
+            gone, after = wait_named_gone(lab, "beat.py", killed)
             failed_line = lines.wait_for(r"^fsdpctl: run \S+ FAILED", killed) - killed
             process.wait(timeout=120)
             if chosen != profile:
@@ -131,6 +152,8 @@ def main() -> None:
             others = [t for r, t in enumerate(per_node) if r != victim]
             first_other.append(min(others))
             failed_lines.append(failed_line)
+            named_gone.append(gone)
+            left_over.append(after)
             return empty
 
         def by_hand() -> float:
@@ -160,16 +183,21 @@ def main() -> None:
             cases[f"{case}, with {args.also_env}"] = lambda: killed_rank(other_profile)
         samples = interleaved(cases, repeats=args.repeats, warmup=1)
         phases = {"the killed rank's node empty": victim_empty, "the first other node empty": first_other,
-                  "the launcher's FAILED line": failed_lines, "the launcher exits": launcher_exit}
+                  "the launcher's FAILED line": failed_lines, "the launcher exits": launcher_exit,
+                  "no process on a node names beat.py (ps)": named_gone}
         for values in phases.values():
             del values[0]  # the warm-up's
         ours = statistics.median(samples[case])
         report(f"teardown_{args.nodes}", baseline, summarize(samples, baseline),
                {"goal": f"the other nodes empty <= {GOAL_SECONDS} s after a rank dies", "empty_median_s": ours,
-                "phases_median_s": {k: statistics.median(v) for k, v in phases.items()}, "phases_s": phases})
+                "phases_median_s": {k: statistics.median(v) for k, v in phases.items()}, "phases_s": phases,
+                "left_after_the_runs_count": [sorted(set(found.values())) for found in left_over[1:]]})
         print(f"  every node empty {ours:.2f} s after the kill (goal <= {GOAL_SECONDS} s)")
         for name, values in phases.items():
             print(f"  {name:32s} {statistics.median(values):6.2f} s")
+        for found in left_over[1:]:
+            for line in sorted(set(found.values())):
+                print(f"  named beat.py after the kill: {line}")
     finally:
         lab.down()
 

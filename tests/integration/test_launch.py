@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.testbed.lab import processes_of
+from tests.testbed.lab import named_on_hosts, processes_of
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +121,15 @@ def test_a_killed_worker_is_named_with_its_global_rank(lab, tmp_path):
     wait_for_line(run_dir / "logs" / "merged.log", r"step=\d+ loss=")
     workers = workload_workers(run_dir.name, 1)
     assert len(workers) == 1, workers
+    assert len(named_on_hosts(lab, "fsdpctl.workload.train")) == 4  # a rank and its torchrun on each node
+    killed_at = time.monotonic()
     os.kill(workers[0], signal.SIGKILL)
+    # As a user counts it: `ps | grep` for the program on each node, while the launcher may still be
+    # gathering the failure (the ranks, their torchrun, nothing of the run may hold a port or a GPU).
+    while named_on_hosts(lab, "fsdpctl.workload.train") and time.monotonic() - killed_at < 10:
+        time.sleep(0.05)
+    print(f"\nno process naming the program on either node {time.monotonic() - killed_at:.2f} s after the kill")
+    assert not named_on_hosts(lab, "fsdpctl.workload.train"), named_on_hosts(lab, "fsdpctl.workload.train")
     code, out, err = launcher.finish(timeout=90)
     assert code == 128 + signal.SIGKILL, err[-2000:]
     assert f"FAILED: rank 1 (local rank 0) on {lab.hosts['n2'].address} (node 1) exited 137" in err, err[-2000:]

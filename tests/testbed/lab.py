@@ -351,3 +351,25 @@ def _pids_in_namespaces(names: list[str]) -> dict[str, list[int]]:
     return found
 
 
+
+
+def named_on_hosts(lab: Lab, program: str) -> dict[int, str]:
+    """Every process on the lab's hosts whose command line names ``program``, as ``ps -eo pid,args |
+    grep PROGRAM`` on each host finds them (pid -> command line): the hosts' network namespaces only
+    (the launcher in the client's is no host's), fsdpctl's node agent aside (a ``python -c`` whose
+    arguments carry the run's settings)."""
+    hosts = {os.stat(f"/run/netns/{h.namespace}").st_ino for h in lab.hosts.values() if h.namespace}
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.stat(proc / "ns" / "net").st_ino not in hosts:
+                continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        line = b" ".join(argv).decode(errors="replace")
+        if program in line and argv[1:2] != [b"-c"]:
+            found[int(proc.name)] = line
+    return found
