@@ -39,6 +39,10 @@ from tests.testbed.prometheus import Scraper, require_prometheus, value
 from tests.testbed.throttle import Throttle
 
 pytestmark = pytest.mark.integration
+
+STEPS = 140
+"""The live run's steps: enough to outlast the Prometheus textfile's 15 s writes and the scrapes that
+follow them while the straggler and the slowed GPU are checked, on a loaded machine."""
 HOSTS = ("w1", "w2", "w3")
 SLOWED = {"clocks.sm": 1095, "clocks_event_reasons.hw_slowdown": "Active",
           "clocks_event_reasons.gpu_idle": "Not Active"}
@@ -150,7 +154,7 @@ def test_top_follows_a_two_node_run_names_the_straggler_and_the_slowed_gpu_and_s
     lab = live_lab
     w1, w2, w3 = (lab.hosts[n].address for n in HOSTS)
     tb, prom = tmp_path / "tb", scraper.textfile_dir  # node_exporter's textfile folder
-    train = ("train:\n  preset: tiny\n  steps: 70\n  batch_size: 8\n  seq_len: 128\n  log_interval: 1\n"
+    train = (f"train:\n  preset: tiny\n  steps: {STEPS}\n  batch_size: 8\n  seq_len: 128\n  log_interval: 1\n"
              "  eval_interval: 0\n  vocab_size: 2000\n  checkpoint_interval: 10\n")
     path = profile(lab, tmp_path, spares=True, extra=train + f"export:\n  tensorboard: {tb}\n  prometheus: {prom}\n")
     launcher = start(lab, tmp_path, "launch", "-p", str(path), "--max-restarts", "1")
@@ -239,14 +243,14 @@ def test_top_follows_a_two_node_run_names_the_straggler_and_the_slowed_gpu_and_s
     copies = [p.read_text() for p in sorted((run_dir / "live").glob("node*/metrics.jsonl"))]
     train_rows = read_rows("\n".join(copies).splitlines(), "x").train
     logged = {e.step: e.value for e in events.Scalars("loss/train")}
-    assert set(logged) == {r["step"] for r in train_rows} and len(logged) == 70
+    assert set(logged) == {r["step"] for r in train_rows} and len(logged) == STEPS
     assert all(logged[r["step"]] == pytest.approx(r["loss"], rel=1e-6) for r in train_rows)
     assert 1095 in {e.value for e in events.Scalars("gpu/node1/gpu0/sm_clock_mhz")}
     assert {e.value for e in events.Scalars("gpu/node0/gpu0/sm_clock_mhz")} == {1980}
     assert "rank1/compute_s" in events.Tags()["scalars"]
 
     final = list(fsdpctl.get_run(run_dir.name, runs_dir=tmp_path / "runs").watch())
-    assert len(final) == 1 and final[0].over and final[0].run.state == "succeeded" and final[0].run.step == 70
+    assert len(final) == 1 and final[0].over and final[0].run.state == "succeeded" and final[0].run.step == STEPS
     assert [(r.host, r.by) for r in final[0].replacements] == [(w2, w3)]
     assert not processes_of(run_dir.name)
 
