@@ -14,6 +14,7 @@ from ..rundir.state import RunState
 if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..bundle import Payload
+    from ..hostpool.choice import HostChoice
     from ..plan.types import LaunchPlan
     from ..profiles.schema import ClusterProfile
     from ..rundir.rundir import RunDir
@@ -38,6 +39,18 @@ class NextAttempt:
         return Payload(node_payload(self.scripts, None), secret_values(self.plan.secrets))
 
 
+def hosts_placed_now(run: RunDir, inputs: Optional[dict[str, Any]] = None) -> HostChoice:
+    """The run's hosts as a launch of its profile would place them now: remembered exclusions and its
+    ``--exclude`` applied, short of hosts down to an elastic run's ``min_nodes`` (UsageError below it).
+    ``inputs``: the run's inputs.json, when already read."""
+    from ..hostpool.placing import place_hosts
+    from ..rundir.paths import read_json
+    from ..rundir.rundir import INPUTS
+
+    inputs = inputs if inputs is not None else read_json(run.root / INPUTS) or {}
+    return place_hosts(run.profile, tuple(inputs.get("exclude") or ()), run.plan.elastic.get("min_nodes", 0))
+
+
 def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
                       profile: Optional[ClusterProfile] = None, **changes: Any) -> tuple[LaunchPlan, dict[str, str]]:
     """The plan and scripts of the run's next attempt through its backend: the inputs it was made
@@ -55,10 +68,7 @@ def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
                          "start it afresh with `fsdpctl launch`")
     elastic = run.plan.elastic
     if profile is None and backend.takes_spares:
-        from ..hostpool.placing import place_hosts
-
-        # the run's profile as it placed its hosts now: remembered exclusions and its --exclude applied
-        choice = place_hosts(run.profile, tuple(inputs.get("exclude") or ()), elastic.get("min_nodes", 0))
+        choice = hosts_placed_now(run, inputs)
         profile, changes["full_nodes"] = choice.profile, changes.get("full_nodes") or choice.full
     if elastic:  # how often its node count changed, this attempt's change counted
         nodes = len(profile.hosts) if profile is not None and backend.takes_spares else run.plan.num_nodes

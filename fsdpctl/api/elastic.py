@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from ..hostpool.choice import reasons
 from ..rundir.status import Resize
-from ..workload.elastic import BatchSplitError, describe_split, split_global_batch
+from ..workload.elastic import KEPT_LINE, BatchSplitError, describe_split, split_global_batch
 
 if TYPE_CHECKING:
     from ..hostpool.choice import HostChoice
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from .events import Emitter
 
 _FIRST_LINE = re.compile(r"fsdpctl\.workload: world=(\d+) .*? batch=(\d+) ")
-_KEPT_LINE = re.compile(r"fsdpctl\.workload: elastic: .*?global batch (\d+) kept")
 ESTIMATE_TRIES = 2
 """Larger per-rank batches traced before the attempt starts (each trace takes seconds to a minute)."""
 
@@ -42,9 +42,9 @@ def global_batch(run: RunDir) -> Optional[tuple[int, int]]:
     plan = run.plan
     accum = int(plan.train.get("grad_accum") or 1)
     text = _read(run.paths.logs / "node0.log")
-    kept, first = _KEPT_LINE.search(text), _FIRST_LINE.search(text)
+    kept, first = KEPT_LINE.search(text), _FIRST_LINE.search(text)
     if kept is not None:
-        total = int(kept.group(1))
+        total = int(kept.group(2))
     elif first is not None:
         total = int(first.group(1)) * int(first.group(2)) * accum
     else:
@@ -100,7 +100,7 @@ def _larger_batch(run: RunDir, nodes: int, share: int, batch: int, emit: Emitter
     from ..profiles.loader import LoadedProfile
     from .estimate import estimate
 
-    loaded = LoadedProfile(profile, Path(run.paths.root / "profile.yaml"), "")
+    loaded = LoadedProfile(profile, run.paths.root / "profile.yaml", "")
     candidates = sorted((d for d in range(batch + 1, share + 1) if share % d == 0), reverse=True)
     for size in candidates[:ESTIMATE_TRIES]:
         try:
@@ -145,8 +145,7 @@ def change_of(run: RunDir, choice: HostChoice, excluded: Mapping[str, str], emit
         hosts, why = tuple(h for h in choice.hosts if h not in previous), back
     else:
         hosts = tuple(h for h in previous if h not in choice.hosts) or choice.missing
-        why = "; ".join(f"{h}: {excluded.get(h, 'excluded')}" if len(hosts) > 1 else excluded.get(h, "excluded")
-                        for h in hosts)
+        why = reasons(hosts, excluded)
     batch = batch_on(run, nodes, emit)
     return NodeChange(Resize(nodes=nodes, before=before, full=choice.full, hosts=hosts, why=why, batch=batch.text),
                       batch)

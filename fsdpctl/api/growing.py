@@ -34,13 +34,10 @@ def hosts_now(run: RunDir) -> Optional[HostChoice]:
     """The run's hosts as a launch would place them now, when there are more of them than this
     attempt has (its excluded hosts restored); None: no more."""
     from ..errors import UsageError
-    from ..hostpool.placing import place_hosts
-    from ..rundir.paths import read_json
-    from ..rundir.rundir import INPUTS
+    from .attempts import hosts_placed_now
 
-    exclude = tuple((read_json(run.root / INPUTS) or {}).get("exclude") or ())
     try:
-        choice = place_hosts(run.profile, exclude, run.plan.elastic.get("min_nodes", 0))
+        choice = hosts_placed_now(run)
     except UsageError:
         return None
     return choice if len(choice.hosts) > run.plan.num_nodes else None
@@ -50,7 +47,7 @@ class GrowWatch:
     """The hang watchdog's interface (``saw_any``, ``due``, ``fire``), with the run's growth beside
     the watchdog it wraps (None: the run has none)."""
 
-    def __init__(self, run: RunDir, inner: Optional[HangWatch], emit: Emitter):
+    def __init__(self, run: RunDir, emit: Emitter, inner: Optional[HangWatch] = None):
         self.run, self.inner, self.emit = run, inner, emit
         self.saved = PROGRAM_SAVED if run.plan.command else WORKLOAD_SAVED
         self.recheck = bool(run.plan.elastic.get("recheck"))
@@ -59,6 +56,11 @@ class GrowWatch:
         self.at_step: Optional[int] = None
         self.fired = False
         self._checking: Optional[threading.Thread] = None
+
+    def around(self, inner: Optional[HangWatch]) -> GrowWatch:
+        """This watch in the hang watchdog's place, ``inner`` (None: the run has none) beside it."""
+        self.inner = inner
+        return self
 
     def saw(self, line: str) -> None:
         self.saw_any((line,))

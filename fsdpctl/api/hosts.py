@@ -108,9 +108,10 @@ def exclude_host(profile: ClusterProfile, host: str, reason: str) -> None:
     of the profile, or when the runs would then lack a host)."""
     from ..hostpool.placing import excluded_hosts, place_hosts
     from ..hostpool.store import Exclusion, add_exclusions
+    from ..plan.elastic import min_nodes_of
     from ..rundir.record import now
 
     excluded_hosts(profile, (host,))  # an unknown host, or a backend without spares, is refused here
     # and so is one whose runs would then lack a host (an elastic profile's: go below its min_nodes)
-    place_hosts(profile, (host,), profile.elastic.min_nodes if profile.elastic else 0)
+    place_hosts(profile, (host,), min_nodes_of(profile))
     add_exclusions(profile.name, [Exclusion(host, reason, None, now())])

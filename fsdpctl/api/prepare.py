@@ -166,14 +166,11 @@ def short_start(profile: ClusterProfile, placed: Optional[HostChoice], exclude: 
     """The resize of an elastic run that starts with hosts missing (None: it has them all)."""
     if placed is None or not placed.missing:
         return None
+    from ..hostpool.choice import reasons
     from ..hostpool.placing import excluded_hosts
     from ..rundir.status import Resize
 
-    excluded = excluded_hosts(profile, exclude)
-    if len(placed.missing) == 1:
-        why = excluded.get(placed.missing[0], "excluded")
-    else:
-        why = "; ".join(f"{host}: {excluded.get(host, 'excluded')}" for host in placed.missing)
+    why = reasons(placed.missing, excluded_hosts(profile, exclude))
     return Resize(nodes=len(placed.hosts), before=placed.full, full=placed.full, hosts=placed.missing, why=why)
 
 
@@ -212,9 +209,9 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
     if placer.queued and overrides.max_restarts:
         raise UsageError(f"--max-restarts: {placer.name} requeues a job itself", "use requeue=True (--requeue) instead")
     from ..hostpool.placing import place_hosts
+    from ..plan.elastic import min_nodes_of
 
-    min_nodes = overrides.min_nodes if overrides.min_nodes is not None else (
-        loaded.profile.elastic.min_nodes if loaded.profile.elastic else 0)
+    min_nodes = min_nodes_of(loaded.profile, overrides)
     if overrides.min_nodes and placer.takes_spares and loaded.profile.max_restarts < 1 and not options.max_restarts:
         raise UsageError(f"--min-nodes {overrides.min_nodes}: a run goes on with fewer nodes by a restart, and "
                          f"max_restarts is 0", "add --max-restarts 3 (or set max_restarts in the profile)")

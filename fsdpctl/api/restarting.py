@@ -137,14 +137,14 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
             if replacement.host in blamed:
                 emit.notice(f"{replacement.by} replaces {replacement.host} for attempt {number}: {replacement.why}",
                             "warning")
-        resize = change_of(run, choice, excluded, emit) if len(choice.hosts) != run.plan.num_nodes else None
-        if resize is not None and resize.refused:
+        change = change_of(run, choice, excluded, emit) if len(choice.hosts) != run.plan.num_nodes else None
+        if change is not None and change.refused:
             _remember(run, blamed)
-            emit.notice(f"run {run.run_id} ends: it cannot go on with {len(choice.hosts)} nodes: {resize.refused}",
+            emit.notice(f"run {run.run_id} ends: it cannot go on with {len(choice.hosts)} nodes: {change.refused}",
                         "error")
             return None
         plan, scripts = plan_next_attempt(backend, run, train={}, profile=choice.profile, full_nodes=choice.full,
-                                          batch_limit=resize.batch.limit if resize is not None else None)
+                                          batch_limit=change.batch.limit if change is not None else None)
         payload = dataclasses.replace(attempt, plan=plan, scripts=scripts).payload()  # its own node scripts
         checked = check(backend, plan, payload, emit, recheck=True)
         if checked.ok:
@@ -157,13 +157,13 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
             return None
         blamed.update({host: f"failed the re-check: {why}" for host, why in unfit.items()})
     _remember(run, blamed)
-    replacements = choice.replacements
+    replacements, resize = choice.replacements, change.record if change is not None else None
     if resize is not None:
-        emit.notice(f"run {run.run_id} goes on: attempt {number} {resize.record.describe()} "
-                    f"(elastic, min_nodes {min_nodes})", "warning")
+        emit.notice(f"run {run.run_id} goes on: attempt {number} {resize.describe()} (elastic, min_nodes {min_nodes})",
+                    "warning")
     return start_attempt(backend, plan, payload, emit, detached=False, checked=checked,
                          open_run=lambda: _begun(begin_attempt(run, plan, scripts, attempt.from_step), replacements,
-                                                 resize.record if resize is not None else None))
+                                                 resize))
 
 
 def hardware_faults(run: RunDir) -> dict[str, str]:
@@ -226,14 +226,10 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
     emit = clock or emit
 
     def following(run: RunDir, follower: Follower) -> tuple[Outcome, Optional[GrowWatch]]:
-        watches: list[GrowWatch] = []
-        wrap = None
-        if short_of_nodes(run) and backend.takes_spares:
-            def wrap(watch):
-                watches.append(GrowWatch(run, watch, emit))
-                return watches[0]
-        outcome = follow(backend, run, follower, emit, signals=signals, act=True, wrap_watch=wrap)
-        return outcome, next(iter(watches), None)
+        grow = GrowWatch(run, emit) if short_of_nodes(run) and backend.takes_spares else None
+        outcome = follow(backend, run, follower, emit, signals=signals, act=True,
+                         wrap_watch=grow.around if grow is not None else None)
+        return outcome, grow
 
     outcome, grow = following(run, follower)
     while outcome.exit_code != 0 or (grow is not None and grow.fired):

@@ -8,7 +8,7 @@ the first node when the host that held it is excluded.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..profiles.schema import ClusterProfile
@@ -39,6 +39,13 @@ class HostChoice:
         why = "; ".join(f"{host}: {excluded[host]}" for host in self.missing)
         return (f"{len(self.missing)} of its {wanted} hosts excluded and no spare left ({why}): "
                 f"{len(self.missing)} host(s) missing")
+
+
+def reasons(hosts: Sequence[str], excluded: Mapping[str, str]) -> str:
+    """Why ``hosts`` are out, in a few words: one host's reason alone, several as ``host: reason; ...``."""
+    if len(hosts) == 1:
+        return excluded.get(hosts[0], "excluded")
+    return "; ".join(f"{host}: {excluded.get(host, 'excluded')}" for host in hosts)
 
 
 def choose_hosts(profile: ClusterProfile, excluded: Mapping[str, str]) -> HostChoice:

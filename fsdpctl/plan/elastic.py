@@ -11,11 +11,19 @@ from ..workload.elastic import BATCH_LIMIT, ELASTIC_ATTEMPT, ORIGINAL_NODES, ORI
 from .types import Overrides
 
 
+def min_nodes_of(profile: ClusterProfile, overrides: Optional[Overrides] = None) -> int:
+    """The fewest nodes a run may go on with: ``--min-nodes`` over the profile's ``elastic.min_nodes``
+    (0: the run is not elastic)."""
+    if overrides is not None and overrides.min_nodes is not None:
+        return overrides.min_nodes
+    return profile.elastic.min_nodes if profile.elastic else 0
+
+
 def elastic_settings(profile: ClusterProfile, overrides: Overrides, num_nodes: int) -> dict[str, Any]:
-    """The plan's ``elastic`` mapping (empty: the run is not elastic): ``--min-nodes`` over the
-    profile's ``elastic.min_nodes``; the full size is the one an earlier attempt had, else this one's."""
+    """The plan's ``elastic`` mapping (empty: the run is not elastic): its ``min_nodes``
+    (``min_nodes_of``); the full size is the one an earlier attempt had, else this one's."""
     spec = profile.elastic
-    min_nodes = overrides.min_nodes if overrides.min_nodes is not None else spec.min_nodes if spec else 0
+    min_nodes = min_nodes_of(profile, overrides)
     if not min_nodes:
         return {}
     full = overrides.full_nodes or num_nodes

@@ -9,7 +9,9 @@ as given, or a larger one ``estimate`` found to fit), the rest by accumulation.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from typing import Optional
 
@@ -21,6 +23,9 @@ ELASTIC_ATTEMPT = "FSDPCTL_ELASTIC_ATTEMPT"
 """How often the run's node count changed before this attempt (0: never)."""
 BATCH_LIMIT = "FSDPCTL_ELASTIC_BATCH_LIMIT"
 """The largest per-rank batch the bundled workload may take on fewer ranks (unset: the one given)."""
+KEPT_LINE = re.compile(r"fsdpctl\.workload: elastic: .*?(global batch (\d+) kept: [^\n]*?)\s*$", re.MULTILINE)
+"""The trainer's line on fewer ranks (``on_this_world``'s, in a log): group 1 says the split, group 2
+is the global batch."""
 
 
 class BatchSplitError(ValueError):
@@ -64,8 +69,6 @@ def on_this_world(cfg, world: int, local_world: int, env: Mapping[str, str] = os
     the run's full size, the batch and accumulation that keep its global batch, and as many
     validation batches as keep the windows it validates on; and the line that says so (None: the
     run is at its full size, or not elastic). BatchSplitError when the global batch cannot be kept."""
-    import dataclasses
-
     full = original_world(env, local_world)
     if full is None or full == world:
         return cfg, None

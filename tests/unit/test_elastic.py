@@ -133,7 +133,7 @@ def test_with_the_gpus_memory_known_the_batch_grows_where_the_estimate_says_it_f
 
 def test_a_short_run_grows_at_the_checkpoint_after_its_host_is_restored(tmp_path):
     add_exclusions("el", [Exclusion("n3", "lost", "run-1", "now")])
-    watch = GrowWatch(fake_run(tmp_path), None, Emitter(None))
+    watch = GrowWatch(fake_run(tmp_path), Emitter(None))
     watch.saw_any(["[rank0]:fsdpctl.workload: checkpoint step=10 saved"])
     assert watch.due() is None  # n3 is still out
     remove_exclusion("el", "n3")
@@ -145,6 +145,6 @@ def test_a_short_run_grows_at_the_checkpoint_after_its_host_is_restored(tmp_path
     assert verdict.stop and verdict.failure.kind == "resize"
     assert verdict.failure.detail == "stopped at the checkpoint of step 20 to grow back to 3 of 3 nodes"
     assert watch.due() is None and watch.grow_to.hosts == ("n1", "n2", "n3")
-    program = GrowWatch(fake_run(tmp_path, command=("train.py",)), None, Emitter(None))
+    program = GrowWatch(fake_run(tmp_path, command=("train.py",)), Emitter(None))
     program.saw_any(["[rank0]:fsdpctl: checkpoint saved (torch.distributed.checkpoint.save returned on rank 0)"])
     assert program.due() == 0.0

@@ -6,17 +6,15 @@ job went on with, how long the training stood still)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Optional
 
 from ...node.slurm_steps import EVENTS_FILE
 from ...rundir.status import Recovery, Replacement, Resize
+from ...workload.elastic import KEPT_LINE
 
 CHANGED = ("replaced", "shrunk")
 """The events after which a step runs on other nodes than the failed one, from the newest checkpoint."""
-_KEPT_BATCH = re.compile(r"fsdpctl\.workload: elastic: .*?(global batch \d+ kept: .+?)\s*$")
-"""The bundled workload's line on fewer ranks (``fsdpctl.workload.elastic.on_this_world``)."""
 BATCH_LINE_BYTES = 256 * 1024
 """Of node 0's log from where a shrink was said, what is read for that line (it comes at the step's start)."""
 
@@ -96,8 +94,8 @@ def kept_batch(run_dir: Path, shrunk: dict[str, Any]) -> Optional[str]:
             text = handle.read(BATCH_LINE_BYTES).decode("utf-8", "replace")
     except (OSError, ValueError):
         return None
-    found = (m.group(1) for line in text.splitlines() if (m := _KEPT_BATCH.search(line)))
-    return next(found, None)
+    found = KEPT_LINE.search(text)
+    return found.group(1) if found else None
 
 
 def recovery_of(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> Optional[Recovery]:

@@ -270,6 +270,8 @@ DCP_SAVED = "fsdpctl: checkpoint saved (torch.distributed.checkpoint.save return
 
 
 def _say_saves(dcp):
+    import functools
+
     original = getattr(dcp, "save", None)
     if original is None or getattr(original, "fsdpctl_says", False):
         return
@@ -280,7 +282,8 @@ def _say_saves(dcp):
         sys.stderr.flush()
         return result
 
-    save.__doc__, save.__name__, save.__wrapped__, save.fsdpctl_says = original.__doc__, "save", original, True
+    functools.update_wrapper(save, original)
+    save.fsdpctl_says = True
     dcp.save = save
 
 
