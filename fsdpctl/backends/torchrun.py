@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
 from ..node.startup.sitecustomize import ended_marker
@@ -24,6 +24,14 @@ _FAILED_AT = re.compile(r"time\s*:\s*(\S+)")
 _PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote worker|remote process exited|"
                         r"communicator was aborted|Broken pipe|connection to the C10d store has failed",
                         re.IGNORECASE)
+
+
+_STORE_GONE = re.compile(r"connection to the C10d store has failed|RendezvousConnectionError", re.IGNORECASE)
+
+
+def store_gone(lines: Iterable[str]) -> bool:
+    """A torchrun's last lines say it lost the rendezvous store (the first node's torchrun ended)."""
+    return any(_STORE_GONE.search(line) for line in lines)
 
 
 def has_summary(lines: Sequence[str]) -> bool:

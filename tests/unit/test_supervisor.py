@@ -244,3 +244,59 @@ def test_a_failure_summary_behind_a_slow_terminal_still_decides_the_exit_code(tm
     assert "RuntimeError: the rank's own error" in terminal.shown
     assert result.exit_code == 3 and result.first_failure.rank == 0, result
     assert other.received[:1] == [b"fail\n"]
+
+
+STORE_LOST = """Traceback (most recent call last):
+  File "torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 116, in _call_store
+torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed. \
+See inner exception for details.
+"""
+
+
+def store_race(store_host: ScriptedAgent, last_words: str) -> ScriptedAgent:
+    """Node 0 holds the rendezvous store; node 1's torchrun ends at once with ``last_words``. Node 0,
+    told to stop or fail, ends at once without a summary (a torchrun stopped mid-way)."""
+    store_host.send = lambda data, agent=store_host: (agent.received.append(data),
+                                                      data in (b"fail\n", b"stop\n", b"kill\n") and agent.end(143))
+    other = ScriptedAgent()
+    other.out.put(b"|%d\n" % len(last_words.encode()) + last_words.encode())
+    other.end(1)
+    return other
+
+
+def orders(agent: ScriptedAgent) -> list[bytes]:
+    return [data for data in agent.received if data != b"hb\n"]
+
+
+def test_a_node_that_only_lost_the_store_waits_for_the_store_nodes_own_failure(tmp_path):
+    """Under load, a second node's news of the store's loss can come before the store's node says
+    why it closed it (its rank 0 exited 3: torchrun copies the rank's output before its summary).
+    The store's node is not stopped in between, and the run is its rank's: exit 3, rank 0."""
+    store_host = ScriptedAgent()
+    other = store_race(store_host, STORE_LOST)
+
+    def own_failure():
+        time.sleep(1.0)
+        store_host.out.put(b"|%d\n" % len(ROOT_CAUSE.encode()) + ROOT_CAUSE.encode())
+        store_host.end(1)
+
+    threading.Thread(target=own_failure, daemon=True).start()
+    result, runs, _, took = supervise(tmp_path, [store_host, other])
+    assert orders(store_host) == [] and not runs[0].stopped
+    assert result.exit_code == 3 and result.first_failure.rank == 0 and result.first_failure.node_rank == 0, result
+
+
+def test_the_store_node_is_waited_for_a_bounded_time_and_not_for_other_failures(tmp_path, monkeypatch):
+    """A store's node that does not end is stopped after the wait (here 1 s); a node that failed for
+    any other reason stops the others at once, as before."""
+    from fsdpctl.backends.nodes import store_wait
+
+    monkeypatch.setattr(store_wait, "GRACE_SECONDS", 1.0)
+    store_host = ScriptedAgent()
+    result, runs, _, took = supervise(tmp_path, [store_host, store_race(store_host, STORE_LOST)])
+    assert orders(store_host) == [b"fail\n"] and runs[0].stopped and 1.0 <= took < 4, (orders(store_host), took)
+    assert result.first_failure.node_rank == 1 and result.exit_code == 1
+
+    store_host = ScriptedAgent()
+    result, runs, _, took = supervise(tmp_path / "2", [store_host, store_race(store_host, "ValueError: bad\n")])
+    assert orders(store_host) == [b"fail\n"] and took < 1.0, (orders(store_host), took)

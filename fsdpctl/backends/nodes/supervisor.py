@@ -34,6 +34,7 @@ from ..signals import Interrupted, on_stop_signals
 from .commands import Answer, Data, Exited, Gone, Lost, Message, Note, Running, SideData, SideEnded, StreamEnded
 from .feeds import Feed
 from .runs import GRACE_SECONDS, KEEP_LINES, NodeRun, RunResult, first_failure_of
+from .store_wait import StoreWait
 
 WAIT_SECONDS = 0.5
 DRAIN_SECONDS = 5.0
@@ -73,6 +74,7 @@ class Supervisor:
         self.room = threading.Semaphore(ROOM_CHUNKS)
         self.last_data = time.monotonic()
         self.failed: NodeRun | None = None  # the first node seen failing
+        self.store_wait: StoreWait | None = None  # the others wait while the store's node may say its end
         self.files: dict[int, Any] = {}
         self.merged: Any = None
         self.finished = threading.Event()
@@ -190,6 +192,8 @@ class Supervisor:
                     self.feed.ended_stream(self, run)
         for run, answer in self.feed.check(self):
             self._settle(run, answer)
+        if self.store_wait is not None and self.store_wait.over(time.monotonic()):
+            self._stop_others(hurry=self.store_wait.host.state == NodeState.LOST)
         self._flush()
         if self.collector is not None:
             self.collector.beat(self.node_states, extra={"run_state": str(RunState.RUNNING)})
@@ -348,18 +352,34 @@ class Supervisor:
 
     def _fail(self, run: NodeRun) -> None:
         """The first node seen failing ends the others (which one caused it is decided at the end,
-        from every node's complete last lines: news of nodes arrives in any order)."""
-        if self.failed is not None or self.stopping:
+        from every node's complete last lines: news of nodes arrives in any order). One whose
+        torchrun only lost the rendezvous store first gives the store's node a moment to say its
+        own end (``StoreWait``)."""
+        if self.stopping or (self.failed is not None and self.store_wait is None):
             return
-        self.failed = run
-        run.seen_failing_at = time.strftime("%Y-%m-%d_%H:%M:%S")  # torchrun's own time stamp wins, when it has one
-        others = [r for r in self.runs if r is not run and r.state == NodeState.RUNNING]
+        if self.failed is None:
+            self.failed = run
+            run.seen_failing_at = time.strftime("%Y-%m-%d_%H:%M:%S")  # torchrun's own stamp wins, when it has one
+            self.store_wait = StoreWait.begin(run, self._store_host(), time.monotonic())
+            if self.store_wait is not None:
+                return
+        self._stop_others(hurry=run.state == NodeState.LOST)
+
+    def _stop_others(self, hurry: bool) -> None:
+        self.store_wait = None
+        others = [r for r in self.runs if r.state == NodeState.RUNNING]
         for other in others:
             other.stopped = True
         if others:
             # A lost node's peers wait in a collective on it: their ranks never reach a handler, so a
             # grace period only delays the next attempt. Any other failure: a short one.
-            self.feed.stop(self, others, hurry=run.state == NodeState.LOST, peer_failed=True)
+            self.feed.stop(self, others, hurry=hurry, peer_failed=True)
+
+    def _store_host(self) -> NodeRun | None:
+        """The node whose torchrun holds the rendezvous store (the plan's master)."""
+        master = getattr(self.plan, "master_addr", None)
+        return next((r for r in self.runs if master in (r.node.address, r.node.host)),
+                    next((r for r in self.runs if r.rank == 0), None))
 
     def _result(self, signum: int | None) -> RunResult:
         ends = [NodeEnd(node_rank=r.rank, host=r.node.host, state=r.state, exit_code=r.exit_code, stopped=r.stopped,
