@@ -25,6 +25,7 @@ from . import checkpoint as ckpt
 from . import data
 from . import parallelize as par
 from .config import ESTIMATE_SETTINGS, ConfigError, TrainConfig, parse_args
+from .config_exit import PREFIX, config_exit
 from .elastic import BatchSplitError, on_this_world
 from .memory import StepMemory, estimate_step, report_line
 from .metrics import Meter, RunLog, peak_memory_mb
@@ -35,24 +36,12 @@ from .signals import StopSignals, clear_requeue_marker, stop_on_signal
 from .timing import RankTimer, RankWindows
 from .trackers import Trackers
 
-PREFIX = "fsdpctl.workload"
 STRAGGLER_AT = ("rank", "node", "host", "local_ranks", "ratio", "windows_slow", "windows", "whole_node")
 """What a metrics row says of where the straggler is (its ``straggler_at``), beside the verdict's text."""
 # Python's automatic garbage collection is off while training: a full collection walks every object
 # (modules, FSDP's state, autograd's) at moments nobody chose, and made log windows unsteady. The
 # young generations are collected every GC_EVERY steps instead, at a step boundary.
 GC_EVERY = 50
-
-
-def _fail(error: ConfigError | None) -> None:
-    if error is not None:
-        print(f"{PREFIX}: {error}", file=sys.stderr, flush=True)
-    if dist.is_initialized():  # every rank got here together (see parallelize.agree)
-        dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(2)  # interpreter shutdown after gloo use can abort (see the end of run)
-    sys.exit(2)
 
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
@@ -77,15 +66,15 @@ def main(argv: list[str] | None = None) -> None:
         cfg = with_device_defaults(cfg, device_type)
         par.check_combination(cfg, device_type, world, local_world)
     except ConfigError as error:
-        _fail(error if local_rank_from_env() == 0 else None)  # identical on every rank
+        config_exit(error if local_rank_from_env() == 0 else None)  # identical on every rank
     trackers = Trackers()  # W&B / MLflow when FSDPCTL_LOG_TO asks: started on rank 0 by run()
     try:
         with trackers.ended_on_error():
             run(cfg, device_type, start_time, stop_signals, trackers)
     except ConfigError as error:
-        _fail(error)
+        config_exit(error)
     except PeerFailed:
-        _fail(None)
+        config_exit(None)
 
 
 def with_device_defaults(cfg: TrainConfig, device_type: str) -> TrainConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 
 import pytest
 
@@ -123,9 +124,26 @@ def test_single_process_errors(trainer, tmp_path, flags, name):
     assert "Traceback" not in result.output
 
 
-def test_torchrun_error_is_printed_once(trainer, tmp_path):
+RANK_0_BEHIND = """import os, sys, time
+from fsdpctl.workload import parallelize, train
+if os.environ["LOCAL_RANK"] == "0":  # behind the others, as a loaded machine may leave it
+    checked = parallelize.check_combination
+    parallelize.check_combination = lambda *args: (time.sleep(2.0), checked(*args))[1]
+train.main(sys.argv[1:])
+"""
+
+
+def test_torchrun_error_is_printed_once(trainer, tmp_path, monkeypatch):
+    """Every rank meets the error; local rank 0 says it, and says it even when it is the last to get
+    there: torchrun stops all ranks once one exits, so the others wait for it (under CI's load the
+    error was once printed by nobody)."""
+    script = tmp_path / "rank_0_behind.py"
+    script.write_text(RANK_0_BEHIND)
+    runner_module = sys.modules[type(trainer).__module__]  # the conftest pytest loaded
+    command = runner_module.torchrun_cmd
+    monkeypatch.setattr(runner_module, "torchrun_cmd", lambda nproc: [*command(nproc)[:-2], str(script)])
     result = trainer(tmp_path / "run", "--fsdp", "1", "--cpu-offload", nproc=2, expect_rc=None)
     assert result.returncode != 0
-    assert len(result.error_lines()) == 1
+    assert len(result.error_lines()) == 1, result.output[-3000:]
     assert result.error_lines()[0].startswith("fsdpctl.workload: cpu_offload: ")
     assert "fsdpctl/workload/" not in result.output  # no traceback through the workload
