@@ -18,15 +18,14 @@ TAIL_LINES = 30
 _ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _ERROR_FILE = re.compile(r"error_file\s*:\s*(\S+)")
 _FAILED_AT = re.compile(r"time\s*:\s*(\S+)")
+# torchrun's words for a rendezvous store that went away: it lives in the first node's torchrun.
+_STORE_LOST = r"connection to the C10d store has failed"
+_STORE_GONE = re.compile(_STORE_LOST + r"|RendezvousConnectionError", re.IGNORECASE)
 # What a rank says when another one died under it: such a failure is a consequence, not the cause.
 # A rank's or torchrun's own words for "another node went away": its collectives' peers, or the
-# rendezvous store that lives in the first node's torchrun (its agent dies with that node).
+# rendezvous store (its agent dies with that node).
 _PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|remote worker|remote process exited|"
-                        r"communicator was aborted|Broken pipe|connection to the C10d store has failed",
-                        re.IGNORECASE)
-
-
-_STORE_GONE = re.compile(r"connection to the C10d store has failed|RendezvousConnectionError", re.IGNORECASE)
+                        r"communicator was aborted|Broken pipe|" + _STORE_LOST, re.IGNORECASE)
 
 
 def store_gone(lines: Iterable[str]) -> bool:

@@ -9,9 +9,9 @@ and freed by this rank. The step is measured as a second step is, with the optim
 (an optimizer step on zero gradients: no forward or backward needed, the same peaks on a GPU). On a
 CPU of several ranks, a forward and backward pass comes first too: gloo holds a copy of each
 collective's buffer, and may still hold the last two of each kind (``GlooCopies``), so a second step
-starts with the first step's last reduce-scatter inputs still held (at the tiny preset on 2 ranks,
-whose allocator peaks at 110-117 MiB as gloo's threads let go sooner or later), and its backward
-peak holds them. Without that pass the CPU estimate was up to 5% low there.
+starts with the first step's last reduce-scatter inputs still held, and its backward peak holds them
+(the tiny preset on 2 ranks: the allocator peaks at 110.3-117.7 MiB as gloo's threads let go sooner
+or later, traced at 117.7). Without that pass the CPU estimate was up to 5% low there.
 Where tracing fails (an operator without a fake implementation, a data-dependent op in the user's
 model) the model-state formula stands in, and the result says so.
 
