@@ -170,7 +170,9 @@ class AgentFeed:
         every = heartbeat_seconds(self.node_timeout)
         while not sup.finished.wait(every):
             for run in self.runs:
-                if run.state == NodeState.RUNNING and run.session is not None:
+                # A node that ended still sends the rest of its log: its agent, hearing nothing for the
+                # node timeout, would take it that nobody reads it and stop sending.
+                if (run.state == NodeState.RUNNING or run.streaming) and run.session is not None:
                     try:
                         run.session.send(f"{HEARTBEAT}\n".encode())
                     except (HostError, OSError):
