@@ -12,7 +12,8 @@ import types
 
 import pytest
 
-from fsdpctl.node.telemetry.device import GpuLosses, NcclTimes, nccl_entries, resolve
+from fsdpctl.node.telemetry import reporter as reporter_module
+from fsdpctl.node.telemetry.device import SLOTS, GpuLosses, NcclTimes, nccl_entries, resolve
 from fsdpctl.node.telemetry.patches import Patches
 from fsdpctl.node.telemetry.reporter import Reporter
 from fsdpctl.node.telemetry.steps import StepTracker
@@ -36,7 +37,7 @@ class Event:
         return self.passed
 
     def synchronize(self) -> None:
-        self.passed = True
+        raise AssertionError("the telemetry never blocks on the device")
 
 
 def gpu_torch() -> types.SimpleNamespace:
@@ -84,7 +85,7 @@ def test_nccls_timed_collectives_go_to_the_steps_they_were_created_in():
     assert times.for_step(400) == 0.0
 
 
-def test_the_reporter_writes_each_window_once_its_losses_are_in(tmp_path):
+def test_the_reporter_writes_each_window_once_its_losses_are_in(tmp_path, monkeypatch):
     Event.made.clear()
     fake = gpu_torch()
     gpu = GpuLosses(fake)
@@ -114,6 +115,95 @@ def test_the_reporter_writes_each_window_once_its_losses_are_in(tmp_path):
     tracker.backward_called(CudaLike(2.0))
     tracker.optimizer_starts(opt)
     tracker.optimizer_ended(opt)
-    reporter.close()  # the program's end: the device is waited for once, the last window written
+    polls = []
+
+    def device_gets_there(seconds: float) -> None:  # the device passes the marks while close polls
+        polls.append(seconds)
+        if len(polls) == 3:
+            for event in Event.made:
+                event.passed = True
+    monkeypatch.setattr(reporter_module.time, "sleep", device_gets_there)
+    reporter.close()  # the program's end: the device is polled for, the last window written
     last = json.loads(path.read_text().splitlines()[-1])
-    assert (last["step"], last["loss"]) == (4, 2.0)
+    assert (last["step"], last["loss"]) == (4, 2.0) and len(polls) == 3
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def gpu_reporter(tmp_path, clock=None) -> tuple[StepTracker, Reporter, GpuLosses]:
+    fake = gpu_torch()
+    gpu = GpuLosses(fake)
+    tracker = StepTracker(gpu.reduce)
+    reporter = Reporter(tracker, Patches(tracker, say=lambda text: None), str(tmp_path / "node0.jsonl"),
+                        {"rank": 0, "node": 0, "host": "n1", "local_rank": 0}, world=1,
+                        torch=types.SimpleNamespace(**vars(fake), distributed=types.SimpleNamespace(
+                            is_available=lambda: True, is_initialized=lambda: False)),
+                        **({"clock": clock} if clock else {}))
+    tracker.after_step = reporter.step_ended
+    return tracker, reporter, gpu
+
+
+def steps(tracker: StepTracker, count: int, loss: float = 1.0) -> None:
+    opt = object()
+    for _ in range(count):
+        tracker.backward_called(CudaLike(loss))
+        tracker.optimizer_starts(opt)
+        tracker.optimizer_ended(opt)
+
+
+def test_a_rank_whose_device_never_finishes_exits_after_the_deadline_not_at_torchruns_kill(tmp_path, monkeypatch):
+    Event.made.clear()
+    clock = Clock()
+    monkeypatch.setattr(reporter_module.time, "monotonic", clock)
+    monkeypatch.setattr(reporter_module.time, "sleep", clock.sleep)
+    tracker, reporter, _ = gpu_reporter(tmp_path)
+    steps(tracker, 2)
+    began = clock.now
+    reporter.close()  # a peer died: the last collective, and the loss copies behind it, never complete
+    assert began + reporter_module.CLOSE_WAIT_S <= clock.now < began + reporter_module.CLOSE_WAIT_S + 0.1
+    rows = [json.loads(line) for line in (tmp_path / "node0.jsonl").read_text().splitlines()]
+    assert sum(r["steps"] for r in rows) == 2 and all("loss" not in r for r in rows)  # written without them
+
+
+def test_losses_given_up_on_free_their_slots_once_the_device_is_past_them(tmp_path):
+    Event.made.clear()
+    clock = Clock()
+    tracker, reporter, gpu = gpu_reporter(tmp_path, clock)
+    steps(tracker, SLOTS + 20)  # a device stalled far behind: every slot taken, the last 20 steps get none
+    assert not gpu.free
+    reporter.flush()  # taken, waiting for their losses
+    clock.now += reporter_module.LOSS_WAIT_S + 1
+    reporter.flush()  # their steps go out without a loss
+    for event in Event.made:
+        event.passed = True  # the device caught up
+    steps(tracker, 3, loss=2.5)
+    for event in Event.made:
+        event.passed = True
+    reporter.close()
+    rows = [json.loads(line) for line in (tmp_path / "node0.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == SLOTS + 23 and rows[-1]["loss"] == 2.5  # losses are recorded again
+    assert len(gpu.free) + len(gpu.abandoned) == SLOTS
+
+
+def test_nccl_entries_are_counted_once_however_long_the_run():
+    """The flight recorder's ring (its newest entries) read every second for a long run: each
+    completed collective counted once, whatever was read before."""
+    times, ring, total = NcclTimes(), [], 0.0
+    for seq in range(1, 150_001):
+        ring.append({"pg_id": seq % 2, "collective_seq_id": seq // 2 + 1, "p2p_seq_id": 0,
+                     "time_created_ns": seq, "duration_ms": 1.0, "state": "completed"})
+        total += 0.001
+        if seq % 1000 == 0:
+            ring = ring[-3000:]
+            times.add(ring)
+    assert times.for_step(150_001) == pytest.approx(total)
+    assert len(times.taken) == 2

@@ -254,7 +254,18 @@ class _CallingBackLoader:
     def exec_module(self, module):
         module.__loader__ = module.__spec__.loader = self.loader
         self.loader.exec_module(module)
-        self.callback(module)
+        try:
+            self.callback(module)
+        except Exception as exc:  # noqa: BLE001 - the program's import goes on as if fsdpctl were not here
+            _say_off(f"after importing {module.__name__}", exc)
+
+
+def _say_off(where, exc):
+    try:
+        sys.stderr.write(f"fsdpctl: the start-up hook is off {where} ({type(exc).__name__}: {exc}); "
+                         "the program goes on unchanged\n")
+    except Exception:  # noqa: BLE001, S110 - a closed stderr
+        pass
 
 
 def when_imported(name, callback):
@@ -292,13 +303,15 @@ _TELEMETRY = []
 
 
 def _after_torch(torch):
+    """Inside the program's ``import torch``, once torch's own code has run: nothing raised here may
+    reach that import (``_CallingBackLoader`` says what did, once)."""
     if os.environ.get("FSDPCTL_GC_FREEZE", "1") != "0":
         gc.freeze()
     if not _TELEMETRY:
         return
     try:
         from fsdpctl.node.telemetry import install
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - an fsdpctl the rank cannot import: torch as it is
         sys.stderr.write(f"fsdpctl: rank telemetry is off for this rank: {exc}\n")
         return
     install(*_TELEMETRY[0], when_imported)

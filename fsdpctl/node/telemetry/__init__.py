@@ -71,8 +71,10 @@ def install(run_dir: str, rank: str, when_imported: Callable[[str, Callable[[Any
     where that fails. ``when_imported(name, callback)`` calls back once module ``name`` is imported."""
     import torch
 
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
     tracker = StepTracker(_reducer(torch))
-    patches = Patches(tracker, say_to_stderr)
+    patches = Patches(tracker, say_to_stderr, compiling=compiling)
+    tracker.operations = patches.group_operations
     try:
         patches.install()
         place = {"rank": int(rank), "node": int(os.environ.get("FSDPCTL_NODE_RANK") or os.environ.get("GROUP_RANK")
@@ -88,7 +90,9 @@ def install(run_dir: str, rank: str, when_imported: Callable[[str, Callable[[Any
         reporter.start()
         atexit.register(reporter.close)
         os.register_at_fork(after_in_child=lambda: setattr(patches, "off", True))
-        when_imported("torch._dynamo", patches.compile_safe)
+        # dynamo's table of traceable collectives is built from c10d's names when first imported
+        when_imported("torch.distributed._functional_collectives", patches.keep_remaps_original)
+        when_imported("torch._dynamo", patches.skip_own_frames)
         INSTALLED.append(reporter)
         return reporter
     except Exception as exc:  # noqa: BLE001 - torch as the program expects it, whatever happened here

@@ -41,6 +41,11 @@ class PendingLoss:
         self.reader.free.append(self.slot)
         return True, value
 
+    def abandon(self) -> None:
+        """Its step went out without it: the slot is freed once the device is done with it (not
+        before: the copy would land in another step's slot)."""
+        self.reader.abandoned.append(self)
+
 
 class GpuLosses:
     """Pinned slots for GPU losses; ``reduce`` is the StepTracker's ``reduce_losses``."""
@@ -49,11 +54,21 @@ class GpuLosses:
         self.torch = torch
         self.host = torch.zeros(SLOTS, dtype=torch.float32, pin_memory=True)
         self.free: deque[int] = deque(range(SLOTS))
+        self.abandoned: list[PendingLoss] = []
+
+    def reclaim(self) -> None:
+        """The slots of abandoned losses whose copy has passed, free again."""
+        if self.abandoned:
+            passed = [loss for loss in self.abandoned if loss.event.query()]
+            self.abandoned = [loss for loss in self.abandoned if loss not in passed]
+            self.free.extend(loss.slot for loss in passed)
 
     def reduce(self, losses: list[Any]) -> Any:
         torch = self.torch
         if not losses[0].is_cuda:
             return cpu_loss(losses)
+        if not self.free:
+            self.reclaim()
         if not self.free or torch.cuda.is_current_stream_capturing():
             return None  # the reporter is far behind, or a CUDA graph is being captured: not read
         slot = self.free.popleft()
@@ -107,22 +122,33 @@ def nccl_entries(dump: bytes) -> list[dict[str, Any]]:
 
 
 class NcclTimes:
-    """NCCL's timed collectives of this process, given to the steps they were created in."""
+    """NCCL's timed collectives of this process, given to the steps they were created in.
+
+    The flight recorder's ring holds the newest entries of every process group, each numbered in its
+    group (``collective_seq_id`` for collectives, ``p2p_seq_id`` for point-to-point operations: one of
+    the two grows with each entry, and a group's work completes in order). An entry is new once either
+    number passes the highest taken of its group: what is kept does not grow with the run."""
 
     def __init__(self) -> None:
-        self.seen: set[tuple[Any, Any]] = set()
+        self.taken: dict[Any, tuple[int, int]] = {}  # process group -> highest (collective, p2p) taken
         self.pending: list[tuple[int, float]] = []  # (created ns, seconds), not yet given to a step
 
     def add(self, entries: Iterable[dict[str, Any]]) -> None:
+        fresh = []
         for entry in entries:
             duration = entry.get("duration_ms")
-            key = (entry.get("pg_id"), entry.get("collective_seq_id"), entry.get("p2p_seq_id"))
-            if duration is None or key in self.seen or entry.get("state") != "completed":
+            if duration is None or entry.get("state") != "completed":
                 continue
-            self.seen.add(key)
+            group = entry.get("pg_id")
+            numbers = (int(entry.get("collective_seq_id") or 0), int(entry.get("p2p_seq_id") or 0))
+            collective, p2p = self.taken.get(group, (-1, -1))
+            if numbers[0] <= collective and numbers[1] <= p2p:
+                continue  # taken from an earlier dump
+            fresh.append((group, numbers))
             self.pending.append((int(entry.get("time_created_ns") or 0), float(duration) / 1000.0))
-        if len(self.seen) > 100_000:
-            self.seen = set(list(self.seen)[-50_000:])
+        for group, (collective, p2p) in fresh:
+            had = self.taken.get(group, (-1, -1))
+            self.taken[group] = (max(had[0], collective), max(had[1], p2p))
 
     def for_step(self, ended_ns: int) -> float:
         """The seconds of the collectives created before ``ended_ns`` (a step's end, steps in order)."""

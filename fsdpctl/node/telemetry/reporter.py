@@ -20,6 +20,10 @@ from .windows import Windows, window_row
 PERIOD_S = 1.0
 LOSS_WAIT_S = 30.0
 """How long a step waits for its loss to reach the host before it is written without one."""
+CLOSE_WAIT_S = 3.0
+"""At the program's end, how long the device is given to finish the steps' marks and losses (a rank
+whose peer died may never finish its last collective: its exit is not held up for it)."""
+POLL_S = 0.005
 
 
 def rss_peak_mb() -> Optional[float]:
@@ -77,14 +81,29 @@ class Reporter:
                 return
 
     def close(self) -> None:
-        """At the program's end: everything left, the last window too."""
+        """At the program's end: everything left, the last window too (what the device has not done
+        within ``CLOSE_WAIT_S`` goes out without it)."""
         if os.getpid() != self.pid or self.patches.off:
             return
         self.stopped.set()
         try:
+            self._settle(time.monotonic() + CLOSE_WAIT_S)
             self.flush(final=True)
         except Exception as exc:  # noqa: BLE001
             self.patches.fail(exc)
+
+    def _settle(self, deadline: float) -> None:
+        """Wait, polling, until the device has passed every step mark and loss copy, or ``deadline``."""
+        def events() -> list[Any]:
+            found = [event for _, event in self.gpu_times.pending] if self.gpu_times is not None else []
+            losses = [step.loss for step in self.tracker.done] + [step.loss for step, _ in self.waiting]
+            return found + [loss.event for loss in losses if loss is not None and not isinstance(loss, float)]
+
+        waiting = events()
+        while waiting and time.monotonic() < deadline:
+            waiting = [event for event in waiting if not event.query()]
+            if waiting:
+                time.sleep(POLL_S)
 
     def step_ended(self, step: Step) -> None:
         """On the training thread, right after a step ended: the GPU's mark (no wait)."""
@@ -116,19 +135,17 @@ class Reporter:
         while done:
             self.waiting.append((done.popleft(), now))
         if self.gpu_times is not None:
-            if final:
-                self.torch.cuda.synchronize()
             self.gpu_times.read()
         if self.nccl is not None:
             self._read_nccl()
         rows = []
         while self.waiting:
             step, taken = self.waiting[0]
-            if final and not isinstance(step.loss, (float, type(None))):
-                step.loss.event.synchronize()
             ready, value = resolve(step.loss)
-            if not ready and now - taken < LOSS_WAIT_S:
+            if not ready and now - taken < LOSS_WAIT_S and not final:
                 break
+            if not ready:
+                step.loss.abandon()  # written without its loss; the slot is freed once the copy passes
             self.waiting.pop(0)
             self.losses[step.number] = value
             if self.nccl is not None:

@@ -77,5 +77,8 @@ def window_row(steps: list[Step], losses: Iterable[Optional[float]], place: Mapp
     if tokens and wall > 0:
         row["tokens_per_s"] = round(tokens / wall, 1)
     row["backward_per_step"] = round(sum(s.backward for s in steps) / count, 3)
+    untimed = [s.untimed_ops for s in steps if s.untimed_ops is not None]
+    if untimed and sum(untimed):
+        row["untimed_ops"] = round(sum(untimed) / len(untimed), 2)
     row.update(extra)
     return row
