@@ -227,6 +227,9 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
     warnings = tuple(f"{name} looks like a credential and is written into the run's scripts and records; pass it "
                      f"as a secret instead (--env {name}, or secrets: [{name}])"
                      for name in credential_like({**loaded.profile.env, **job.env}))
+    from ..live.exports import missing_writers
+
+    warnings += tuple(f"{said}; the run goes on without it" for said in missing_writers(plan.export or {}))
     inputs = {**plan_inputs(loaded), "overrides": overrides_to_json(overrides), "exclude": list(options.exclude)}
     if placed is None:
         return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings)

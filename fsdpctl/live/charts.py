@@ -12,8 +12,6 @@ and the report's figures (``fsdpctl.metrics.fold``, ``GpuFold``). The run's char
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
@@ -22,14 +20,10 @@ from ..metrics.fold import Fold
 from ..metrics.gpu_samples import GpuFold
 from . import layout
 from .chart_series import Buckets, HeatMap, rounded
+from .copies import CopyReader
 from .metrics_feed import MetricsFeed
 from .tails import LineTail
 
-CHUNK_BYTES = 64 << 10
-"""Of each metrics copy, what is read before the next copy's turn."""
-SEED_BYTES = 16 << 20
-"""A metrics or samples file longer than this is sampled for its history instead of read whole."""
-SAMPLED = 2000
 GPU_FIGURES = ("sm_mhz",)
 """A GPU's figures kept by time: its SM clock (with when it was slowed, what a straggler's cause shows).
 Its utilisation, temperature, power and memory are shown as they are now (the node table) and go to
@@ -38,25 +32,29 @@ the exports whole; kept here too they would triple the charts' size for curves n
 
 class ChartStore:
     """One run's chart data, brought up to date from its files here (``update``); ``to_json`` is what
-    a page draws."""
+    a page draws. A consumer of a ``CopyReader``: its own, or one it shares with the run's other
+    consumers (the collector's, which the exports read from too)."""
 
     def __init__(self, root: Path, plan: Any, world_size: Optional[int] = None,
-                 sources: Optional[tuple[list[Path], list[Path]]] = None, use_index: bool = True):
+                 sources: Optional[tuple[list[Path], list[Path]]] = None, use_index: bool = True,
+                 reader: Optional[CopyReader] = None, whole: bool = False):
         """``sources``: the metrics and GPU sample files to read (default: the run's, as ``layout``
         finds them); ``use_index``: begin from the run's chart index (``chart_index``) when it is
-        usable, read only what the files gained after it."""
+        usable, read only what the files gained after it; ``reader``: the reader to take rows from
+        (it reads the files; the store is added to it); ``whole``: read every file whole, a long
+        one's history too (a report of a finished run), instead of sampling it."""
         self.root, self.plan, self.sources = root, plan, sources
         self.world_size = world_size
         self.use_index = use_index
         self.index_loaded: Optional[bool] = None
         """Whether the index was used (None: not looked for yet)."""
+        self.reader = reader if reader is not None else CopyReader(self.files, world_size, seed=not whole)
+        self.reader.add(self)
         self.reset()
 
     def reset(self) -> None:
         """Forget everything read (the files are read again from their start)."""
-        self.feed = MetricsFeed(self.world_size, on_row=self._row, on_attempt=self.attempt_began)
-        self.metric_tails: dict[Path, LineTail] = {}
-        self.gpu_tails: dict[Path, LineTail] = {}
+        self.reader.reset()
         self.train = {key: Buckets() for key in ("loss", "tokens_per_s", "mfu", "step_time_s")}
         self.val = Buckets()
         self.heat = HeatMap()
@@ -67,8 +65,28 @@ class ChartStore:
         self.fold = Fold()
         """The report's figures, folded from the same rows (``fsdpctl.metrics.fold``)."""
         self.gpu_fold = GpuFold()
-        self.sampled = False
-        """A file's history was sampled (``_seed``), not read whole: the charts stand for it in outline."""
+
+    # The reader's state, which the chart index keeps with the charts.
+    @property
+    def feed(self) -> MetricsFeed:
+        return self.reader.feed
+
+    @property
+    def metric_tails(self) -> dict[Path, LineTail]:
+        return self.reader.metric_tails
+
+    @property
+    def gpu_tails(self) -> dict[Path, LineTail]:
+        return self.reader.gpu_tails
+
+    @property
+    def sampled(self) -> bool:
+        """A file's history was sampled, not read whole: the charts stand for it in outline."""
+        return self.reader.sampled
+
+    @sampled.setter
+    def sampled(self, value: bool) -> None:
+        self.reader.sampled = value
 
     @property
     def index_path(self) -> Path:
@@ -93,66 +111,25 @@ class ChartStore:
             return False
         return True
 
-    def update(self) -> bool:
-        """Read what the files gained (the first time: from where the run's chart index stops, when
-        it is usable); True when anything came."""
-        metrics, gpus = self.files()
-        came = False
+    def load_index(self) -> bool:
+        """Begin from the run's chart index, once, before anything is read (when ``use_index``)."""
         if self.index_loaded is None:
             self.index_loaded = False
             if self.use_index:
                 from .chart_index import load
 
-                self.index_loaded = came = load(self, self.index_path, metrics, gpus)
-        tails = []
-        for path in metrics:
-            tail = self.metric_tails.get(path)
-            if tail is None:
-                tail = self.metric_tails[path] = LineTail(path)
-                came = self._seed(path, tail, self.feed.add_lines) or came
-            tails.append(tail)
-        while tails:  # each copy in turn, a chunk at a time: no node's rows run far ahead of the others'
-            going = []
-            for tail in tails:
-                offset = tail.offset
-                came = self.feed.add_lines(tail.read(CHUNK_BYTES)) or came
-                if tail.offset > offset and not tail.began_again:
-                    going.append(tail)  # (a file read again from its start is read on at the next update)
-            tails = going
-        for path in gpus:
-            tail = self.gpu_tails.get(path)
-            if tail is None:
-                tail = self.gpu_tails[path] = LineTail(path)
-                came = self._seed(path, tail, self._samples) or came
-            lines = tail.read()
-            came = bool(lines) or came
-            self._samples(lines)
-        return came
+                metrics, gpus = self.files()
+                self.index_loaded = load(self, self.index_path, metrics, gpus)
+        return self.index_loaded
 
-    def _seed(self, path: Path, tail: LineTail, take: Any) -> bool:
-        """A file too long to read at once (a run of days): ``SAMPLED`` of its lines, evenly spread
-        from its start to its end, stand for its history (the charts are drawn at once); what it gains
-        from now on is read whole."""
-        try:
-            size = path.stat().st_size
-        except OSError:
-            return False
-        if size <= SEED_BYTES:
-            return False
-        self.sampled = True
-        lines = []
-        with path.open("rb") as handle:
-            for i in range(SAMPLED):
-                handle.seek(size * i // SAMPLED)
-                handle.readline()  # the rest of the line the seek cut
-                line = handle.readline()
-                if line.endswith(b"\n"):
-                    lines.append(line.decode("utf-8", "replace"))
-            tail.inode, tail.offset = os.fstat(handle.fileno()).st_ino, size
-        take(lines)
-        return bool(lines)
+    def update(self) -> bool:
+        """Read what the files gained (the first time: from where the run's chart index stops, when
+        it is usable); True when anything came."""
+        came = self.load_index()
+        return self.reader.update() or came
 
-    def _row(self, kind: str, row: dict[str, Any]) -> None:
+    # ---- the reader's consumer -------------------------------------------------------------------
+    def row(self, kind: str, row: dict[str, Any]) -> None:
         self.fold.add(kind, row)
         step = row["step"]
         if kind == "val":
@@ -176,14 +153,8 @@ class ChartStore:
             series.drop_after(from_step)
         self.heat.drop_after(from_step)
 
-    def _samples(self, lines: list[str]) -> None:
-        for line in lines:
-            try:
-                sample = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(sample, dict) or not isinstance(sample.get("node"), int):
-                continue
+    def samples(self, samples: list[dict[str, Any]]) -> None:
+        for sample in samples:
             node, host, t = sample["node"], str(sample.get("host") or ""), _number(sample.get("t"))
             if t is None or t <= self.last_sample.get((node, host), float("-inf")):
                 continue  # read again, or out of order

@@ -27,6 +27,7 @@ from ..rundir.paths import private_dir, read_json, write_json_atomic
 from ..rundir.state import Outcome
 from . import layout
 from .chart_index import INDEX_SECONDS
+from .copies import CopyReader
 
 BEAT_SECONDS = 1.0
 """How often the follower says how the nodes stand."""
@@ -58,10 +59,18 @@ def _specs(state: Mapping[str, Any], node_rank: int, host: str) -> list[dict[str
     return specs
 
 
+READ_SECONDS = 2.0
+"""How often the copies are read while a run goes, where the run has exports (without, every
+``INDEX_SECONDS``: the chart index is all that reads them here)."""
+
+
 class Exports(Protocol):
     """What the collector drives of a run's exports (``fsdpctl.live.exports.LiveExports``)."""
 
     active: bool
+    problems: list[str]
+
+    def read_from(self, reader: CopyReader) -> None: ...
 
     def update(self, *, force: bool = False) -> None: ...
 
@@ -90,8 +99,14 @@ class Collector:
         self.targets: dict[tuple[int, str], Path] = {}
         self.live = layout.live_dir(root)
         self.plan = plan
+        self.from_step = from_step
         self.charts: Optional[Any] = None  # the run's chart index, kept as the copies grow (a ChartStore)
-        self.index_at = time.monotonic()
+        self.reader: Optional[CopyReader] = None
+        """The one reader of the copies here: the charts and the exports take their rows from it."""
+        self.charts_changed = False
+        self.index_at = self.read_at = time.monotonic()
+        self.problems: list[str] = []
+        """What went wrong with the charts or the exports (said once each; the run goes on)."""
         if self.collecting and attempt > int(self.state.get("attempt") or 1):
             self._mark_attempt(attempt, from_step)
         self.state["attempt"] = attempt
@@ -118,6 +133,9 @@ class Collector:
         inode_had, offset_had = node["files"].get(name) or (0, 0)
         goes_on = inode == inode_had and offset == offset_had
         prefix = b""
+        if name == layout.METRICS and self.attempt > 1 and _ends_a_line(target) and not _size(target):
+            # a copy begun by a later attempt (a node it grew by) says whose its rows are, as the others do
+            prefix = attempt_line(self.attempt, self.from_step).encode()
         if name in layout.WHOLE and offset == 0:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         else:
@@ -159,29 +177,54 @@ class Collector:
                 "bytes": self.bytes_taken, "nodes": [dict(n) for n in nodes()], **self.extra})
         if self.changed and (force or ended or now - self.saved_at >= SAVE_SECONDS):
             self.save()
-        if ended or time.monotonic() - self.index_at >= INDEX_SECONDS:
+        index_due = ended or time.monotonic() - self.index_at >= INDEX_SECONDS
+        if index_due or (self.exports is not None and time.monotonic() - self.read_at >= READ_SECONDS):
+            self._guarded("reading the copies", self.read)
+        if index_due:
             self.keep_index()
         if self.exports is not None:
-            self.exports.update(force=ended)
+            self._guarded("exports", lambda: self.exports.update(force=ended))
+
+    def read(self) -> bool:
+        """Read what the copies gained into the charts and the exports (one reader for both); True
+        when anything came. The first time, from where the run's chart index stops."""
+        from .charts import ChartStore
+
+        self.read_at = time.monotonic()
+        if self.charts is None:
+            self.charts = ChartStore(self.root, self.plan, getattr(self.plan, "world_size", None))
+            self.reader = self.charts.reader
+            self.charts.load_index()  # (before the exports take any row: they go on from the same place)
+            if self.exports is not None:
+                self.exports.read_from(self.reader)
+        came = self.charts.update()
+        self.charts_changed = self.charts_changed or came
+        return came
 
     def keep_index(self) -> None:
         """Bring the run's chart index up to date with the copies (``chart_index``): a page opens on a
         run of any length from it. What cannot be read or written now is left to the next time."""
-        from .charts import ChartStore
-
         self.index_at = time.monotonic()
         if self.charts is None:
-            self.charts = ChartStore(self.root, self.plan, getattr(self.plan, "world_size", None))
+            self._guarded("reading the copies", self.read)
+        if self.charts is not None and (self.charts_changed or not self.charts.index_path.exists()):
+            self.charts_changed = False
+            self._guarded("the chart index", self.charts.save_index)
+
+    def _guarded(self, what: str, action: Callable[[], Any]) -> None:
+        """The collector's edge: nothing of the charts or the exports stops the follower (its run goes
+        on, its copies are kept); each failure is said once, in the run's notes."""
         try:
-            if self.charts.update() or not self.charts.index_path.exists():
-                self.charts.save_index()
-        except (OSError, ValueError):
-            return
+            action()
+        except Exception as exc:  # noqa: BLE001 - a healthy run's follow never ends for a view of it
+            said = f"{what}: {type(exc).__name__}: {exc}"
+            if said not in self.problems:
+                self.problems.append(said)
 
     def close(self) -> None:
         """The follower is done with the run: the exports' last word (after the run's end is recorded)."""
         if self.exports is not None:
-            self.exports.close()
+            self._guarded("exports", self.exports.close)
 
     def save(self) -> None:
         self.saved_at = time.time()
@@ -192,10 +235,11 @@ class Collector:
 def with_export_notes(outcome: Outcome, collector: Optional[Collector]) -> Outcome:
     """Once the run's end is recorded: the exports' last word, and what they could not write as the
     outcome's notes (the run itself is not failed by an export)."""
-    if collector is None or collector.exports is None:
+    if collector is None:
         return outcome
     collector.close()
-    problems = tuple(getattr(collector.exports, "problems", ()))
+    problems = (*getattr(collector.exports, "problems", ()), *collector.problems,
+                *(collector.reader.problems if collector.reader is not None else ()))
     return dataclasses.replace(outcome, notes=(*outcome.notes, *problems)) if problems else outcome
 
 
@@ -203,6 +247,13 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _ends_a_line(path: Path) -> bool:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
-import os
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -24,8 +22,8 @@ from ..rundir.paths import read_json, write_json_atomic
 from ..rundir.record import epoch
 from ..rundir.rundir import RunDir
 from . import layout
+from .copies import CopyReader
 from .metrics_feed import MetricsFeed
-from .tails import LineTail
 
 if TYPE_CHECKING:
     from ..export.prometheus import Family
@@ -64,19 +62,38 @@ REASON_BITS = {"SW power cap": 0x4, "HW slowdown": 0x8, "SW thermal slowdown": 0
                "HW power brake": 0x80}
 
 
+def library_missing(what: str, where: str, module: str) -> Optional[str]:
+    """Why the writer of ``what`` (``fsdpctl.export.<module>``) cannot be imported here, naming the extra
+    to install; None: it can."""
+    try:
+        importlib.import_module(f"..export.{module}", __package__)
+    except ImportError as exc:
+        return f"{what} export to {where}: {exc.name or exc} is not installed here ({INSTALL})"
+    return None
+
+
+def missing_writers(export: Mapping[str, Any]) -> list[str]:
+    """What a plan's ``export`` asks for that cannot be written here (said at launch; the follower, which
+    writes them, says it again in the run's notes)."""
+    wanted = (("TensorBoard", export.get("tensorboard"), "tensorboard"),
+              ("Prometheus", export.get("prometheus"), "prometheus"))
+    return [said for what, where, module in wanted if where and (said := library_missing(what, where, module))]
+
+
 def _number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class LiveExports:
-    """The exports of one run (its plan's ``export``): ``update`` brings them up to date (at most every
+    """The exports of one run (its plan's ``export``): a consumer of the run's ``CopyReader`` (the
+    collector's, shared with the charts; or its own). ``update`` writes what came (at most every
     ``EVERY_SECONDS`` unless ``force``), ``close`` writes the last of it and removes the textfile."""
 
     def __init__(self, run: RunDir, *, tensorboard: Optional[str] = None, prometheus: Optional[str] = None,
                  sources: Optional[tuple[list[Path], list[Path]]] = None):
         """``tensorboard``, ``prometheus``: given here instead of the plan's ``export`` (with ``sources``,
-        the metrics and GPU sample files to read instead of the copies, and nothing kept of how far
-        they were read: ``report --tensorboard`` of a finished run)."""
+        the metrics and GPU sample files to read whole instead of the copies, and nothing kept of how far
+        they were written: ``report --tensorboard`` of a finished run)."""
         self.run = run
         self.sources = sources
         export = run.plan.export or {} if sources is None else {}
@@ -94,88 +111,82 @@ class LiveExports:
                 self.problems.append(f"TensorBoard export to {tensorboard}: {exc}")
         prometheus_ready = bool(prometheus) and self._library("Prometheus", prometheus, "prometheus")
         self.textfile = Path(prometheus) if prometheus_ready else None
-        self.metrics = MetricsFeed(run.plan.world_size, on_row=self._row)
-        self.metric_tails: dict[Path, LineTail] = {}
-        self.gpu_tails: dict[Path, LineTail] = {}
+        self.reader: Optional[CopyReader] = None
+        self.own_reader = False
         self.gpus: dict[int, dict[str, Any]] = {}
         """Each node's newest GPU sample."""
-        self.last_val: Optional[float] = None
         self.updated_at = 0.0
         self.textfile_at = 0.0
+        self.came = False
+        self.written: tuple[int, int, int] = (0, 0, 0)
+        """How far the rows written go: (the reader's resets, the newest train step, the newest
+        validation step); an exporter that goes on after another skips rows up to there."""
+        self.done_before: Optional[dict[str, Any]] = None
         started = run.record.started_at or run.record.submitted_at or run.record.created_at
         self.began = epoch(started) or time.time()
-        if sources is None:
-            self._resume()
+        if sources is not None:
+            self.read_from(CopyReader(lambda: sources, run.plan.world_size, seed=False), own=True)
 
-    def _resume(self) -> None:
-        """Go on from where an earlier exporter of this run left off (the attempt before, a follower
-        that was restarted): what it wrote is not written again, and the rows it read are known."""
-        saved = read_json(layout.live_dir(self.run.root) / EXPORTED)
-        writer, self.writer = self.writer, None  # read again without writing
-        for name, tails in (("metrics", self.metric_tails), ("gpu", self.gpu_tails)):
-            for path_text, (inode, offset) in (saved.get(name) or {}).items():
-                path = Path(path_text)
-                tail = tails.setdefault(path, LineTail(path))
-                try:
-                    with path.open("rb") as handle:
-                        if os.fstat(handle.fileno()).st_ino != inode:
-                            continue
-                        data = handle.read(offset)
-                except OSError:
-                    continue
-                lines = data.decode("utf-8", "replace").split("\n")
-                self.metrics.add_lines(lines) if name == "metrics" else self._samples(lines)
-                tail.inode, tail.offset = inode, len(data)
-        self.writer = writer
+    def read_from(self, reader: CopyReader, *, own: bool = False) -> None:
+        """Take rows and samples from ``reader`` (``own``: this exporter reads it at each ``update``;
+        else its owner does, and an earlier exporter of the run may have written some of it)."""
+        self.reader, self.own_reader = reader, own
+        reader.add(self)
+        if self.sources is None:
+            saved = read_json(layout.live_dir(self.run.root) / EXPORTED)
+            if isinstance(saved.get("written"), list) and len(saved["written"]) == 3:
+                self.done_before = saved
+                self.written = tuple(int(v) for v in saved["written"])
+                self.gpus = {int(node): {"t": float(t)} for node, t in (saved.get("gpu_t") or {}).items()}
 
     def _save(self) -> None:
-        state = {name: {str(path): [tail.inode, tail.offset - len(tail.partial)] for path, tail in tails.items()
-                        if tail.inode is not None}
-                 for name, tails in (("metrics", self.metric_tails), ("gpu", self.gpu_tails))}
+        state = {"written": list(self.written),
+                 "gpu_t": {str(node): _number(sample.get("t")) or 0.0 for node, sample in self.gpus.items()}}
         write_json_atomic(layout.live_dir(self.run.root) / EXPORTED, state, compact=True)
 
     def _library(self, what: str, where: str, module: str) -> bool:
         """Whether the writer of ``what`` (``fsdpctl.export.<module>``) and its libraries import here; where
         they do not, a problem naming the extra to install (for ``report --tensorboard``, which asks for
         nothing else, an error)."""
-        try:
-            importlib.import_module(f"..export.{module}", __package__)
-        except ImportError as exc:
-            said = f"{what} export to {where}: {exc.name or exc} is not installed here ({INSTALL})"
-            if self.sources is not None:
-                raise UsageError(said, f"{INSTALL}, or leave out --tensorboard") from None
-            self.problems.append(said)
-            return False
-        return True
+        said = library_missing(what, where, module)
+        if said is None:
+            return True
+        if self.sources is not None:
+            raise UsageError(said, f"{INSTALL}, or leave out --tensorboard")
+        self.problems.append(said)
+        return False
 
     @property
     def active(self) -> bool:
         return self.writer is not None or self.textfile is not None
 
+    @property
+    def metrics(self) -> MetricsFeed:
+        """The reader's figures (the newest rows, each rank's newest windows)."""
+        if self.reader is None:  # on its own: the run's copies, read whole
+            plan, root = self.run.plan, self.run.root
+            self.read_from(CopyReader(lambda: (layout.metrics_files(root, plan), layout.gpu_files(root, plan)),
+                                      plan.world_size, seed=False), own=True)
+        return self.reader.feed
+
     def update(self, *, force: bool = False, state: str = "running") -> None:
-        """Read what the copies gained and write it out."""
+        """Write out what came (reading it first where the reader is this exporter's own)."""
         if not self.active or (not force and time.monotonic() - self.updated_at < EVERY_SECONDS):
             return
         self.updated_at = time.monotonic()
-        plan = self.run.plan
-        metrics, gpus = self.sources or (layout.metrics_files(self.run.root, plan),
-                                         layout.gpu_files(self.run.root, plan))
-        came = False
-        for path in metrics:
-            came = self.metrics.add_lines(self.metric_tails.setdefault(path, LineTail(path)).read()) or came
-        for path in gpus:
-            lines = self.gpu_tails.setdefault(path, LineTail(path)).read()
-            came = came or bool(lines)
-            self._samples(lines)
+        feed = self.metrics
+        if self.own_reader:
+            self.reader.update()
         self._guarded("TensorBoard", lambda: self.writer.flush() if self.writer is not None else None)
         due = force or time.monotonic() - self.textfile_at >= PROMETHEUS_SECONDS
         if self.textfile is not None and due:  # scraped every 15 s or so: a few seconds old is current
             self.textfile_at = time.monotonic()
             from ..export.prometheus import render, write_textfile
 
-            self._guarded("Prometheus", lambda: write_textfile(self.textfile, render(self.families(state))))
-        if self.sources is None and came:
-            self._save()
+            self._guarded("Prometheus", lambda: write_textfile(self.textfile, render(self.families(state, feed))))
+        if self.sources is None and self.came:
+            self.came = False
+            self._guarded("export state", self._save)
 
     def close(self) -> None:
         """The last of it; the textfile goes (a finished run is no longer current)."""
@@ -189,19 +200,34 @@ class LiveExports:
     def _guarded(self, what: str, action: Any) -> None:
         try:
             action()
-        except (OSError, ValueError) as exc:
-            said = f"{what} export: {exc}"
-            if said not in self.problems:
-                self.problems.append(said)
+        except Exception as exc:  # noqa: BLE001 - an export never stops the run: said once, and the run goes on
+            self._problem(what, exc)
 
-    # ---- TensorBoard -----------------------------------------------------------------------------
-    def _row(self, kind: str, row: dict[str, Any]) -> None:
-        if self.writer is None:
-            return
+    def _problem(self, what: str, exc: BaseException) -> None:
+        said = f"{what} export: {exc}"
+        if said not in self.problems:
+            self.problems.append(said)
+
+    # ---- the reader's consumer: TensorBoard ------------------------------------------------------
+    def row(self, kind: str, row: dict[str, Any]) -> None:
+        resets = self.reader.feed.resets if self.reader is not None else 0
+        had, train, val = self.written
+        if resets < had:
+            return  # an attempt before the one the exporter before this one had got to
+        if resets > had:
+            train = val = -1  # the steps began again
+        step = row["step"]
+        if step <= (val if kind == "val" else train):
+            return  # written by the exporter before this one (a follower started again), or a step again
+        self.written = (resets, train, step) if kind == "val" else (resets, step, val)
+        self.came = True
+        if self.writer is not None:
+            self._guarded("TensorBoard", lambda: self._scalars(kind, row))
+
+    def _scalars(self, kind: str, row: dict[str, Any]) -> None:
         step, wall = row["step"], _number(row.get("time"))
         if kind == "val":
             if (value := _number(row.get("val_loss"))) is not None:
-                self.last_val = value
                 self.writer.scalar("loss/val", value, step, wall)
             return
         for key, tag, _, _ in RUN_FIGURES:
@@ -213,35 +239,35 @@ class LiveExports:
                     if (value := _number(entry.get(key))) is not None:
                         self.writer.scalar(f"rank{entry.get('rank', 0)}/{name}", value, step, wall)
 
-    def _samples(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            try:
-                sample = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(sample, dict) or not isinstance(sample.get("node"), int):
-                continue
+    def attempt_began(self, from_step: int) -> None:
+        """A later attempt: its rows are written again from ``from_step`` on (the steps it trains again)."""
+
+    def samples(self, samples: list[dict[str, Any]]) -> None:
+        for sample in samples:
             node, t = sample["node"], _number(sample.get("t")) or time.time()
             newest = self.gpus.get(node)
             if newest is not None and (_number(newest.get("t")) or 0) >= t:
-                continue  # a sample read again
+                continue  # a sample read again, or written by the exporter before this one
             self.gpus[node] = sample
-            if self.writer is None:
-                continue
-            second = max(0, int(t - self.began))
-            for gpu in sample.get("gpus") or ():
-                for key, name, _, _ in GPU_FIGURES:
-                    if (value := _number(gpu.get(key))) is not None:
-                        self.writer.scalar(f"gpu/node{node}/gpu{gpu.get('index')}/{name}", value, second, t)
+            self.came = True
+            if self.writer is not None:
+                self._guarded("TensorBoard", lambda sample=sample, t=t: self._gpu_scalars(sample, t))
+
+    def _gpu_scalars(self, sample: dict[str, Any], t: float) -> None:
+        second = max(0, int(t - self.began))
+        for gpu in sample.get("gpus") or ():
+            for key, name, _, _ in GPU_FIGURES:
+                if (value := _number(gpu.get(key))) is not None:
+                    self.writer.scalar(f"gpu/node{sample['node']}/gpu{gpu.get('index')}/{name}", value, second, t)
 
     # ---- Prometheus ------------------------------------------------------------------------------
-    def families(self, state: str = "running") -> list[Family]:
+    def families(self, state: str = "running", feed: Optional[MetricsFeed] = None) -> list[Family]:
         """The textfile's metrics now: the run's newest figures, each rank's, each GPU's."""
         from ..export.prometheus import Family
 
         plan, run_id = self.run.plan, self.run.run_id
         base = {"run": run_id}
-        feed = self.metrics
+        feed = feed or self.metrics
         families = [Family("fsdpctl_run_info", "The run (labels) and its state; 1 while it goes.", "gauge",
                            [({**base, "profile": plan.profile_name, "backend": plan.backend, "state": state}, 1.0)])]
         if feed.step is not None:

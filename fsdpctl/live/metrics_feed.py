@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Optional
 
 from ..metrics.rank_windows import RankWindows, is_hook_row
-from ..metrics.rows import ATTEMPT_MARK, merge_rank_rows, parse_row, row_kind
+from ..metrics.rows import ATTEMPT_MARK, AttemptMarks, copy_key, merge_rank_rows, parse_row, row_kind
 from ..metrics.wait_rule import straggler_verdict
 
 HISTORY = 240
@@ -67,14 +67,26 @@ class MetricsFeed:
         self.skipped = 0
         self.rows = 0
         """Rows taken (all of them, not only those kept)."""
+        self.marks = AttemptMarks()
+        self.resets = 0
+        """Times the steps began again (a later attempt resumed from a step): with a row's step, where
+        it stands in the run's rows (an exporter that goes on after another skips what that one wrote)."""
 
     # ---- rows in ---------------------------------------------------------------------------------
-    def add_lines(self, lines: Iterable[str]) -> bool:
-        """Take new lines of one or more copies of ``metrics.jsonl``; True when a row came."""
+    def add_lines(self, lines: Iterable[str], source: Any = None) -> bool:
+        """Take new lines of a copy of ``metrics.jsonl`` (``source``: which copy, its path; an
+        attempt line applies to the rows of its own copy: ``AttemptMarks``); True when a row came."""
         took = False
+        copy = copy_key(source) if source is not None else ""
         for line in lines:
             line = line.strip()
             if not line:
+                continue
+            if line.startswith('{"' + ATTEMPT_MARK):  # the collector's line: in every copy alike
+                row = parse_row(line)
+                if row is not None and (from_step := self.marks.mark(copy, row)) is not None:
+                    self._attempt_began(from_step)
+                took = True
                 continue
             key = _line_key(line)
             if key in self.seen:
@@ -86,7 +98,8 @@ class MetricsFeed:
             if row is None:
                 self.skipped += 1
             elif ATTEMPT_MARK in row:
-                self._attempt_began(row.get("from_step"))
+                if (from_step := self.marks.mark(copy, row)) is not None:
+                    self._attempt_began(from_step)
                 took = True
             elif is_hook_row(row):
                 attempt = self.hook.attempt
@@ -96,6 +109,8 @@ class MetricsFeed:
                 for window in merged:
                     self._row(window)
                 took = True
+            elif self.marks.stale(copy, row["step"]):
+                took = True  # a failed attempt's row, trained again by a later one
             elif "rank" in row and isinstance(row.get("rank"), int):
                 self._rank_row(row)
                 took = True
@@ -150,6 +165,7 @@ class MetricsFeed:
         """A later attempt resumed from ``from_step``: the failed one's rows past it are gone."""
         if not isinstance(from_step, int):
             return
+        self.resets += 1
         if self.on_attempt is not None:
             self.on_attempt(from_step)
         self.pending = {step: rows for step, rows in self.pending.items() if step <= from_step}
@@ -171,7 +187,7 @@ class MetricsFeed:
         return {"pending": [[step, list(rows.values())] for step, rows in self.pending.items()],
                 "ranks_seen": sorted(self.ranks_seen), "rank_newest": list(self.rank_newest.items()),
                 "seen": list(self.seen), "hook": self.hook.state(),
-                "skipped": self.skipped, "rows": self.rows}
+                "skipped": self.skipped, "rows": self.rows, "marks": self.marks.state(), "resets": self.resets}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Go on from ``state`` (``state()`` of the reader that read the lines before)."""
@@ -183,6 +199,9 @@ class MetricsFeed:
         self.seen = OrderedDict((int(key), None) for key in state["seen"])
         self.hook.restore(state["hook"])
         self.skipped, self.rows = int(state["skipped"]), int(state["rows"])
+        if "marks" in state:  # (an index written before attempts were told apart by copy has none)
+            self.marks.restore(state["marks"])
+        self.resets = int(state.get("resets") or 0)
 
     # ---- figures out -----------------------------------------------------------------------------
     @property

@@ -64,6 +64,60 @@ begins (``{"fsdpctl_attempt": 2, "from_step": 40}``): rows written before it pas
 failed attempt's, trained again by this one."""
 
 
+class AttemptMarks:
+    """Which rows of which copy a later attempt trained again. As an attempt begins, the collector
+    writes its line (``ATTEMPT_MARK``) into every node's copy there is, and first into a copy it
+    begins later: a row belongs to the attempt of the newest line before it in its copy (the first,
+    before any line). Copies are read in turn, so one copy's rows of the new attempt may come before
+    another copy's line: each copy's rows are judged by the lines read in that copy."""
+
+    def __init__(self) -> None:
+        self.newest = 1
+        self.from_step: dict[int, int] = {}
+        """Attempt -> the step it resumed from."""
+        self.of_copy: dict[str, int] = {}
+        """Copy -> the attempt its rows read now belong to."""
+
+    def mark(self, copy: str, row: dict[str, Any]) -> Optional[int]:
+        """An attempt line read in ``copy``: the step past which the rows read so far are the failed
+        attempts' (None: the attempt was begun already, by another copy's line, or says no step)."""
+        attempt, from_step = row.get(ATTEMPT_MARK), row.get("from_step")
+        if not isinstance(attempt, int) or isinstance(attempt, bool):
+            return None
+        self.of_copy[copy] = max(attempt, self.of_copy.get(copy, 1))
+        if attempt <= self.newest:
+            return None
+        self.newest = attempt
+        if not isinstance(from_step, int):
+            return None
+        self.from_step[attempt] = from_step
+        return from_step
+
+    def stale(self, copy: str, step: int) -> bool:
+        """A row of ``copy`` read before that copy's line of a newer attempt, past the step that
+        attempt resumed from: the failed attempt's, trained again."""
+        mine = self.of_copy.get(copy, 1)
+        if mine >= self.newest:
+            return False
+        later = [s for attempt, s in self.from_step.items() if mine < attempt <= self.newest]
+        return bool(later) and step > min(later)
+
+    def state(self) -> dict[str, Any]:
+        return {"newest": self.newest, "from_step": list(self.from_step.items()), "of_copy": list(self.of_copy.items())}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.newest = int(state["newest"])
+        self.from_step = {int(a): int(s) for a, s in state["from_step"]}
+        self.of_copy = {str(c): int(a) for c, a in state["of_copy"]}
+
+
+def copy_key(path: Any) -> str:
+    """A copy's name among a run's copies (``node1/metrics.jsonl``, ``telemetry/node1.jsonl``): the
+    same in every process, wherever the run directory is."""
+    path = Path(path)
+    return f"{path.parent.name}/{path.name}"
+
+
 def parse_row(line: str) -> Optional[dict[str, Any]]:
     """A ``metrics.jsonl`` line as a row (a JSON object with an integer ``step``), an attempt line as
     it is, or None (not JSON, no step, or a line cut short when its writer died)."""
@@ -85,29 +139,42 @@ def row_kind(row: dict[str, Any]) -> str:
 
 
 def read_rows(lines: Iterable[str], name: str) -> Series:
-    """Parse ``metrics.jsonl`` lines into a Series, merging per-rank rows of a user's program (its
-    own, and those of fsdpctl's rank telemetry)."""
+    """Parse ``metrics.jsonl`` lines (of one file) into a Series, merging per-rank rows of a user's
+    program (its own, and those of fsdpctl's rank telemetry)."""
+    return read_copies([lines], name)
+
+
+def read_copies(copies: Iterable[Iterable[str]], name: str) -> Series:
+    """``read_rows`` of several files' lines (each node's copy), each file's attempt lines applying
+    to that file's rows (``AttemptMarks``)."""
     series = Series(name)
     by_step: dict[tuple[str, int], list[dict[str, Any]]] = {}
     seen: set[str] = set()
     hook_rows: list[dict[str, Any]] = []
-    for line in lines:
-        line = line.strip()
-        if not line or line in seen:  # the same file fetched from nodes that share a run directory
-            continue
-        seen.add(line)
-        row = parse_row(line)
-        if row is None:
-            series.skipped += 1
-            continue
-        if ATTEMPT_MARK in row:
-            if isinstance(row.get("from_step"), int):
-                by_step = {key: rows for key, rows in by_step.items() if key[1] <= row["from_step"]}
-            continue
-        if is_hook_row(row):  # counted from each attempt's start: an attempt's rows stand on their own
-            hook_rows.append(row)
-            continue
-        by_step.setdefault((row_kind(row), row["step"]), []).append(row)
+    marks = AttemptMarks()
+    for number, lines in enumerate(copies):
+        copy = str(number)
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            row = parse_row(line)
+            if row is not None and ATTEMPT_MARK in row:
+                if (from_step := marks.mark(copy, row)) is not None:
+                    by_step = {key: rows for key, rows in by_step.items() if key[1] <= from_step}
+                continue
+            if line in seen:  # the same file fetched from nodes that share a run directory
+                continue
+            seen.add(line)
+            if row is None:
+                series.skipped += 1
+                continue
+            if is_hook_row(row):  # counted from each attempt's start: an attempt's rows stand on their own
+                hook_rows.append(row)
+                continue
+            if marks.stale(copy, row["step"]):
+                continue
+            by_step.setdefault((row_kind(row), row["step"]), []).append(row)
     for merged in merge_all(hook_rows):
         own = by_step.get(("train", merged["step"]))
         # the program's own row of the same step, where it writes one, has the last word on its figures
@@ -145,10 +212,7 @@ def merge_rank_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def read_run_files(files: list[Path], name: str, summary: Optional[Path] = None) -> Series:
     """A Series from the metrics.jsonl files of a run's nodes (one for the bundled workload)."""
-    lines: list[str] = []
-    for path in files:
-        lines += path.read_text(encoding="utf-8", errors="replace").splitlines()
-    series = read_rows(lines, name)
+    series = read_copies((path.read_text(encoding="utf-8", errors="replace").splitlines() for path in files), name)
     series.summary = read_workload_summary(summary)
     return series
 

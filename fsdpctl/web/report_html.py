@@ -37,7 +37,7 @@ def run_report_data(run: Any, metrics: list[Path], gpus: list[Path]) -> dict[str
     from ..live.charts import ChartStore
 
     snapshot = next(run.watch())
-    charts = ChartStore(run.path, run.plan, run.plan.world_size, sources=(metrics, gpus))
+    charts = ChartStore(run.path, run.plan, run.plan.world_size, sources=(metrics, gpus), whole=True)
     charts.update()
     return {**run_page(run, snapshot.to_json()), "charts": charts.to_json()}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from fsdpctl.live import chart_series, charts, layout
+from fsdpctl.live import chart_series, copies, layout
 from fsdpctl.live.charts import Buckets, ChartStore, HeatMap
 from fsdpctl.live.collector import attempt_line
 from tests.unit.test_live_model import gpu_sample, new_run, row, write
@@ -63,8 +63,8 @@ def test_a_run_written_here_becomes_charts_and_a_restart_replaces_the_steps_it_t
 
 
 def test_a_file_too_long_to_read_is_sampled_end_to_end_then_followed(tmp_path, monkeypatch):
-    monkeypatch.setattr(charts, "SEED_BYTES", 10_000)
-    monkeypatch.setattr(charts, "SAMPLED", 20)
+    monkeypatch.setattr(copies, "SEED_BYTES", 10_000)
+    monkeypatch.setattr(copies, "SAMPLED", 20)
     run = new_run(tmp_path)
     metrics = layout.collected(run.root, 0, "metrics.jsonl")
     write(metrics, "".join(row(s, 1000.0 + s) for s in range(1, 401)))
@@ -243,3 +243,40 @@ def test_a_programs_rows_from_every_nodes_copy_read_in_turn_merge_into_whole_ste
     gone.add_lines([_program_row(10, 0)])
     assert merged[0]["step"] == 1 and len(merged[0]["ranks"]) == 2
     assert [r["step"] for r in merged[1:4]] == [2, 3, 4] and len(merged[1]["ranks"]) == 1
+
+
+def _attempted_copy(rank: int) -> list[str]:
+    """A node's copy of its rank's own rows: attempt 1 reached step 10, attempt 2 resumed from 5 and
+    reached step 8 (its rows' losses told apart by a tenth)."""
+    old = [_program_row(s, rank) for s in range(1, 11)]
+    new = [json.dumps({"step": s, "rank": rank, "loss": 9.1, "step_time_s": 0.2}) + "\n" for s in range(6, 9)]
+    return [*old, attempt_line(2, 5), *new]
+
+
+def test_each_copys_attempt_line_applies_to_its_own_rows_read_whole_or_in_turn(tmp_path, monkeypatch):
+    """What attempt 1 trained past step 5 is gone from every copy, whichever copy is read first, and what
+    attempt 2 trained is kept: steps 1-8, each with both ranks."""
+    from fsdpctl.metrics.rows import read_copies
+
+    whole = read_copies([_attempted_copy(0), _attempted_copy(1)], "x").train
+    assert [r["step"] for r in whole] == list(range(1, 9))
+    assert all(len(r["ranks"]) == 2 for r in whole) and [r["loss"] for r in whole[5:]] == [9.1] * 3
+    run = new_run(tmp_path)
+    for rank in (0, 1):
+        write(layout.collected(run.root, rank, "metrics.jsonl"), "".join(_attempted_copy(rank)))
+    monkeypatch.setattr(copies, "CHUNK_BYTES", 200)  # a few rows of each copy at a time, in turn
+    store = ChartStore(run.root, run.plan, 2)
+    store.update()
+    assert store.to_json()["train"]["loss"]["x"] == list(range(1, 9))
+    assert store.to_json()["train"]["loss"]["y"][5:] == [9.1] * 3
+
+
+def test_a_report_reads_a_long_gpu_file_whole(tmp_path):
+    run = new_run(tmp_path)
+    samples = layout.collected(run.root, 1, "gpu/node1.jsonl")
+    write(samples, "".join(gpu_sample(1, 1000.0 + i, slowed=i >= 29_990) for i in range(30_000)))
+    assert samples.stat().st_size > 8 << 20  # more than one read takes
+    store = ChartStore(run.root, run.plan, 2, sources=([], [samples]), whole=True)
+    store.update()
+    assert store.last_sample[(1, "10.9.0.2")] == 1000.0 + 29_999
+    assert store.to_json()["gpus"][0]["slowed"]["y"][-1] > 0  # the slowdown at its very end is in

@@ -5,6 +5,8 @@ said in one line naming the extra to install."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,8 +18,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fsdpctl.errors import UsageError
 from fsdpctl.live import layout
-from fsdpctl.live.exports import INSTALL, LiveExports
-from tests.conftest import REPO
+from fsdpctl.live.exports import INSTALL, LiveExports, missing_writers
+from tests.conftest import REPO, run_cli
 from tests.unit.test_layout import MODULES, third_party
 from tests.unit.test_live_model import HOSTS, RUN_ID, gpu_sample, new_run, row, write
 
@@ -81,6 +83,8 @@ def test_a_missing_library_is_one_line_naming_the_extra_and_the_run_goes_on(tmp_
     exports.update(force=True)
     exports.close()
     assert not (tmp_path / "tb").exists() and not (tmp_path / "x.prom").exists()
+    assert missing_writers({"tensorboard": str(tmp_path / "tb"), "prometheus": str(tmp_path / "x.prom")}) == \
+        exports.problems  # what the launch says before the run starts
     # report --tensorboard asks for that export alone: an error, with the extra as its fix
     with pytest.raises(UsageError, match="is not installed here") as caught:
         LiveExports(run, tensorboard=str(tmp_path / "tb"), sources=([], []))
@@ -127,3 +131,113 @@ def test_the_writers_libraries_are_imported_only_for_the_export_a_run_asks_for(t
 def test_each_writers_library_has_one_home(library):
     users = {m for m in MODULES if library in third_party(m)}
     assert users == {LIBRARIES[library]}, f"{library} imported by {sorted(users)}"
+
+
+# ---- the exports and readers never stop a run or cut a number ------------------------------------------
+
+def collecting(run, **exports):
+    """The run's collector as its follower holds it, its copies read and its exports written at every beat."""
+    from fsdpctl.live import collector as collector_module
+
+    col = collector_module.Collector(run.root, run.plan, exports=LiveExports(run, **exports))
+    col.read_at = col.index_at = float("-inf")
+    return col
+
+
+def beat(col) -> None:
+    col.read_at = col.index_at = float("-inf")
+    col.exports.updated_at = col.exports.textfile_at = float("-inf")
+    col.beat(lambda: [], force=True)
+
+
+def tensorboard_steps(folder, tag: str = "loss/train") -> list[int]:
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return [e.step for e in events.Scalars(tag)]
+
+
+def test_a_full_disk_under_the_exporter_is_said_once_and_the_follow_the_charts_and_prometheus_go_on(
+        tmp_path, monkeypatch):
+    from fsdpctl.export.tensorboard import EventWriter
+    from fsdpctl.live.charts import ChartStore
+    from fsdpctl.live.collector import with_export_notes
+    from fsdpctl.rundir.state import Outcome, RunState
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(EventWriter, "scalar", full)
+    run, now = new_run(tmp_path), time.time()
+    metrics = layout.collected(run.root, 0, "metrics.jsonl")
+    write(metrics, "".join(row(s, now - 30 + s) for s in range(1, 11)))
+    textfile = tmp_path / "x.prom"
+    col = collecting(run, tensorboard=str(tmp_path / "tb"), prometheus=str(textfile))
+    beat(col)  # the event writer fails on the first scalar: the follower's beat goes on
+    write(metrics, "".join(row(s, now - 30 + s) for s in range(11, 21)))
+    beat(col)
+    families = {f.name: f for f in text_string_to_metric_families(textfile.read_text())}
+    assert families["fsdpctl_step"].samples[0].value == 20  # Prometheus has every step
+    col.beat(lambda: [], ended=True)
+    store = ChartStore(run.root, run.plan)
+    store.update()
+    assert store.index_loaded and store.to_json()["train"]["loss"]["x"] == list(range(1, 21))  # so has the index
+    notes = with_export_notes(Outcome(exit_code=0, state=RunState.SUCCEEDED), col).notes
+    assert notes == ("TensorBoard export: [Errno 28] No space left on device",), notes  # said once
+
+
+def test_a_programs_odd_row_is_skipped_by_whom_it_cannot_take_and_every_other_row_goes_through(tmp_path):
+    from fsdpctl.live.collector import with_export_notes
+    from fsdpctl.rundir.state import Outcome, RunState
+
+    run, now = new_run(tmp_path), time.time()
+    odd = json.dumps({"step": 6, "loss": 1.0, "time": now, "ranks": [{"rank": [1], "compute_s": 0.1}]}) + "\n"
+    rows = [row(s, now - 30 + s) for s in range(1, 11)]
+    write(layout.collected(run.root, 0, "metrics.jsonl"), "".join(rows[:5]) + odd + "".join(rows[6:]))
+    col = collecting(run, tensorboard=str(tmp_path / "tb"))
+    beat(col)
+    col.beat(lambda: [], ended=True)
+    assert col.charts.to_json()["train"]["loss"]["x"] == list(range(1, 11))  # its loss, before its ranks failed
+    assert [r["rank"] for r in col.charts.to_json()["heat"]["ranks"]] == [0, 1]
+    assert tensorboard_steps(tmp_path / "tb") == list(range(1, 11))  # the exports took it whole
+    notes = with_export_notes(Outcome(exit_code=0, state=RunState.SUCCEEDED), col).notes
+    assert len(notes) == 1 and notes[0].startswith("ChartStore skipped a row it could not take: TypeError"), notes
+
+
+def test_an_exporter_after_another_writes_each_step_once(tmp_path):
+    run, now = new_run(tmp_path), time.time()
+    metrics = layout.collected(run.root, 0, "metrics.jsonl")
+    write(metrics, "".join(row(s, now - 30 + s) for s in range(1, 11)))
+    first = collecting(run, tensorboard=str(tmp_path / "tb"))
+    beat(first)
+    first.close()  # its follower is gone (a restarted follower, the attempt after)
+    write(metrics, "".join(row(s, now - 30 + s) for s in range(11, 16)))
+    second = collecting(run, tensorboard=str(tmp_path / "tb"))
+    beat(second)
+    second.close()
+    assert tensorboard_steps(tmp_path / "tb") == list(range(1, 16))
+
+
+def test_report_tensorboard_exports_a_40_mib_copy_whole(tmp_path):
+    run = new_run(tmp_path)
+    copy = tmp_path / "metrics.jsonl"
+    pad = "x" * 2100
+    copy.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s, "time": 1000.0 + s, "note": pad}) + "\n"
+                            for s in range(1, 20_001)))
+    assert copy.stat().st_size > 40 << 20
+    exports = LiveExports(run, tensorboard=str(tmp_path / "tb"), sources=([copy], []))
+    exports.update(force=True)
+    exports.close()
+    assert tensorboard_steps(tmp_path / "tb") == list(range(1, 20_001))
+
+
+def test_a_launch_says_a_missing_export_library_before_the_run_starts(tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "google_crc32c.py").write_text(
+        "raise ImportError('No module named google_crc32c', name='google_crc32c')\n")
+    done = run_cli("launch", "-p", "local", "--dry-run", "--tensorboard", str(tmp_path / "tb"),
+                   env={"PYTHONPATH": os.pathsep.join([str(blocked), str(REPO)])})
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "TensorBoard export" in line]
+    assert len(said) == 1 and said[0].startswith(f"fsdpctl: warning: TensorBoard export to {tmp_path / 'tb'}/local-")
+    assert said[0].endswith(f": google_crc32c is not installed here ({INSTALL}); the run goes on without it")
