@@ -104,6 +104,8 @@ class Collector:
         self.reader: Optional[CopyReader] = None
         """The one reader of the copies here: the charts and the exports take their rows from it."""
         self.charts_changed = False
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        """Told of every event row the copies bring (``on_events``)."""
         self.index_at = self.read_at = time.monotonic()
         self.problems: list[str] = []
         """What went wrong with the charts or the exports (said once each; the run goes on)."""
@@ -178,12 +180,32 @@ class Collector:
         if self.changed and (force or ended or now - self.saved_at >= SAVE_SECONDS):
             self.save()
         index_due = ended or time.monotonic() - self.index_at >= INDEX_SECONDS
-        if index_due or (self.exports is not None and time.monotonic() - self.read_at >= READ_SECONDS):
+        often = self.exports is not None or self.listeners
+        if index_due or (often and time.monotonic() - self.read_at >= READ_SECONDS):
             self._guarded("reading the copies", self.read)
         if index_due:
             self.keep_index()
         if self.exports is not None:
             self._guarded("exports", lambda: self.exports.update(force=ended))
+
+    def on_events(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """``listener(row)`` for every event row (``fsdpctl.node.events``) the copies bring, from the
+        first read on (the copies are then read every ``READ_SECONDS``)."""
+        self.listeners.append(listener)
+
+    def event(self, row: dict[str, Any]) -> None:
+        """The reader's event consumer: each listener told."""
+        for listener in self.listeners:
+            listener(row)
+
+    def row(self, kind: str, row: dict[str, Any]) -> None:
+        """(The charts and the exports take the rows.)"""
+
+    def attempt_began(self, from_step: int) -> None:
+        """(The charts and the exports take the attempts.)"""
+
+    def samples(self, samples: list[dict[str, Any]]) -> None:
+        """(The charts and the exports take the samples.)"""
 
     def read(self) -> bool:
         """Read what the copies gained into the charts and the exports (one reader for both); True
@@ -197,6 +219,7 @@ class Collector:
             self.charts.load_index()  # (before the exports take any row: they go on from the same place)
             if self.exports is not None:
                 self.exports.read_from(self.reader)
+            self.reader.add(self)
         came = self.charts.update()
         self.charts_changed = self.charts_changed or came
         return came

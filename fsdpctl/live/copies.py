@@ -40,6 +40,12 @@ class Consumer(Protocol):
         """GPU samples (JSON objects with an integer ``node``), in each node's order."""
 
 
+class EventConsumer(Protocol):
+    """A consumer that also takes the ranks' event rows (``fsdpctl.node.events``)."""
+
+    def event(self, row: dict[str, Any]) -> None: ...
+
+
 class CopyReader:
     """A run's copies, read as they grow (``update``), into every consumer ``add`` was given."""
 
@@ -58,7 +64,7 @@ class CopyReader:
 
     def reset(self) -> None:
         """Forget everything read (the files are read again from their start)."""
-        self.feed = MetricsFeed(self.world_size, on_row=self._row, on_attempt=self._attempt)
+        self.feed = MetricsFeed(self.world_size, on_row=self._row, on_attempt=self._attempt, on_event=self._event)
         self.metric_tails: dict[Path, LineTail] = {}
         self.gpu_tails: dict[Path, LineTail] = {}
         self.sampled = False
@@ -143,8 +149,11 @@ class CopyReader:
     def _attempt(self, from_step: int) -> None:
         self._each(lambda consumer: consumer.attempt_began(from_step))
 
-    def _each(self, give: Callable[[Consumer], None]) -> None:
-        for consumer in self.consumers:
+    def _event(self, row: dict[str, Any]) -> None:
+        self._each(lambda consumer: consumer.event(row), only=lambda consumer: hasattr(consumer, "event"))
+
+    def _each(self, give: Callable[[Any], None], only: Callable[[Any], bool] = lambda consumer: True) -> None:
+        for consumer in filter(only, self.consumers):
             try:
                 give(consumer)
             except Exception as exc:  # noqa: BLE001 - a row a consumer cannot take (a program's own odd row)

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from ..metrics.rank_windows import RankWindows, is_hook_row
 from ..metrics.rows import ATTEMPT_MARK, AttemptMarks, copy_key, merge_rank_rows, parse_row, row_kind
 from ..metrics.wait_rule import straggler_verdict
+from ..node.events import EVENT
 
 HISTORY = 240
 """Training rows kept for the curves and the rate."""
@@ -44,12 +45,15 @@ class MetricsFeed:
 
     def __init__(self, world_size: Optional[int] = None,
                  on_row: Optional[Callable[[str, dict[str, Any]], None]] = None,
-                 on_attempt: Optional[Callable[[int], None]] = None):
+                 on_attempt: Optional[Callable[[int], None]] = None,
+                 on_event: Optional[Callable[[dict[str, Any]], None]] = None):
         """``on_row``: told of every row taken (``train`` or ``val``, the row), in order: an exporter's.
-        ``on_attempt``: told the step a later attempt resumed from (rows past it were the failed one's)."""
+        ``on_attempt``: told the step a later attempt resumed from (rows past it were the failed one's).
+        ``on_event``: told of every event row (``fsdpctl.node.events``) as it is read."""
         self.world_size = world_size
         self.on_row = on_row
         self.on_attempt = on_attempt
+        self.on_event = on_event
         self.train: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.val: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.last_train: Optional[dict[str, Any]] = None
@@ -100,6 +104,10 @@ class MetricsFeed:
             elif ATTEMPT_MARK in row:
                 if (from_step := self.marks.mark(copy, row)) is not None:
                     self._attempt_began(from_step)
+                took = True
+            elif EVENT in row:
+                if self.on_event is not None:
+                    self.on_event(row)
                 took = True
             elif is_hook_row(row):
                 attempt = self.hook.attempt

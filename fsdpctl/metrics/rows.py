@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..node.events import EVENT
 from .rank_windows import is_hook_row, merge_all
 
 PER_RANK = ("compute_s", "comm_s", "data_s", "wall_s", "mem_mb", "step_time_s")
@@ -36,6 +37,8 @@ class Series:
     """Lines that were not a JSON object with a step (a line cut short when its writer died)."""
     summary: Optional[dict[str, Any]] = None
     """The bundled workload's summary.json, where there is one."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """The ranks' event rows (``fsdpctl.node.events``), in the order read."""
     _windows: Optional[list[list[dict[str, Any]]]] = field(default=None, repr=False)
 
     def column(self, key: str, rows: Optional[list[dict[str, Any]]] = None) -> tuple[list[int], list[float]]:
@@ -119,15 +122,16 @@ def copy_key(path: Any) -> str:
 
 
 def parse_row(line: str) -> Optional[dict[str, Any]]:
-    """A ``metrics.jsonl`` line as a row (a JSON object with an integer ``step``), an attempt line as
-    it is, or None (not JSON, no step, or a line cut short when its writer died)."""
+    """A ``metrics.jsonl`` line as a row (a JSON object with an integer ``step``), an attempt line or
+    an event (``fsdpctl.node.events``) as it is, or None (not JSON, no step, or a line cut short when
+    its writer died)."""
     try:
         row = json.loads(line)
     except ValueError:
         return None
     if not isinstance(row, dict):
         return None
-    if ATTEMPT_MARK in row:
+    if ATTEMPT_MARK in row or EVENT in row:
         return row
     step = row.get("step")
     return row if isinstance(step, int) and not isinstance(step, bool) else None
@@ -168,6 +172,9 @@ def read_copies(copies: Iterable[Iterable[str]], name: str) -> Series:
             seen.add(line)
             if row is None:
                 series.skipped += 1
+                continue
+            if EVENT in row:
+                series.events.append(row)
                 continue
             if is_hook_row(row):  # counted from each attempt's start: an attempt's rows stand on their own
                 hook_rows.append(row)
