@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
+from ..events import STEPS_UNSEEN, event_row
 from .device import GpuStepTimes, NcclTimes, nccl_entries, resolve
 from .patches import Patches
 from .steps import Step, StepTracker
@@ -24,6 +25,8 @@ CLOSE_WAIT_S = 3.0
 """At the program's end, how long the device is given to finish the steps' marks and losses (a rank
 whose peer died may never finish its last collective: its exit is not held up for it)."""
 POLL_S = 0.005
+UNSEEN_AFTER = 16
+"""Backward calls with no step end seen, after which a rank says its steps are out of the hook's sight."""
 
 
 def rss_peak_mb() -> Optional[float]:
@@ -62,6 +65,7 @@ class Reporter:
         self.pid = os.getpid()
         self.stopped = threading.Event()
         self.lock = threading.Lock()
+        self.said_unseen = False
         self.thread: Optional[threading.Thread] = None
 
     # ---- the thread ------------------------------------------------------------------------------
@@ -155,6 +159,12 @@ class Reporter:
             rows += [self._row(window) for window in self.windows.add(step)]
         if final and (rest := self.windows.rest()):
             rows.append(self._row(rest))
+        backward = self.tracker.backward
+        if not self.said_unseen and self.tracker.number == 0 and (backward >= UNSEEN_AFTER or final and backward):
+            # Backward calls, and no optimizer step ever ended: the program's step runs inside
+            # torch.compile (its hooks pass through there), or its optimizer is none of torch's.
+            self.said_unseen = True
+            rows.append(event_row(STEPS_UNSEEN, backward=backward, **self.place))
         return rows
 
     def _row(self, window: list[Step]) -> dict[str, Any]:
