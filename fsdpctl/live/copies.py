@@ -65,6 +65,7 @@ class CopyReader:
     def reset(self) -> None:
         """Forget everything read (the files are read again from their start)."""
         self.feed = MetricsFeed(self.world_size, on_row=self._row, on_attempt=self._attempt, on_event=self._event)
+        self.feed.hold = True  # a program's per-rank rows go out once a round of the copies is read
         self.metric_tails: dict[Path, LineTail] = {}
         self.gpu_tails: dict[Path, LineTail] = {}
         self.sampled = False
@@ -92,6 +93,7 @@ class CopyReader:
                 came = self.feed.add_lines(tail.read(CHUNK_BYTES), source=path) or came
                 if tail.offset > offset and not tail.began_again:
                     going.append((path, tail))  # (a file read again from its start is read on at the next update)
+            self.feed.release()
             tails = going
         for path in gpus:
             tail = self.gpu_tails.get(path)

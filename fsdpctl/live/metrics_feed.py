@@ -71,6 +71,8 @@ class MetricsFeed:
         self.skipped = 0
         self.rows = 0
         """Rows taken (all of them, not only those kept)."""
+        self.hold = False
+        """Per-rank rows wait for ``release`` (a reader of several copies calls it after each round)."""
         self.marks = AttemptMarks()
         self.resets = 0
         """Times the steps began again (a later attempt resumed from a step): with a row's step, where
@@ -141,6 +143,16 @@ class MetricsFeed:
         if step not in self.pending:
             self.pending_since[step] = time.monotonic()
         self.pending.setdefault(step, {})[rank] = row
+        if not self.hold:
+            self.release()
+
+    def release(self) -> None:
+        """The program's own per-rank rows whose step is whole (or given up on) go out, in step order.
+        A reader that reads each copy in turn holds them (``hold``) and releases them once a round of
+        the copies is read: a rank whose copy comes later in the round is then seen, however many
+        ranks the plan did not say."""
+        if not self.pending:
+            return
         world = self.world_size or len(self.ranks_seen)
         behind = self.behind if len(self.ranks_seen) >= world else -1  # a rank not seen yet is behind
         given_up = time.monotonic() - PENDING_SECONDS

@@ -241,3 +241,21 @@ def test_a_launch_says_a_missing_export_library_before_the_run_starts(tmp_path):
     said = [line for line in done.stderr.splitlines() if "TensorBoard export" in line]
     assert len(said) == 1 and said[0].startswith(f"fsdpctl: warning: TensorBoard export to {tmp_path / 'tb'}/local-")
     assert said[0].endswith(f": google_crc32c is not installed here ({INSTALL}); the run goes on without it")
+
+
+def test_a_programs_own_rows_from_every_nodes_copy_are_exported_once_per_step(tmp_path):
+    """Each node's copy holds its rank's rows of 1,500 steps: read in turn with the charts' reader, every
+    step goes to TensorBoard once, with both ranks' loss (read one copy whole after the other, more
+    than 1,024 steps waited for the second rank and went out partial, then again)."""
+    run = new_run(tmp_path)
+    for rank in (0, 1):
+        write(layout.collected(run.root, rank, "metrics.jsonl"), "".join(
+            json.dumps({"step": s, "rank": rank, "loss": 2.0 + rank, "step_time_s": 0.2}) + "\n"
+            for s in range(1, 1501)))
+    col = collecting(run, tensorboard=str(tmp_path / "tb"))
+    beat(col)
+    col.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    losses = events.Scalars("loss/train")
+    assert [e.step for e in losses] == list(range(1, 1501)) and {e.value for e in losses} == {2.5}
