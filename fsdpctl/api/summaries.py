@@ -137,7 +137,7 @@ def report_of(runs: list[Any], *, plot: Optional[PathLike] = None, fetch: bool =
         for run in runs:
             write_tensorboard(run, Path(tensorboard) / run.run_id, fetch=False)
     if html is not None:
-        write_html(runs, Path(html))
+        write_html(runs, Path(html), [p[1] for p in pairs])
     result = Report([p[1] for p in pairs], [p[0] for p in pairs])
     if plot is not None:
         from ..metrics.plots import draw
@@ -161,8 +161,9 @@ def write_tensorboard(run: Any, folder: Path, fetch: bool = False) -> Path:
     return folder
 
 
-def write_html(runs: list[Any], path: Path) -> Path:
-    """The runs' pages, as the dashboard shows them, in one file that opens without any network."""
+def write_html(runs: list[Any], path: Path, summaries: Optional[list[RunSummary]] = None) -> Path:
+    """The runs' pages, as the dashboard shows them, in one file that opens without any network (with
+    each of ``summaries``' table of ranks)."""
     from ..web.report_html import run_report_data, write_report
 
     data = []
@@ -170,7 +171,7 @@ def write_html(runs: list[Any], path: Path) -> Path:
         found, _ = run_files(run, fetch=False)
         data.append(run_report_data(run, metrics_sources(found), _in_folders(found["gpu"])))
     try:
-        return write_report(path, data)
+        return write_report(path, data, summaries or ())
     except OSError as exc:
         raise UsageError(f"report --html {path}: cannot write it ({exc.strerror})", "give a file in a folder you can "
                          "write") from None

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..metrics.rank_table import FOLD_ABOVE
 from .complete import run_completion
 
 
@@ -16,7 +17,11 @@ def report(
                                                   help="Runs (ids or unique prefixes); default: the latest run."),
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="DIR", help="Write PNG figures into DIR (needs "
                                         "matplotlib: pip install 'fsdpctl[report]')."),
-    as_json: bool = typer.Option(False, "--json", help="The figures as JSON (stdout is data)."),
+    as_json: bool = typer.Option(False, "--json", help="The figures as JSON (stdout is data), every rank's "
+                                 "included."),
+    every_rank: bool = typer.Option(False, "--ranks", help="Every rank in the table of ranks (above "
+                                    f"{FOLD_ABOVE} ranks it shows the slowest, the median, the fastest and the "
+                                    "straggler)."),
     no_fetch: bool = typer.Option(False, "--no-fetch", help="Use the metrics already brought back; ask no node."),
     html: Optional[Path] = typer.Option(None, "--html", metavar="FILE", help="Write the runs' pages (charts, nodes, "
                                         "attempts, lines, plan; side by side) into one HTML file that opens "
@@ -26,7 +31,8 @@ def report(
                                                "does live)."),
 ) -> None:
     """Final and best losses, tokens/s, MFU, time per step, memory per rank, the straggler named,
-    attempts; several runs side by side."""
+    each rank's compute, collective wait, data wait and peak memory, attempts; several runs side by
+    side."""
     import fsdpctl
 
     result = fsdpctl.report(list(run_ids) if run_ids else None, plot=plot, fetch=not no_fetch,
@@ -34,7 +40,7 @@ def report(
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
-    typer.echo(result.text)
+    typer.echo(result.as_text(every_rank))
     for path in result.plots:
         typer.echo(f"wrote {path}")
     if html is not None:

@@ -5,8 +5,9 @@ What a summary needs of each row is kept as it comes: the training rows' loss, t
 step time, the validation losses, and of each window of per-rank timings what the straggler rules
 judge in it (the compute rule's slow ranks, the wait rule's culprit, the spreads and gaps the "ranks
 even" lines take medians of, the step's wall time), plus the newest window's entries. A few numbers per
-row (a 128-rank row is 20 KB of JSON; its fold, about 100 bytes). ``summarize`` of a read ``Series`` is
-made by the same code, so a report from the fold and one from the files say the same.
+row (a 128-rank row is 20 KB of JSON; its fold, about 100 bytes); each rank's figures over the run are
+sums kept per rank (``fsdpctl.metrics.rank_figures``), not per window. ``summarize`` of a read
+``Series`` is made by the same code, so a report from the fold and one from the files say the same.
 
 A later attempt that resumes from a step drops what the fold kept past it (``truncate``), as the
 reader of the files drops those rows.
@@ -21,13 +22,15 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from ..workload.straggler import Tally, even_text_from, slow_ranks, spread_of
+from .rank_figures import RankFigures
 from .wait_rule import timed_from_outside, wait_even_from, wait_gap, wait_verdict_from, window_culprit
 
 TRAIN = ("loss", "tokens_per_s", "mfu", "step_time_s", "val_loss")
 WINDOW = ("width", "counted", "spread", "culprit", "slow_in_input", "by", "gap", "wall")
 NAN = float("nan")
 ONE_RANK_TEXT = "a single rank, with no other rank to compare its timings with"
-KEPT = ("rank", "node", "host", "local_rank", "wall_s", "mem_mb", "timing", "comm", "compute_s", "comm_s", "data_s")
+KEPT = ("rank", "node", "host", "local_rank", "wall_s", "mem_mb", "timing", "comm", "compute_s", "comm_s", "data_s",
+        "untimed_ops")
 """Of the newest window's entries, what a verdict names or a summary shows."""
 
 
@@ -55,6 +58,8 @@ class Fold:
         """Width (ranks in a window) -> the entries of the newest window that wide."""
         self.last_counted: dict[int, list[dict[str, Any]]] = {}
         """The same, of the windows the compute rule counts (every rank timed)."""
+        self.rank_figures = RankFigures()
+        """Each rank's figures over the windows, for the report's per-rank table."""
 
     @classmethod
     def of_rows(cls, train: Sequence[Mapping[str, Any]], val: Sequence[Mapping[str, Any]]) -> Fold:
@@ -82,7 +87,13 @@ class Fold:
             self.has[key].append(has)
         ranks = row.get("ranks")
         if isinstance(ranks, list) and ranks:
-            self._window(step, sorted((e for e in ranks if isinstance(e, dict)), key=lambda e: e.get("rank", 0)))
+            steps = row.get("steps")
+            if not isinstance(steps, int) or steps < 1:  # no "steps" (the workload's rows): since the window before
+                steps = step - (self.window_steps[-1] if self.window_steps else 0)
+            entries = sorted((e for e in ranks if isinstance(e, dict)), key=lambda e: e.get("rank", 0))
+            if entries:
+                self.rank_figures.add(step, steps, entries)
+            self._window(step, entries)
 
     def _window(self, step: int, entries: list[dict[str, Any]]) -> None:
         width = len(entries)
@@ -123,6 +134,7 @@ class Fold:
             del values[windows:]
         slow = next((i for i, w in enumerate(self.slow_window) if w >= windows), len(self.slow_window))
         del self.slow_window[slow:], self.slow_rank[slow:], self.slow_ratio[slow:]
+        self.rank_figures.truncate(step)
 
     # ---- a summary out ---------------------------------------------------------------------------
     def column(self, key: str) -> tuple[list[int], list[float]]:
@@ -175,7 +187,23 @@ class Fold:
         out.ranks_text = None if verdict else even
         if out.ranks_text is None and judged and world == 1:
             out.ranks_text = ONE_RANK_TEXT
+        out.ranks = self._each_rank(world, last, verdict) if judged else []
         return vars(out)
+
+    def _each_rank(self, world: int, last: list[dict[str, Any]],
+                   verdict: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every rank of the judged windows: where it ran (as the newest window says) and its figures
+        over them (``RankFigures.figures``); ``straggler``: the verdict names it."""
+        figures = self.rank_figures.figures(world)
+        if len(figures) != len(last):
+            return []  # (not kept: a chart index written before they were)
+        named = set(verdict["ranks"]) if verdict else set()
+        out = []
+        for position, (entry, mine) in enumerate(zip(last, figures, strict=True)):
+            rank = entry.get("rank", position)
+            out.append({"rank": rank, "node": entry.get("node"), "host": entry.get("host"),
+                        "local_rank": entry.get("local_rank"), **mine, "straggler": rank in named})
+        return out
 
     def _verdict(self, judged: list[int], last: list[dict[str, Any]],
                  world: int) -> tuple[Optional[dict[str, Any]], Optional[str]]:
@@ -206,7 +234,8 @@ class Fold:
         """Plain data, its arrays handed to ``put`` (which says where they are kept)."""
         return {"arrays": {name: put(values) for name, values in self._arrays().items()},
                 "last": [[w, e] for w, e in self.last.items()],
-                "last_counted": [[w, e] for w, e in self.last_counted.items()]}
+                "last_counted": [[w, e] for w, e in self.last_counted.items()],
+                "rank_figures": self.rank_figures.state(put)}
 
     def restore(self, state: Mapping[str, Any], arrays: Sequence[array]) -> None:
         for name, at in state["arrays"].items():
@@ -215,6 +244,7 @@ class Fold:
             target.extend(arrays[at])
         self.last = {int(w): list(e) for w, e in state["last"]}
         self.last_counted = {int(w): list(e) for w, e in state["last_counted"]}
+        self.rank_figures.restore(state.get("rank_figures"), arrays)
 
     def _arrays(self) -> dict[str, array]:
         return {"train_steps": self.train_steps, "val_steps": self.val_steps, "window_steps": self.window_steps,

@@ -98,6 +98,10 @@ def rank_entry(rows: list[dict[str, Any]]) -> dict[str, Any]:
     mems = [r["mem_mb"] for r in rows if isinstance(r.get("mem_mb"), (int, float))]
     if mems:
         entry["mem_mb"] = max(mems)
+    steps = sum(r["steps"] for r in rows)
+    if steps and any(isinstance(r.get("untimed_ops"), (int, float)) for r in rows):
+        # A rank writes untimed_ops only for a window in which some ran: a row without it had none.
+        entry["untimed_ops"] = round(sum(float(r.get("untimed_ops") or 0.0) * r["steps"] for r in rows) / steps, 2)
     if rows[-1].get("comm"):
         entry["comm"] = rows[-1]["comm"]
     return entry

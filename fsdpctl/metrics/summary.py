@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .fold import Fold
+from .rank_table import NOT_KEPT_NOTE, table_lines
 from .rows import Series
 
 
@@ -31,6 +32,11 @@ class RunSummary:
     straggler: Optional[dict[str, Any]] = None
     ranks_text: Optional[str] = None
     """What to say of the ranks when nobody stands out (None: no per-rank timings)."""
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    """Every rank of the windows judged, in rank order: ``rank``, ``node``, ``host``, ``local_rank``;
+    ``compute_s``, ``comm_s`` (collective wait) and ``data_s`` in seconds per step, and
+    ``untimed_ops`` (collectives a step not timed: inside compiled code), each a step-weighted mean over
+    the windows (None: not measured); ``mem_mb``, its peak; ``straggler``, whether the verdict names it."""
     attempts: int = 1
     state: Optional[str] = None
     skipped_lines: int = 0
@@ -83,8 +89,9 @@ ROWS = (("steps", "steps", ""), ("final loss", "final_loss", ".4f"), ("best loss
         ("restarts", "restarts", ""))
 
 
-def render(summaries: list[RunSummary]) -> str:
-    """The terminal text: one run as a list, several side by side, then each straggler verdict."""
+def render(summaries: list[RunSummary], every_rank: bool = False) -> str:
+    """The terminal text: one run as a list, several side by side, then each straggler verdict and
+    table of ranks (above ``rank_table.FOLD_ABOVE`` ranks a few of them, unless ``every_rank``)."""
     lines: list[str] = []
     names = [s.name for s in summaries]
     width = max(len(label) for label, _, _ in ROWS) + 2
@@ -111,6 +118,10 @@ def render(summaries: list[RunSummary]) -> str:
             lines.append(f"{prefix}no straggler: {s.ranks_text}")
         else:
             lines.append(f"{prefix}no per-rank timings in its metrics: no straggler verdict")
+        if s.ranks:
+            lines += [f"{prefix}{line}" for line in table_lines(s.ranks, every_rank)]
+        elif s.straggler or s.ranks_text:
+            lines.append(f"{prefix}{NOT_KEPT_NOTE}")
         lines += [f"{prefix}{line}" for line in s.gpus]
         for note in s.notes:
             lines.append(f"{prefix}{note}")
@@ -135,6 +146,10 @@ class Report:
     def text(self) -> str:
         """The report as ``fsdpctl report`` prints it."""
         return render(self.summaries)
+
+    def as_text(self, every_rank: bool = False) -> str:
+        """``text``, with ``every_rank`` every rank's line in its table of ranks (``report --ranks``)."""
+        return render(self.summaries, every_rank)
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``report --json`` prints it."""

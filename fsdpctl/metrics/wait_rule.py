@@ -147,7 +147,16 @@ def wait_even_from(last: Sequence[Mapping[str, Any]], gaps: Sequence[float]) -> 
     if not gaps:
         return None
     return (f"ranks even: the rank that waited least in collectives waited {statistics.median(gaps):.0%} of a step "
-            "less than the others (median window)")
+            f"less than the others (median window){untimed_text(last)}")
+
+
+def untimed_text(ranks: Sequence[Mapping[str, Any]]) -> str:
+    """What to add where a rank ran collectives the hook could not time (``untimed_ops``), else ""."""
+    counts = [float(e["untimed_ops"]) for e in ranks if isinstance(e.get("untimed_ops"), (int, float))]
+    if not counts or max(counts) <= 0:
+        return ""
+    return (f"; up to {max(counts):g} collectives a step ran inside compiled code and are not timed: their time "
+            "counts as compute")
 
 
 def straggler_verdict(windows: Sequence[Sequence[Mapping[str, Any]]]) -> Optional[dict[str, Any]]:

@@ -5,17 +5,20 @@ script and style are inside it, and a Content-Security-Policy in it forbids load
 
 The runs' data goes in as JSON inside a ``<script type="application/json">`` element, with ``<``, ``>``
 and ``&`` written as escapes, so nothing a run wrote can end the element or become markup; the page
-reads it with ``JSON.parse`` and shows it as text, as the dashboard does.
+reads it with ``JSON.parse`` and shows it as text, as the dashboard does. Each run's table of ranks
+goes in as HTML with every text escaped (``fsdpctl.web.ranks_html``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..rundir.record import now
 from .data import run_page
+from .ranks_html import ranks_panels
 
 STATIC = Path(__file__).resolve().parent / "static"
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -42,9 +45,10 @@ def run_report_data(run: Any, metrics: list[Path], gpus: list[Path]) -> dict[str
     return {**run_page(run, snapshot.to_json()), "charts": charts.to_json()}
 
 
-def write_report(path: Path, runs: list[dict[str, Any]]) -> Path:
+def write_report(path: Path, runs: list[dict[str, Any]], summaries: Sequence[Any] = ()) -> Path:
     """The file: ``runs`` (``run_report_data`` each), compared on overlaid charts when there are several,
-    then each run's page one under another (the page's script, ``app.js``, draws them)."""
+    then each run's page one under another (the page's script, ``app.js``, draws them), with the table
+    of ranks of each of ``summaries`` (``RunSummary``s) that has one."""
     style = (STATIC / "vendor" / "uplot" / "uPlot.min.css").read_text() + (STATIC / "style.css").read_text()
     script = (STATIC / "vendor" / "uplot" / "uPlot.iife.min.js").read_text() + "\n" + (STATIC / "app.js").read_text()
     style = style.replace("</", "<\\/")  # nothing in it may end the <style> element early
@@ -61,6 +65,7 @@ def write_report(path: Path, runs: list[dict[str, Any]]) -> Path:
 <body>
 <header><span>fsdpctl report</span><nav id="crumbs"></nav><span id="connection" class="dim"></span></header>
 <main id="main"></main>
+<div id="ranks-tables">{ranks_panels(summaries)}</div>
 <script type="application/json" id="fsdpctl-report">{data}</script>
 <script>{script}</script>
 </body>

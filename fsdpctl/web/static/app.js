@@ -510,6 +510,9 @@
         if (node) node.dataset.in = data.snapshot.run.run_id;
       }
       renderRun(data, true, part);
+      // its table of ranks, written into the file as escaped HTML, under its summary
+      const ranks = [...document.querySelectorAll("#ranks-tables > .ranks-panel")].find((p) => p.dataset.run === data.snapshot.run.run_id);
+      if (ranks) part.querySelector("#summary").after(ranks);
     }
   }
 
