@@ -146,6 +146,10 @@ class ChartStore:
                     self.rank_time.setdefault(int(entry.get("rank", 0)), Buckets()).add(
                         when, _number(entry.get("compute_s")))
 
+    def event(self, row: dict[str, Any]) -> None:
+        """A rank's event row: what the report says of it (``Fold.event``)."""
+        self.fold.event(row)
+
     def attempt_began(self, from_step: int) -> None:
         """A later attempt resumed from ``from_step``: the curves by step drop what it trains again."""
         self.fold.truncate(from_step)

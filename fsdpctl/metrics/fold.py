@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from ..node.events import EVENT, STEPS_UNSEEN
 from ..workload.straggler import Tally, even_text_from, slow_ranks, spread_of
 from .rank_figures import RankFigures
 from .wait_rule import timed_from_outside, wait_even_from, wait_gap, wait_verdict_from, window_culprit
@@ -44,6 +45,16 @@ def _present(value: float) -> bool:
     return value == value
 
 
+def unseen_text(unseen: Mapping[int, Mapping[str, Any]]) -> str:
+    """What the report says of ranks whose steps the start-up hook could not see."""
+    ranks = sorted(unseen)
+    named = ", ".join(f"{r}" + (f" on {unseen[r]['host']}" if unseen[r].get("host") else "") for r in ranks[:4])
+    more = f" and {len(ranks) - 4} more" if len(ranks) > 4 else ""
+    return (f"steps not seen on rank{'s' if len(ranks) > 1 else ''} {named}{more}: backward ran, but no optimizer "
+            "step of torch's ended where fsdpctl can see it (the step runs inside torch.compile, or its optimizer "
+            "is no torch.optim.Optimizer); its steps are not timed")
+
+
 class Fold:
     """Rows in (``add``), a run's summary out (``summary``)."""
 
@@ -60,15 +71,26 @@ class Fold:
         """The same, of the windows the compute rule counts (every rank timed)."""
         self.rank_figures = RankFigures()
         """Each rank's figures over the windows, for the report's per-rank table."""
+        self.unseen: dict[int, dict[str, Any]] = {}
+        """Rank -> where it ran, of the ranks whose steps the start-up hook could not see
+        (``fsdpctl.node.events.STEPS_UNSEEN``)."""
 
     @classmethod
-    def of_rows(cls, train: Sequence[Mapping[str, Any]], val: Sequence[Mapping[str, Any]]) -> Fold:
+    def of_rows(cls, train: Sequence[Mapping[str, Any]], val: Sequence[Mapping[str, Any]],
+                events: Sequence[Mapping[str, Any]] = ()) -> Fold:
         fold = cls()
         for row in train:
             fold.add("train", row)
         for row in val:
             fold.add("val", row)
+        for row in events:
+            fold.event(row)
         return fold
+
+    def event(self, row: Mapping[str, Any]) -> None:
+        """A rank's event row (``fsdpctl.node.events``): what the report says of it is kept."""
+        if row.get(EVENT) == STEPS_UNSEEN and isinstance(row.get("rank"), int):
+            self.unseen[row["rank"]] = {k: row.get(k) for k in ("rank", "node", "host", "backward")}
 
     # ---- rows in ---------------------------------------------------------------------------------
     def add(self, kind: str, row: Mapping[str, Any]) -> None:
@@ -188,6 +210,7 @@ class Fold:
         if out.ranks_text is None and judged and world == 1:
             out.ranks_text = ONE_RANK_TEXT
         out.ranks = self._each_rank(world, last, verdict) if judged else []
+        out.unseen_text = unseen_text(self.unseen) if self.unseen else None
         return vars(out)
 
     def _each_rank(self, world: int, last: list[dict[str, Any]],
@@ -235,7 +258,7 @@ class Fold:
         return {"arrays": {name: put(values) for name, values in self._arrays().items()},
                 "last": [[w, e] for w, e in self.last.items()],
                 "last_counted": [[w, e] for w, e in self.last_counted.items()],
-                "rank_figures": self.rank_figures.state(put)}
+                "rank_figures": self.rank_figures.state(put), "unseen": list(self.unseen.values())}
 
     def restore(self, state: Mapping[str, Any], arrays: Sequence[array]) -> None:
         for name, at in state["arrays"].items():
@@ -245,6 +268,7 @@ class Fold:
         self.last = {int(w): list(e) for w, e in state["last"]}
         self.last_counted = {int(w): list(e) for w, e in state["last_counted"]}
         self.rank_figures.restore(state.get("rank_figures"), arrays)
+        self.unseen = {int(e["rank"]): dict(e) for e in state.get("unseen") or ()}
 
     def _arrays(self) -> dict[str, array]:
         return {"train_steps": self.train_steps, "val_steps": self.val_steps, "window_steps": self.window_steps,

@@ -37,6 +37,8 @@ class RunSummary:
     ``compute_s``, ``comm_s`` (collective wait) and ``data_s`` in seconds per step, and
     ``untimed_ops`` (collectives a step not timed: inside compiled code), each a step-weighted mean over
     the windows (None: not measured); ``mem_mb``, its peak; ``straggler``, whether the verdict names it."""
+    unseen_text: Optional[str] = None
+    """Ranks whose steps the start-up hook could not see, and why (None: none)."""
     attempts: int = 1
     state: Optional[str] = None
     skipped_lines: int = 0
@@ -65,8 +67,8 @@ def _median(values: list[float]) -> Optional[float]:
 
 def summarize(series: Series, *, attempts: int = 1, state: Optional[str] = None) -> RunSummary:
     """The summary of one run's series (by the same fold the run's chart index keeps)."""
-    return summary_of(Fold.of_rows(series.train, series.val), series.name, attempts=attempts, state=state,
-                      skipped=series.skipped, workload_summary=series.summary)
+    return summary_of(Fold.of_rows(series.train, series.val, series.events), series.name, attempts=attempts,
+                      state=state, skipped=series.skipped, workload_summary=series.summary)
 
 
 def summary_of(fold: Fold, name: str, *, attempts: int = 1, state: Optional[str] = None, skipped: int = 0,
@@ -116,8 +118,10 @@ def render(summaries: list[RunSummary], every_rank: bool = False) -> str:
                 lines.append(f"{prefix}  cause, from its GPU's samples: {s.straggler['cause']}")
         elif s.ranks_text:
             lines.append(f"{prefix}no straggler: {s.ranks_text}")
-        else:
+        elif not s.unseen_text:
             lines.append(f"{prefix}no per-rank timings in its metrics: no straggler verdict")
+        if s.unseen_text:
+            lines.append(f"{prefix}{s.unseen_text}")
         if s.ranks:
             lines += [f"{prefix}{line}" for line in table_lines(s.ranks, every_rank)]
         elif s.straggler or s.ranks_text:

@@ -243,3 +243,27 @@ def test_a_chart_index_written_before_the_ranks_were_kept_still_reports(tmp_path
     assert {**summary.to_json(), "ranks": None} == {**from_files.to_json(), "ranks": None}
     assert NOT_KEPT_NOTE in report.text and summary.straggler["rank"] == 1
     assert "each rank, seconds per step" in render([from_files])
+
+
+def test_ranks_whose_steps_the_hook_could_not_see_are_said_from_the_files_and_from_the_index(tmp_path):
+    from fsdpctl.node.events import STEPS_UNSEEN, event_row
+
+    run = finished_run(tmp_path, [])
+    for rank in (0, 1):  # a compiled training step, optimizer inside: each rank said so in its node's rows
+        write(layout.collected(run.root, rank, f"telemetry/node{rank}.jsonl"), json.dumps(
+            event_row(STEPS_UNSEEN, backward=16, rank=rank, node=rank, host=f"n{rank + 1}")) + "\n")
+    env = {"FSDPCTL_RUNS_DIR": str(tmp_path)}
+    said = ("steps not seen on ranks 0 on n1, 1 on n2: backward ran, but no optimizer step of torch's ended where "
+            "fsdpctl can see it (the step runs inside torch.compile, or its optimizer is no torch.optim.Optimizer); "
+            "its steps are not timed")
+    from_files = run_cli("report", RUN_ID, "--no-fetch", env=env)
+    assert from_files.returncode == 0, from_files.stderr
+    assert said in from_files.stdout and "no per-rank timings" not in from_files.stdout
+    store = ChartStore(run.root, run.plan)
+    store.update()
+    assert store.save_index()
+    from fsdpctl.metrics.summary import summary_of
+
+    reloaded = ChartStore(run.root, run.plan)
+    reloaded.update()
+    assert reloaded.index_loaded and summary_of(reloaded.fold, RUN_ID).unseen_text == said
