@@ -10,7 +10,7 @@ a window once every node has logged a few steps, divided by the window and the n
 each tree given with ``--trees`` (an older checkout, its own launcher on the same testbed), in turn.
 
 Run as root: .venv/bin/python bench/collector_scale.py [--nodes 16,64,256] [--window 30]
-             [--trees this,154eb94]
+             [--trees this,154eb94] [--exported this,154eb94]
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ def main() -> None:
     parser.add_argument("--trees", default="this,154eb94",
                         help="'this' and git revisions (the tree before the collector: 154eb94)")
     parser.add_argument("--exports-off", action="store_true", help="this tree without exports too")
+    parser.add_argument("--exported", default="this",
+                        help="the trees run with the exports on (the others without): 'this,b07a85d' compares "
+                             "two trees' collectors, exports on in both")
     args = parser.parse_args()
     reason = netns_available()
     if reason:
@@ -150,8 +153,9 @@ def main() -> None:
                 (root / "prom").mkdir()
                 exported.write_text(base + f"export:\n  tensorboard: {root / 'tb'}\n  prometheus: {root / 'prom'}\n")
                 found = {}
-                cases = [(f"{name} (collector + exports)" if name == "this" else name, tree,
-                          exported if name == "this" else plain) for name, tree in trees.items()]
+                with_exports = set(args.exported.split(","))
+                cases = [(f"{name} (collector + exports)" if name in with_exports else name, tree,
+                          exported if name in with_exports else plain) for name, tree in trees.items()]
                 if "this" in trees and args.exports_off:
                     cases.insert(1, ("this (collector, no exports)", REPO, plain))
                 for name, tree, profile in cases:
