@@ -62,8 +62,11 @@ class PreflightError(FsdpctlError):
     """The checks before a start failed on some node: nothing was started. ``report`` is doctor's
     report of the nodes (``report.hosts``, ``report.parity``: which host, which check, the fix)."""
 
-    def __init__(self, report, message: str = "preflight failed; nothing was started",
-                 hint: str | None = "fix what the report names (or skip the checks: --no-preflight, preflight=False)"):
+    def __init__(self, report, message: str = "preflight failed; nothing was started", hint: str | None = None):
+        if hint is None:  # what failed where, so the last line says it too (the report may be long, or elsewhere)
+            failing = getattr(report, "failing", lambda: "")()
+            hint = (f"fix what the report names{f' ({failing})' if failing else ''}, "
+                    "or skip the checks: --no-preflight, preflight=False")
         super().__init__(message, hint)
         self.report = report
 

@@ -112,6 +112,15 @@ class DoctorReport:
         """No check failed (``strict``: and none warned)."""
         return self.status(strict) != "fail"
 
+    def failing(self, most: int = 3) -> str:
+        """What failed, where: ``gpu-a: torch, packages; all hosts: nccl`` (the first ``most`` places;
+        empty when nothing failed)."""
+        places = [(h.host, [c.name for c in h.checks if c.status == "fail"]) for h in self.hosts]
+        places += [("all hosts", [p.fact for p in self.parity if p.status == "fail"]),
+                   ("cluster", [c.name for c in self.cluster if c.status == "fail"])]
+        said = [f"{where}: {', '.join(names)}" for where, names in places if names]
+        return "; ".join(said[:most]) + (f"; {len(said) - most} more" if len(said) > most else "")
+
     def to_json(self, strict: bool = False) -> dict[str, Any]:
         return {
             "ok": self.passes(strict), "status": self.status(strict), "profile": self.profile,
@@ -155,8 +164,10 @@ def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[i
     torch = facts.get("torch") or {}
     deep = facts.get("deep")
     if not torch.get("installed"):
-        checks.append(Check("torch", "fail", "torch is not installed for this Python",
-                            "install torch in the profile's python, or point `python:` at the venv that has it"))
+        python = facts["python"]["path"]
+        checks.append(Check("torch", "fail", f"torch is not installed for {python}",
+                            f"{python} -m pip install torch (the build for this node's CUDA: "
+                            "pytorch.org/get-started/locally), or point `python:` at the venv that has it"))
     else:
         checks.append(Check("torch", "pass", f"torch {torch.get('version')} (CUDA {torch.get('cuda') or 'none'})"))
         fsdp2 = deep.get("fsdp2_import") if deep and "fsdp2_import" in deep else torch.get("fsdp2_exported")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdpctl.hostcheck.checks import HostReport, judge_host, judge_parity
+from fsdpctl.errors import PreflightError
+from fsdpctl.hostcheck.checks import DoctorReport, HostReport, judge_host, judge_parity
 from fsdpctl.hostcheck.probe import ProbeOutputError, parse_probe_output, probe_command
 from fsdpctl.profiles.loader import parse_profile
 
@@ -127,6 +128,25 @@ def test_missing_packages_fail_with_the_install_command_and_versions_are_compare
     assert entries["numpy"].status == "fail"
     assert entries["numpy"].detail == "differs on c=1.26.4, d=not installed (others: 2.1.0)"
     assert entries["tokenizers"].detail == "differs on d=not installed (others: 0.23.3)"
+
+
+def test_a_failed_preflight_says_what_failed_where_in_its_last_line():
+    bare = facts(torch={"installed": False}, packages={"numpy": None},
+                 python={"path": "/v/bin/python", "version": "3.11.7"})
+    torch = next(c for c in judge_host(profile(), bare, 2, ("numpy",)) if c.name == "torch")
+    assert torch.detail == "torch is not installed for /v/bin/python"
+    assert torch.hint.startswith("/v/bin/python -m pip install torch (the build for this node's CUDA")
+    hosts = [HostReport(h, i, bare, judge_host(profile(), bare, 2, ("numpy",))) for i, h in enumerate("abcd")]
+    hosts[0] = HostReport("a", 0, facts(), judge_host(profile(), facts(), 2))
+    report = DoctorReport("p", hosts, [], 0.1)
+    assert report.failing() == "b: torch, packages; c: torch, packages; d: torch, packages"
+    assert report.failing(most=1) == "b: torch, packages; 2 more"
+    error = PreflightError(report)
+    assert error.message == "preflight failed; nothing was started"
+    assert error.hint == ("fix what the report names (b: torch, packages; c: torch, packages; d: torch, packages), "
+                          "or skip the checks: --no-preflight, preflight=False")
+    assert DoctorReport("p", hosts[:1], [], 0.1).failing() == ""
+
 
 def test_parse_ignores_noise_around_the_sentinels():
     noisy = 'motd {"x": 1}\n<<<FSDPCTL-PROBE-END>>>\n<<<FSDPCTL-PROBE-BEGIN>>>\n{"hostname": "n1"}\n' \

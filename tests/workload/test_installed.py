@@ -1,7 +1,9 @@
 """fsdpctl as a user installs it: the wheel and the sdist built from the tree, the wheel installed
 (not editable) into a clean virtual environment with its dependencies, and used from a folder far
 from the repository: help, profiles, a dry run, a real two-rank training run of the bundled
-workload, the dashboard serving its page and chart library, an HTML report, completion."""
+workload, the dashboard serving its page and chart library, an HTML report, completion. And the
+wheel alone, no extras and no torch (README's `pip install .`): every command's help, and the
+getting-started launch ending in fsdpctl's own error, never a traceback."""
 
 from __future__ import annotations
 
@@ -22,36 +24,51 @@ pytestmark = pytest.mark.workload
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> tuple[Path, Path]:
-    """(the clean environment's bin folder, the dist folder with the wheel and the sdist)."""
-    root = tmp_path_factory.mktemp("installed")
-    dist = root / "dist"
+def dist(tmp_path_factory) -> Path:
+    """The folder with the wheel and the sdist built from the tree."""
+    dist = tmp_path_factory.mktemp("dist")
     built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--sdist", "--outdir", str(dist), str(REPO)],
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    return dist
+
+
+def clean_venv(root: Path, *install: str) -> Path:
+    """A new virtual environment in ``root/venv`` with ``install`` (pip's arguments) in it; its bin folder."""
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *install],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return venv / "bin"
+
+
+@pytest.fixture(scope="module")
+def installed(dist, tmp_path_factory) -> tuple[Path, Path]:
+    """(the clean environment's bin folder, the dist folder with the wheel and the sdist)."""
     wheel = next(dist.glob("fsdpctl-*.whl"))
     # torch pinned as the dev environment has it (an unpinned one would pull the CUDA build)
     torch = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__.split('+')[0])"],
                            capture_output=True, text=True, check=True).stdout.strip()
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"torch=={torch}",
-                           f"{wheel}[workload]"], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return venv / "bin", dist
+    return clean_venv(tmp_path_factory.mktemp("installed"), f"torch=={torch}", f"{wheel}[workload]"), dist
+
+
+@pytest.fixture(scope="module")
+def plain(dist, tmp_path_factory) -> tuple[Path, Path]:
+    """As ``installed``, with the wheel alone: its declared dependencies and nothing else (no extras, no torch)."""
+    return clean_venv(tmp_path_factory.mktemp("plain"), str(next(dist.glob("fsdpctl-*.whl")))), dist
 
 
 def use(installed: tuple[Path, Path], cwd: Path, *args: str, timeout: float = 300,
         env: dict | None = None) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "FSDPCTL_DEBUG")}
     clean.update(HOME=str(cwd), XDG_CONFIG_HOME=str(cwd / ".config"), FSDPCTL_RUNS_DIR=str(cwd / "runs"),
                  PATH=f"{installed[0]}:{clean.get('PATH', '')}", **(env or {}))
     return subprocess.run([str(installed[0] / "fsdpctl"), *args], cwd=cwd, env=clean, capture_output=True,
                           text=True, timeout=timeout)
 
 
-def test_the_wheel_and_the_sdist_carry_everything(installed):
-    _, dist = installed
+def test_the_wheel_and_the_sdist_carry_everything(dist):
     names = zipfile.ZipFile(next(dist.glob("fsdpctl-*.whl"))).namelist()
     for needed in ("fsdpctl/_data/templates/torchrun.sh.j2", "fsdpctl/_data/cluster_profiles/local.yaml",
                    "fsdpctl/web/static/index.html", "fsdpctl/web/static/app.js",
@@ -101,3 +118,28 @@ def test_installed_it_plans_trains_serves_and_reports_far_from_the_repository(in
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_plain_install_answers_every_command_in_its_own_words(plain, tmp_path):
+    listed = subprocess.run([str(plain[0] / "python"), "-c", "from fsdpctl.cli.reference import commands; "
+                             "print(' '.join(commands()))"], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    names = listed.stdout.split()
+    assert listed.returncode == 0 and {"launch", "doctor", "report"} <= set(names), listed.stderr
+    for args in (["--version"], ["--help"], *([name, "--help"] for name in names)):
+        helped = use(plain, tmp_path, *args, timeout=60)
+        assert helped.returncode == 0 and helped.stdout.strip(), (args, helped.stderr[-3000:])
+        assert "Traceback" not in helped.stdout + helped.stderr, (args, helped.stderr[-3000:])
+
+    # getting started's first command: no torch here, so no training; fsdpctl's own error says what is missing
+    launched = use(plain, tmp_path, "launch", "-p", "local", "--steps", "3", timeout=300)
+    said = launched.stdout + launched.stderr
+    assert "Traceback" not in said, said[-5000:]
+    python = plain[0] / "python"
+    assert launched.returncode == 1, said[-3000:]
+    assert f"torch is not installed for {python}" in launched.stdout, said[-3000:]
+    assert f"{python} -m pip install numpy tokenizers" in launched.stdout, said[-3000:]
+    last = launched.stderr.strip().splitlines()[-2:]
+    assert last[0] == "error: preflight failed; nothing was started", said[-3000:]
+    assert last[1].startswith("  hint: fix what the report names (localhost: torch, packages)"), said[-3000:]
+    assert not list(tmp_path.glob("runs/*/run.json"))
