@@ -4,22 +4,22 @@ attempt starts; and the record of the change."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ..hostpool.choice import reasons
+from ..live import layout
+from ..metrics.rows import read_event_rows
+from ..node.events import BATCH_SPLIT
 from ..rundir.status import Resize
-from ..workload.elastic import KEPT_LINE, BatchSplitError, describe_split, split_global_batch
+from ..workload.elastic import BatchSplitError, describe_split, split_global_batch
 
 if TYPE_CHECKING:
     from ..hostpool.choice import HostChoice
     from ..rundir.rundir import RunDir
     from .events import Emitter
 
-_FIRST_LINE = re.compile(r"fsdpctl\.workload: world=(\d+) .*? batch=(\d+) ")
 ESTIMATE_TRIES = 2
 """Larger per-rank batches traced before the attempt starts (each trace takes seconds to a minute)."""
 
@@ -37,26 +37,20 @@ class BatchPlan:
 
 
 def global_batch(run: RunDir) -> Optional[tuple[int, int]]:
-    """(the run's global batch, its per-rank batch as given) from what the last attempt's rank 0
-    said; None when it said nothing yet."""
+    """(the run's global batch, its per-rank batch as given) from the newest batch split the bundled
+    workload's rank 0 wrote (its ``BATCH_SPLIT`` row, at the start of every attempt of an elastic run,
+    in the run's metrics copies); None before it wrote one."""
     plan = run.plan
-    accum = int(plan.train.get("grad_accum") or 1)
-    text = _read(run.paths.logs / "node0.log")
-    kept, first = KEPT_LINE.search(text), _FIRST_LINE.search(text)
-    if kept is not None:
-        total = int(kept.group(2))
-    elif first is not None:
-        total = int(first.group(1)) * int(first.group(2)) * accum
-    else:
+    splits = read_event_rows(layout.node_files(run.root, plan, layout.METRICS), BATCH_SPLIT)
+    if not splits:
+        return None
+    total, full = splits[-1].get("global_batch"), splits[-1].get("full")
+    if not isinstance(total, int) or not isinstance(full, int) or total < 1 or full < 1:
         return None
     if plan.train.get("batch_size"):
         return total, int(plan.train["batch_size"])
-    if kept is None and first is not None:
-        return total, int(first.group(2))  # a full-size attempt said the batch as given
-    full_world = _world(run, plan.elastic.get("full_nodes") or plan.num_nodes)
-    if full_world and total % (full_world * accum) == 0:
-        return total, total // (full_world * accum)
-    return None
+    accum = int(plan.train.get("grad_accum") or 1)  # the batch as given: the global batch over the full world
+    return (total, total // (full * accum)) if total % (full * accum) == 0 else None
 
 
 def batch_on(run: RunDir, nodes: int, emit: Emitter) -> BatchPlan:
@@ -113,14 +107,6 @@ def _larger_batch(run: RunDir, nodes: int, share: int, batch: int, emit: Emitter
         if found.fits:
             return size
     return None
-
-
-def _read(path: Path) -> str:
-    try:
-        with path.open("rb") as handle:
-            return handle.read(256 * 1024).decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 @dataclass(frozen=True)

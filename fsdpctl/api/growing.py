@@ -1,27 +1,24 @@
-"""An elastic run short of nodes grows back: at each checkpoint its ranks say, the launcher looks
-whether its excluded hosts are back (``hosts --restore``, or its own re-check with ``elastic.recheck``);
-when they are, it stops the attempt there and starts the next one on all of them. The watch sits
-where the hang watchdog does (the follower asks it what is due and shows it every line)."""
+"""An elastic run short of nodes grows back: at each checkpoint its ranks say (a ``CHECKPOINT_SAVED``
+row of the attempt's, never a printed line), the launcher looks whether its excluded hosts are back
+(``hosts --restore``, or its own re-check with ``elastic.recheck``); when they are, it stops the
+attempt there and starts the next one on all of them. The watch sits where the hang watchdog does
+(the follower asks it what is due and shows it every line) and listens to the run's collector."""
 
 from __future__ import annotations
 
-import re
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..backends.hang_watch import HangVerdict
+from ..node.events import CHECKPOINT_SAVED, event_name
 from ..rundir.state import Failure
 
 if TYPE_CHECKING:
     from ..backends.hang_watch import HangWatch
     from ..hostpool.choice import HostChoice
+    from ..live.collector import Collector
     from ..rundir.rundir import RunDir
     from .events import Emitter
-
-WORKLOAD_SAVED = re.compile(r"fsdpctl\.workload: checkpoint step=(\d+) saved")
-"""The bundled workload's line once a checkpoint is complete (renamed into place)."""
-PROGRAM_SAVED = re.compile(r"fsdpctl: checkpoint saved \(torch\.distributed\.checkpoint\.save")
-"""The start-up hook's line in rank 0 of a program of yours, after each DCP save."""
 
 
 def short_of_nodes(run: RunDir) -> bool:
@@ -49,7 +46,6 @@ class GrowWatch:
 
     def __init__(self, run: RunDir, emit: Emitter, inner: Optional[HangWatch] = None):
         self.run, self.inner, self.emit = run, inner, emit
-        self.saved = PROGRAM_SAVED if run.plan.command else WORKLOAD_SAVED
         self.recheck = bool(run.plan.elastic.get("recheck"))
         self.grow_to: Optional[HostChoice] = None
         """The hosts the next attempt runs on (set at the checkpoint where the attempt is stopped)."""
@@ -66,14 +62,23 @@ class GrowWatch:
         self.saw_any((line,))
 
     def saw_any(self, lines) -> None:
-        lines = list(lines)
+        """The run's lines: the hang watchdog's (a checkpoint is a row, never a line)."""
         if self.inner is not None:
             self.inner.saw_any(lines)
-        if self.grow_to is not None:
+
+    def listen(self, collector: Collector) -> None:
+        """Take the ranks' event rows from the run's collector (``fsdpctl.live.collector.listen``)."""
+        collector.on_events(self.event)
+
+    def event(self, row: dict[str, Any]) -> None:
+        """A rank's event row: a checkpoint this attempt saved (the bundled workload's, or a program's
+        DCP save) is where the run may grow back."""
+        if self.grow_to is not None or event_name(row) != CHECKPOINT_SAVED:
             return
-        for line in lines:
-            if "checkpoint" in line and (match := self.saved.search(line)) is not None:
-                self._at_checkpoint(int(match.group(1)) if match.groups() else None)
+        if row.get("attempt") != self.run.plan.attempt:
+            return  # an earlier attempt's, read again
+        step = row.get("step")
+        self._at_checkpoint(step if isinstance(step, int) and not isinstance(step, bool) else None)
 
     def due(self) -> Optional[float]:
         if self.grow_to is not None and not self.fired:

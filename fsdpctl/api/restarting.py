@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
-from ..rundir.lines import STEP_LINE, LogLine
 from ..rundir.state import NodeState
 from .elastic import change_of
-from .events import AttemptStarting, Emitter, Event, Fetched
+from .events import AttemptStarting, Emitter, Fetched
 from .following import check, follow, start_attempt
-
-TOK_S = re.compile(r"\btok/s=(\d+(?:\.\d+)?)")
+from .recovery import RecoveryClock
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Follower
@@ -32,55 +28,6 @@ if TYPE_CHECKING:
     from ..rundir.rundir import RunDir
     from ..rundir.state import Outcome
     from .attempts import NextAttempt
-
-class StepClock(Emitter):
-    """The emitter it wraps, noting when the bundled workload's step lines reach this process: how
-    long a restart stood the training still, the steps it trains again, and its speed before and
-    after (tokens/s)."""
-
-    AFTER_LINES = 3
-    """The step line after a restart whose speed counts as the speed after it (the first is warm-up)."""
-
-    def __init__(self, inner: Emitter):
-        super().__init__(None)
-        self.inner = inner
-        self.last_step: Optional[int] = None
-        self.last_at: Optional[float] = None
-        self.tok_s: Optional[float] = None
-        self.on_first: Optional[Callable[[int, float], None]] = None
-        """Called once with the next step line's step and time (then cleared)."""
-        self.on_speed: Optional[Callable[[float], None]] = None
-        """Called once with the tokens/s of the ``AFTER_LINES``-th step line after ``on_first``'s."""
-        self._lines_after = 0
-
-    def __call__(self, event: Event) -> None:
-        if isinstance(event, LogLine):
-            self._see(event)
-        self.inner(event)
-
-    def lines(self, batch: list[LogLine]) -> None:
-        for line in batch:
-            self._see(line)
-        self.inner.lines(batch)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def _see(self, line: LogLine) -> None:
-        if "step=" not in line.text or (match := STEP_LINE.search(line.text)) is None:
-            return
-        step, at = int(match.group(1)), time.monotonic()
-        speed = TOK_S.search(line.text)
-        tok_s = float(speed.group(1)) if speed else None
-        if self.on_first is not None:
-            first, self.on_first, self._lines_after = self.on_first, None, 0
-            first(step, at)
-        elif self.on_speed is not None and tok_s is not None:
-            self._lines_after += 1
-            if self._lines_after >= self.AFTER_LINES:
-                said, self.on_speed = self.on_speed, None
-                said(tok_s)
-        self.last_step, self.last_at, self.tok_s = step, at, tok_s if tok_s is not None else self.tok_s
 
 
 def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, emit: Emitter
@@ -222,7 +169,7 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
 
     plan = run.plan
     last_attempt = plan.attempt + plan.max_restarts
-    clock = StepClock(emit) if (plan.max_restarts or plan.elastic) and not plan.command else None
+    clock = RecoveryClock(emit) if (plan.max_restarts or plan.elastic) and not plan.command else None
     emit = clock or emit
 
     def following(run: RunDir, follower: Follower) -> tuple[Outcome, Optional[GrowWatch]]:
@@ -247,8 +194,8 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
         if started is None:
             break
         run, follower = started
-        if clock is not None and clock.last_at is not None:
-            clock.on_first = functools.partial(_recovered, run, clock, attempt.from_step)
+        if clock is not None:
+            clock.restarted(run, attempt.from_step)
         outcome, grow = following(run, follower)
     for path in fetch:
         emit(Fetched(backend.fetch(run, path)))
@@ -262,18 +209,3 @@ def plan_growth(backend: Backend, run: RunDir) -> Optional[NextAttempt]:
     saved = [] if run.plan.command else checkpoint_steps(backend, run)
     plan, scripts = plan_next_attempt(backend, run, train={})
     return NextAttempt(plan, scripts, saved[-1] if saved else None)
-
-
-def _recovered(run: RunDir, clock: StepClock, from_step: Optional[int], step: int, at: float) -> None:
-    """The next attempt's first step is in: record how long the training stood still since the
-    last attempt's last step, how many steps it trains again and its speed before; its speed after
-    once a few more steps are in."""
-    from ..rundir.status import Recovery
-
-    failed_step, failed_at = clock.last_step, clock.last_at
-    assert failed_at is not None
-    redone = failed_step - from_step if failed_step is not None and from_step is not None else None
-    recovery = Recovery(stood_still_s=at - failed_at, steps_redone=redone, tok_s_before=clock.tok_s)
-    run.change(recovery=recovery)
-    if clock.tok_s is not None:
-        clock.on_speed = lambda tok_s: run.change(recovery=dataclasses.replace(recovery, tok_s_after=tok_s))

@@ -60,8 +60,11 @@ def _specs(state: Mapping[str, Any], node_rank: int, host: str) -> list[dict[str
 
 
 READ_SECONDS = 2.0
-"""How often the copies are read while a run goes, where the run has exports (without, every
-``INDEX_SECONDS``: the chart index is all that reads them here)."""
+"""How often the copies are read while a run goes, where the run has exports or someone listens to its
+rows (without, every ``INDEX_SECONDS``: the chart index is all that reads them here)."""
+EVENT_SECONDS = 0.25
+"""How often the copies are read while someone listens to the ranks' events: an elastic run stops its
+attempt at a checkpoint to grow, and every second past the save is training done again."""
 
 
 class Exports(Protocol):
@@ -106,6 +109,8 @@ class Collector:
         self.charts_changed = False
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         """Told of every event row the copies bring (``on_events``)."""
+        self.row_listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        """Told of every training and validation row the copies bring (``on_rows``)."""
         self.index_at = self.read_at = time.monotonic()
         self.problems: list[str] = []
         """What went wrong with the charts or the exports (said once each; the run goes on)."""
@@ -180,18 +185,30 @@ class Collector:
         if self.changed and (force or ended or now - self.saved_at >= SAVE_SECONDS):
             self.save()
         index_due = ended or time.monotonic() - self.index_at >= INDEX_SECONDS
-        often = self.exports is not None or self.listeners
-        if index_due or (often and time.monotonic() - self.read_at >= READ_SECONDS):
+        every = self._read_every()
+        if index_due or (every is not None and time.monotonic() - self.read_at >= every):
             self._guarded("reading the copies", self.read)
         if index_due:
             self.keep_index()
         if self.exports is not None:
             self._guarded("exports", lambda: self.exports.update(force=ended))
 
+    def _read_every(self) -> Optional[float]:
+        """How often the copies are read between two index times (None: only then)."""
+        if self.listeners:
+            return EVENT_SECONDS
+        return READ_SECONDS if self.exports is not None or self.row_listeners else None
+
     def on_events(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """``listener(row)`` for every event row (``fsdpctl.node.events``) the copies bring, from the
-        first read on (the copies are then read every ``READ_SECONDS``)."""
+        first read on (the copies are then read every ``EVENT_SECONDS``)."""
         self.listeners.append(listener)
+
+    def on_rows(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+        """``listener(kind, row)`` for every training and validation row the copies bring (``train``
+        or ``val``; in step order within an attempt), from the first read on (the copies are then read
+        every ``READ_SECONDS``)."""
+        self.row_listeners.append(listener)
 
     def event(self, row: dict[str, Any]) -> None:
         """The reader's event consumer: each listener told."""
@@ -199,7 +216,10 @@ class Collector:
             listener(row)
 
     def row(self, kind: str, row: dict[str, Any]) -> None:
-        """(The charts and the exports take the rows.)"""
+        """The reader's row consumer: each row listener told (the charts and the exports take the rows
+        themselves)."""
+        for listener in self.row_listeners:
+            listener(kind, row)
 
     def attempt_began(self, from_step: int) -> None:
         """(The charts and the exports take the attempts.)"""
@@ -253,6 +273,19 @@ class Collector:
         self.saved_at = time.time()
         self.changed = False
         write_json_atomic(self.live / layout.STATE, self.state, compact=True)
+
+
+def listen(collector: Optional[Collector], *takers: Any) -> None:
+    """Hand the run's collector to whoever of a follower's sink and watch listens to the run's rows (a
+    ``listen(collector)`` method: an elastic run's growth takes the checkpoint events, a restarting
+    run's recovery clock the training rows). Nothing without a collector here (another process
+    collects the run)."""
+    if collector is None:
+        return
+    for taker in takers:
+        hear = getattr(taker, "listen", None)
+        if callable(hear):
+            hear(collector)
 
 
 def with_export_notes(outcome: Outcome, collector: Optional[Collector]) -> Outcome:

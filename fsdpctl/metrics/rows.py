@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..node.events import EVENT
+from ..node.events import EVENT, event_name
 from .rank_windows import is_hook_row, merge_all
 
 PER_RANK = ("compute_s", "comm_s", "data_s", "wall_s", "mem_mb", "step_time_s")
@@ -215,6 +215,24 @@ def merge_rank_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if any(len(e) > 1 for e in ranks):
         merged["ranks"] = ranks
     return merged
+
+
+def read_event_rows(files: Iterable[Path], name: Optional[str] = None) -> list[dict[str, Any]]:
+    """The event rows (``fsdpctl.node.events``) of a run's metrics files, each file's in its order, the
+    files in turn; only the events called ``name`` where given. A file that cannot be read has none."""
+    found = []
+    for path in files:
+        try:
+            with path.open(encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    if EVENT not in line:  # most lines are figures: not parsed
+                        continue
+                    row = parse_row(line)
+                    if row is not None and event_name(row) is not None and name in (None, event_name(row)):
+                        found.append(row)
+        except OSError:
+            continue
+    return found
 
 
 def read_run_files(files: list[Path], name: str, summary: Optional[Path] = None) -> Series:

@@ -2,10 +2,12 @@
 ``metrics.jsonl`` for the bundled workload, its ``telemetry/node<R>.jsonl`` for the start-up hook in a
 program of yours), never as printed lines: a line a program happens to print changes nothing.
 
-An event row is a JSON object with ``EVENT`` naming the event, the ``time`` it happened (seconds
-since the epoch, on the node), the ``attempt`` it happened in (``FSDPCTL_ATTEMPT``) and the event's
-own fields. The launcher's readers (``fsdpctl.live.copies``) hand them to whoever asked. Standard
-library only: the workload, the start-up hook and the launcher all import it.
+An event row is a JSON object with ``EVENT`` naming the event, ``kind`` ``event`` (``metrics.jsonl``'s
+other rows are ``train`` or ``val``: a script that picks its rows by ``kind`` keeps working), the
+``time`` it happened (seconds since the epoch, on the node), the ``attempt`` it happened in
+(``FSDPCTL_ATTEMPT``) and the event's own fields. The launcher's readers (``fsdpctl.live.copies``)
+hand them to whoever asked. Standard library only: the workload, the start-up hook and the launcher
+all import it.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ EVENT = "fsdpctl_event"
 
 CHECKPOINT_SAVED = "checkpoint_saved"
 """A checkpoint is complete on storage: ``step`` (the bundled workload's, None for a program's DCP save),
-``by`` (``workload`` or ``dcp``: ``torch.distributed.checkpoint.save`` returned on rank 0 of a program).
-An elastic run short of nodes grows back at it."""
+``by`` (``workload`` or ``dcp``: ``torch.distributed.checkpoint.save`` returned on rank 0 of a program,
+which then says its ``rank``). An elastic run short of nodes grows back at it."""
 BATCH_SPLIT = "batch_split"
-"""The bundled workload on fewer ranks than the run's full size keeps its global batch: ``world``, ``full``
-(ranks), ``global_batch``, ``batch`` and ``accumulation`` per rank, and ``text`` (``global batch 24
-kept: batch 8 x accumulation 3 per rank``)."""
+"""How the bundled workload of an elastic run trains the run's global batch on this attempt's ranks,
+written as each attempt starts (at the full size too: the launcher plans a shrink's split from it; on
+fewer ranks it keeps the global batch): ``world``, ``full`` (ranks), ``global_batch``, ``batch`` and
+``accumulation`` per rank, and ``text`` (``global batch 24 kept: batch 8 x accumulation 3 per rank``)."""
 STEPS_UNSEEN = "steps_unseen"
 """The start-up hook saw a rank's backward calls but no optimizer step end (its step runs inside
 ``torch.compile``, or its optimizer is no ``torch.optim.Optimizer``): ``backward`` (calls seen)."""
@@ -34,7 +37,7 @@ STEPS_UNSEEN = "steps_unseen"
 
 def event_row(name: str, **fields: Any) -> dict[str, Any]:
     """An event row: ``name``, now, this process's attempt, and ``fields``."""
-    return {EVENT: name, "time": round(time.time(), 3),
+    return {EVENT: name, "kind": "event", "time": round(time.time(), 3),
             "attempt": int(os.environ.get("FSDPCTL_ATTEMPT", "1") or 1), **fields}
 
 

@@ -279,13 +279,9 @@ class Steps:
         out = [h for h in active if h in blamed and h not in replaced]
         why = "; ".join(blamed[h] for h in out)
         self.changes += 1
-        try:  # where node 0's log says it: the bundled workload's line on its split batch follows
-            log_at = os.path.getsize(os.path.join(self.run_dir, "node0.log"))
-        except OSError:
-            log_at = 0
         self.record("shrunk", step=number, hosts=nodes, out=out, why=why, nodes=len(nodes), before=len(active),
                     full=self.nodes, from_step=newest_checkpoint(self.run_dir), replacements=replacements,
-                    min_nodes=self.min_nodes, log_at=log_at)
+                    min_nodes=self.min_nodes)
         self.count = len(nodes)
         self.say(f"step {number} runs on {len(nodes)} of {self.nodes} nodes: {', '.join(out)} out ({why}); "
                  f"it continues from the newest checkpoint (min_nodes {self.min_nodes})", rank=0)

@@ -77,9 +77,9 @@ class Replacement:
 
 @dataclass(frozen=True, kw_only=True)
 class Recovery:
-    """What a restart cost: from the failure to the next attempt's first step, the steps trained
-    twice, and the training speed before the failure and after it (tokens/s of the bundled workload's
-    lines, when it said them)."""
+    """What a restart cost: from the failed attempt's last training step to the next attempt's first,
+    the steps trained twice, and the training speed before the failure and after it (tokens/s of the
+    bundled workload's training rows, where they have it; ``fsdpctl.api.recovery``)."""
 
     stood_still_s: float
     steps_redone: Optional[int] = None

@@ -74,7 +74,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer,
         os.replace(tmp, final)
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-        # The launcher of an elastic run short of nodes grows it back at this line (``SAVED_LINE``).
+        # For people: the launcher reads the CHECKPOINT_SAVED row the trainer writes after the save, never this line.
         print(f"fsdpctl.workload: checkpoint step={step} saved", flush=True)
     dist.barrier()
     if not final.is_dir():

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 ORIGINAL_WORLD = "FSDPCTL_ORIGINAL_WORLD_SIZE"
 """The run's world size at its full size: every rank of an elastic run has it."""
@@ -23,9 +22,6 @@ ELASTIC_ATTEMPT = "FSDPCTL_ELASTIC_ATTEMPT"
 """How often the run's node count changed before this attempt (0: never)."""
 BATCH_LIMIT = "FSDPCTL_ELASTIC_BATCH_LIMIT"
 """The largest per-rank batch the bundled workload may take on fewer ranks (unset: the one given)."""
-KEPT_LINE = re.compile(r"fsdpctl\.workload: elastic: .*?(global batch (\d+) kept: [^\n]*?)\s*$", re.MULTILINE)
-"""The trainer's line on fewer ranks (``on_this_world``'s, in a log): group 1 says the split, group 2
-is the global batch."""
 
 
 class BatchSplitError(ValueError):
@@ -64,18 +60,35 @@ def describe_split(batch: int, accum: int) -> str:
     return f"batch {batch} x accumulation {accum} per rank" if accum > 1 else f"batch {batch} per rank"
 
 
+def split_fields(world: int, full: int, global_batch: int, batch: int, accum: int) -> dict[str, Any]:
+    """What a ``BATCH_SPLIT`` row says (``fsdpctl.node.events``): the ranks now and at full size, the
+    global batch, the per-rank batch and accumulation, and the split in words."""
+    return {"world": world, "full": full, "global_batch": global_batch, "batch": batch, "accumulation": accum,
+            "text": f"global batch {global_batch} kept: {describe_split(batch, accum)}"}
+
+
+def split_line(split: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The trainer's line for people on fewer ranks than the run's full size (None: at its full size,
+    or not an elastic run). The launcher reads the row, never this line."""
+    if split is None or split["world"] == split["full"]:
+        return None
+    return f"elastic: {split['world']} of the run's {split['full']} ranks; {split['text']}"
+
+
 def on_this_world(cfg, world: int, local_world: int, env: Mapping[str, str] = os.environ):
     """The trainer's settings (a ``TrainConfig``) for this attempt's ``world``: on fewer ranks than
     the run's full size, the batch and accumulation that keep its global batch, and as many
-    validation batches as keep the windows it validates on; and the line that says so (None: the
-    run is at its full size, or not elastic). BatchSplitError when the global batch cannot be kept."""
+    validation batches as keep the windows it validates on; and how the global batch is split
+    (``split_fields``, at the full size too; None: not an elastic run). BatchSplitError when the
+    global batch cannot be kept."""
     full = original_world(env, local_world)
-    if full is None or full == world:
+    if full is None:
         return cfg, None
     global_batch = full * cfg.batch_size * cfg.grad_accum
+    if full == world:
+        return cfg, split_fields(world, full, global_batch, cfg.batch_size, cfg.grad_accum)
     batch, accum = split_global_batch(global_batch, world, batch_limit(env) or cfg.batch_size)
     validated = full * cfg.batch_size * cfg.eval_steps  # windows of one evaluation at full size
     eval_steps = validated // (world * batch) if validated % (world * batch) == 0 else cfg.eval_steps
-    line = (f"elastic: {world} of the run's {full} ranks; global batch {global_batch} kept: "
-            f"{describe_split(batch, accum)}")
-    return dataclasses.replace(cfg, batch_size=batch, grad_accum=accum, eval_steps=eval_steps), line
+    return (dataclasses.replace(cfg, batch_size=batch, grad_accum=accum, eval_steps=eval_steps),
+            split_fields(world, full, global_batch, batch, accum))

@@ -4,7 +4,9 @@ Rank 0 prints one line per ``log_interval`` steps, greppable as ``step=S loss=L`
 
     Train Epoch: 1  Step: 20  Loss: 5.8123 | step=20 loss=5.8123 lr=2.950e-04 tok/s=8123 mfu=n/a mem=412
 
-and appends the same numbers as one JSON object per line to ``run_dir/metrics.jsonl``.
+and appends the same numbers as one JSON object per line to ``run_dir/metrics.jsonl``, where it also
+writes what the launcher must know (a checkpoint saved, the batch split) as event rows
+(``fsdpctl.node.events``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from ..node.events import append_line, event_line
 
 if TYPE_CHECKING:
     from .trackers import Trackers
@@ -151,6 +155,12 @@ class RunLog:
                 handle.write(json.dumps(row) + "\n")
             if self.trackers is not None:
                 self.trackers.log(row)
+
+    def event(self, name: str, **fields) -> None:
+        """An event row for the launcher (``fsdpctl.node.events``), in metrics.jsonl only: the trackers
+        get figures, not the launcher's events."""
+        if self.enabled:
+            append_line(str(self.path), event_line(name, **fields))
 
     def end(self, status: str) -> None:
         """End the trackers' runs (``FINISHED``, ``FAILED``, ``KILLED``) before the process leaves."""

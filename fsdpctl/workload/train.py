@@ -21,12 +21,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ..node.events import BATCH_SPLIT, CHECKPOINT_SAVED
 from . import checkpoint as ckpt
 from . import data
 from . import parallelize as par
 from .config import ESTIMATE_SETTINGS, ConfigError, TrainConfig, parse_args
 from .config_exit import PREFIX, config_exit
-from .elastic import BatchSplitError, on_this_world
+from .elastic import BatchSplitError, on_this_world, split_line
 from .memory import StepMemory, estimate_step, report_line
 from .metrics import Meter, RunLog, peak_memory_mb
 from .model import GPTConfig, count_params, default_batch_size, flops_per_token, preset_config, set_timer
@@ -187,7 +188,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         trackers: Trackers | None = None) -> None:
     rt = par.init_distributed(device_type)
     try:  # an elastic run on fewer ranks keeps its global batch
-        cfg, elastic = on_this_world(cfg, rt.world, rt.local_world)
+        cfg, split = on_this_world(cfg, rt.world, rt.local_world)
     except BatchSplitError as error:
         raise ConfigError("batch_size", str(error), "give a batch_size x grad_accum that divides evenly") from None
     trackers = trackers if trackers is not None else Trackers()
@@ -243,8 +244,10 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
               f"dataset={corpus.name} "
               f"train_tokens={len(tokens.train)} steps={total_steps} "
               + (f"resumed_from={latest.name}" if latest else "fresh"))
-    if elastic:
-        log.print(f"{PREFIX}: {elastic}")
+    if split is not None:  # the launcher plans a later attempt's split from it
+        log.event(BATCH_SPLIT, **split)
+        if (said := split_line(split)) is not None:
+            log.print(f"{PREFIX}: {said}")
 
     def save(at_step: int) -> None:
         meter.close_window()
@@ -255,6 +258,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                  "corpus_digest": tokens.corpus_digest}
         par.agree(rt, lambda: ckpt.save_checkpoint(run_dir, at_step, model, optimizer, state, rt.rank,
                                                    rt.device, cfg.keep_checkpoints))
+        log.event(CHECKPOINT_SAVED, step=at_step, by="workload")  # complete on every rank: an elastic run grows here
         meter.restart_window()
         timer.restart()
 

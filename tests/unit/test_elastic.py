@@ -1,6 +1,7 @@
 """Elastic runs, their pure parts: the global batch on another world size (the trainer's and the
-launcher's word for it), an elastic plan's settings and environment, placing a run short of hosts,
-the record of a resize, and the watch that grows a short run back at a checkpoint."""
+launcher's word for it, the launcher's read from the trainer's row), an elastic plan's settings and
+environment, placing a run short of hosts, the record of a resize, and the watch that grows a short
+run back at a checkpoint row (a printed look-alike grows nothing)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from fsdpctl.api.elastic import batch_on
+from fsdpctl.api.elastic import batch_on, global_batch
 from fsdpctl.api.events import Emitter
 from fsdpctl.api.growing import GrowWatch
 from fsdpctl.errors import UsageError
 from fsdpctl.hostpool.placing import place_hosts
 from fsdpctl.hostpool.store import Exclusion, add_exclusions, remove_exclusion
+from fsdpctl.live import layout
+from fsdpctl.node.events import BATCH_SPLIT, CHECKPOINT_SAVED, event_line
 from fsdpctl.plan.elastic import elastic_env, elastic_settings
 from fsdpctl.plan.types import Overrides
 from fsdpctl.profiles.loader import parse_profile
@@ -43,14 +46,21 @@ def test_a_global_batch_the_world_does_not_divide_is_refused():
 
 
 def test_the_trainer_keeps_the_global_batch_and_the_validated_windows_on_fewer_ranks():
+    from fsdpctl.workload.elastic import split_line
+
     cfg = TrainConfig(batch_size=8, grad_accum=1, eval_steps=2)
     env = {"FSDPCTL_ORIGINAL_WORLD_SIZE": "3"}
-    shrunk, line = on_this_world(cfg, 2, 1, env)
+    shrunk, split = on_this_world(cfg, 2, 1, env)
     assert (shrunk.batch_size, shrunk.grad_accum, shrunk.eval_steps) == (6, 2, 4)  # 2 x 24 windows, as at 3 ranks
-    assert line == "elastic: 2 of the run's 3 ranks; global batch 24 kept: batch 6 x accumulation 2 per rank"
+    assert split == {"world": 2, "full": 3, "global_batch": 24, "batch": 6, "accumulation": 2,
+                     "text": "global batch 24 kept: batch 6 x accumulation 2 per rank"}  # its BATCH_SPLIT row
+    assert split_line(split) == ("elastic: 2 of the run's 3 ranks; global batch 24 kept: batch 6 x accumulation 2 "
+                                 "per rank")  # for people
     grown, _ = on_this_world(cfg, 2, 1, {**env, "FSDPCTL_ELASTIC_BATCH_LIMIT": "12"})
     assert (grown.batch_size, grown.grad_accum) == (12, 1)
-    assert on_this_world(cfg, 3, 1, env) == (cfg, None)  # at its full size nothing changes
+    full, split = on_this_world(cfg, 3, 1, env)  # at its full size nothing changes; the row says the batch
+    assert full == cfg and (split["world"], split["global_batch"], split["batch"]) == (3, 24, 8)
+    assert split_line(split) is None
     assert on_this_world(cfg, 2, 1, {}) == (cfg, None)  # not an elastic run
     counted, _ = on_this_world(cfg, 4, 2, {"FSDPCTL_ORIGINAL_NODES": "3"})  # ranks counted on the nodes: 3 x 2
     assert (counted.batch_size, counted.grad_accum) == (6, 2)
@@ -98,11 +108,12 @@ def test_a_resize_says_itself_and_goes_through_run_json():
     assert Resize.from_json(shrink.to_json()) == shrink and Resize.from_json(None) is None
 
 
-def fake_run(tmp_path: Path, text: str = PROFILE, *, nodes: int = 2, command=(), log: str = "", **elastic):
+def fake_run(tmp_path: Path, text: str = PROFILE, *, nodes: int = 2, command=(), attempt: int = 1, **elastic):
+    """A run of the ssh backend as the launcher has it: its nodes' files are copies under ``live/``."""
     logs = tmp_path / "logs"
-    logs.mkdir(exist_ok=True)
-    (logs / "node0.log").write_text(log)
-    plan = SimpleNamespace(command=command, num_nodes=nodes, nproc_per_node="1", run_id="el-1",
+    logs.mkdir(parents=True, exist_ok=True)
+    plan = SimpleNamespace(command=command, num_nodes=nodes, nproc_per_node="1", run_id="el-1", attempt=attempt,
+                           run_dir="~/fsdpctl-runs/el-1", nodes=(),
                            train={"batch_size": 8, "preset": "tiny", "seq_len": 64},
                            elastic={"min_nodes": 2, "full_nodes": 3, "changes": 0, "recheck": False,
                                     "grow_batch": True, **elastic})
@@ -110,14 +121,47 @@ def fake_run(tmp_path: Path, text: str = PROFILE, *, nodes: int = 2, command=(),
                            paths=SimpleNamespace(logs=logs, root=tmp_path), run_id="el-1")
 
 
+def workload_rows(run, *lines: str, node: int = 0, name: str = layout.METRICS) -> None:
+    """Lines of a node's ``name`` as the collector copies them here (the bundled workload's rank 0
+    writes its rows into metrics.jsonl)."""
+    copy = layout.collected(run.root, node, name)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    with copy.open("a") as handle:
+        handle.write("".join(lines))
+
+
+def said_split(world: int, batch: int, accum: int = 1, *, full: int = 3, total: int = 24) -> str:
+    """The row the trainer writes as an attempt starts (its global batch of ``total`` sequences kept)."""
+    split = f"batch {batch} x accumulation {accum} per rank" if accum > 1 else f"batch {batch} per rank"
+    return event_line(BATCH_SPLIT, world=world, full=full, global_batch=total, batch=batch, accumulation=accum,
+                      text=f"global batch {total} kept: {split}")
+
+
 FIRST_LINE = "[rank0]:fsdpctl.workload: world=3 device=cpu fsdp=2 sharding=full preset=tiny batch=8 optimizer=adamw\n"
+KEPT = ("[rank0]:fsdpctl.workload: elastic: 2 of the run's 3 ranks; global batch 24 kept: batch 6 x accumulation 2 "
+        "per rank\n")
 
 
 def test_on_cpus_the_launcher_says_the_split_with_more_accumulation(tmp_path):
-    planned = batch_on(fake_run(tmp_path, log=FIRST_LINE), 2, Emitter(None))
+    run = fake_run(tmp_path)
+    workload_rows(run, said_split(3, 8))
+    planned = batch_on(run, 2, Emitter(None))
     assert planned.text == "global batch 24 kept: batch 6 x accumulation 2 per rank" and planned.limit is None
-    refused = batch_on(fake_run(tmp_path, log=FIRST_LINE.replace("batch=8", "batch=7")), 2, Emitter(None))
+    odd = fake_run(tmp_path / "odd")
+    odd.plan.train["batch_size"] = 7
+    workload_rows(odd, said_split(3, 7, total=21))
+    refused = batch_on(odd, 2, Emitter(None))
     assert refused.refused is not None and "does not split evenly" in refused.refused
+
+
+def test_the_global_batch_is_read_from_the_trainers_row_never_from_its_printed_lines(tmp_path):
+    run = fake_run(tmp_path)
+    del run.plan.train["batch_size"]  # the batch as given is the device's default: only the ranks know it
+    (run.paths.logs / "node0.log").write_text(FIRST_LINE + KEPT)  # printed, for people
+    assert global_batch(run) is None and batch_on(run, 2, Emitter(None)).text is None
+    workload_rows(run, '{"kind": "train", "step": 1, "loss": 9.1}\n', said_split(2, 6, 2))
+    assert global_batch(run) == (24, 8)  # 24 sequences a step; 8 per rank at the full size (x 1 accumulation)
+    assert batch_on(run, 1, Emitter(None)).text == "global batch 24 kept: batch 8 x accumulation 3 per rank"
 
 
 @pytest.mark.parametrize(("memory", "grow_batch", "limit"), [("80GiB", True, 12), ("80GiB", False, None),
@@ -125,26 +169,85 @@ def test_on_cpus_the_launcher_says_the_split_with_more_accumulation(tmp_path):
 def test_with_the_gpus_memory_known_the_batch_grows_where_the_estimate_says_it_fits(tmp_path, memory,
                                                                                    grow_batch, limit):
     text = PROFILE.replace("device: cpu\n", f"device: cuda\ngpu_memory: {memory}\n")
-    planned = batch_on(fake_run(tmp_path, text, log=FIRST_LINE, grow_batch=grow_batch), 2, Emitter(None))
+    run = fake_run(tmp_path, text, grow_batch=grow_batch)
+    workload_rows(run, said_split(3, 8))
+    planned = batch_on(run, 2, Emitter(None))
     assert planned.limit == limit
     assert planned.text == ("global batch 24 kept: batch 12 per rank" if limit else
                             "global batch 24 kept: batch 6 x accumulation 2 per rank")
 
 
-def test_a_short_run_grows_at_the_checkpoint_after_its_host_is_restored(tmp_path):
-    add_exclusions("el", [Exclusion("n3", "lost", "run-1", "now")])
-    watch = GrowWatch(fake_run(tmp_path), Emitter(None))
-    watch.saw_any(["[rank0]:fsdpctl.workload: checkpoint step=10 saved"])
-    assert watch.due() is None  # n3 is still out
-    remove_exclusion("el", "n3")
-    watch.saw_any(["step=11 loss=3.2", "a line of the program's saying checkpoint"])
-    assert watch.due() is None  # not at a checkpoint
-    watch.saw_any(["[rank0]:fsdpctl.workload: checkpoint step=20 saved"])
+LOOK_ALIKES = ["[rank0]:fsdpctl.workload: checkpoint step=3 saved",  # a script of yours may print anything
+               "[rank0]:fsdpctl: checkpoint saved (torch.distributed.checkpoint.save returned on rank 0)"]
+
+
+def listening(run, watch: GrowWatch, monkeypatch):
+    """The run's collector, as its follower makes it, with the watch listening (the copies read at
+    each beat)."""
+    from fsdpctl.live import collector as collector_module
+    from fsdpctl.live.collector import Collector, listen
+
+    monkeypatch.setattr(collector_module, "EVENT_SECONDS", 0.0)
+    collector = Collector(run.root, run.plan, run.plan.attempt)
+    listen(collector, Emitter(None), watch)
+    return collector
+
+
+def test_a_printed_look_alike_grows_nothing_and_a_checkpoint_row_of_the_attempt_does(tmp_path, monkeypatch):
+    run = fake_run(tmp_path, attempt=2)
+    watch = GrowWatch(run, Emitter(None))
+    watch.saw_any(LOOK_ALIKES)
+    assert watch.due() is None  # every host is back, but a line is no checkpoint
+    collector = listening(run, watch, monkeypatch)
+    workload_rows(run, *(line + "\n" for line in LOOK_ALIKES), '{"kind": "train", "step": 3, "loss": 4.2}\n')
+    monkeypatch.setenv("FSDPCTL_ATTEMPT", "1")
+    workload_rows(run, event_line(CHECKPOINT_SAVED, step=3, by="workload"))  # the attempt before's, read again
+    collector.beat(list)
+    assert watch.due() is None
+    monkeypatch.setenv("FSDPCTL_ATTEMPT", "2")
+    workload_rows(run, event_line(CHECKPOINT_SAVED, step=20, by="workload"))
+    collector.beat(list)
     assert watch.due() == 0.0
     verdict = watch.fire(0.0)
     assert verdict.stop and verdict.failure.kind == "resize"
     assert verdict.failure.detail == "stopped at the checkpoint of step 20 to grow back to 3 of 3 nodes"
+
+
+def test_a_short_run_grows_at_the_checkpoint_after_its_host_is_restored(tmp_path, monkeypatch):
+    add_exclusions("el", [Exclusion("n3", "lost", "run-1", "now")])
+    run = fake_run(tmp_path)
+    watch = GrowWatch(run, Emitter(None))
+    collector = listening(run, watch, monkeypatch)
+    workload_rows(run, event_line(CHECKPOINT_SAVED, step=10, by="workload"))
+    collector.beat(list)
+    assert watch.due() is None  # n3 is still out
+    remove_exclusion("el", "n3")
+    workload_rows(run, '{"kind": "train", "step": 11, "loss": 3.2}\n')
+    collector.beat(list)
+    assert watch.due() is None  # not at a checkpoint
+    workload_rows(run, event_line(CHECKPOINT_SAVED, step=20, by="workload"))
+    collector.beat(list)
+    assert watch.due() == 0.0
+    verdict = watch.fire(0.0)
+    assert verdict.failure.detail == "stopped at the checkpoint of step 20 to grow back to 3 of 3 nodes"
     assert watch.due() is None and watch.grow_to.hosts == ("n1", "n2", "n3")
-    program = GrowWatch(fake_run(tmp_path, command=("train.py",)), Emitter(None))
-    program.saw_any(["[rank0]:fsdpctl: checkpoint saved (torch.distributed.checkpoint.save returned on rank 0)"])
-    assert program.due() == 0.0
+
+
+def test_a_program_grows_at_the_row_the_start_up_hook_writes_after_its_dcp_save(tmp_path, monkeypatch):
+    from fsdpctl.node.startup import sitecustomize as hook
+
+    run = fake_run(tmp_path, command=("train.py",))
+    watch = GrowWatch(run, Emitter(None))
+    watch.saw_any(LOOK_ALIKES[1:])
+    assert watch.due() is None
+    collector = listening(run, watch, monkeypatch)
+    node1 = tmp_path / "node1"  # rank 0 of the program on node 1: its run directory there
+    for name, value in {"FSDPCTL_RUN_DIR": str(node1), "FSDPCTL_NODE_RANK": "1", "RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    dcp = SimpleNamespace(save=lambda state, checkpoint_id: f"saved {checkpoint_id}")
+    hook._say_saves(dcp)
+    assert dcp.save({}, checkpoint_id="ckpt/step_5") == "saved ckpt/step_5"
+    workload_rows(run, (node1 / "telemetry" / "node1.jsonl").read_text(), node=1, name=layout.telemetry_name(1))
+    collector.beat(list)
+    assert watch.due() == 0.0 and watch.fire(0.0).failure.detail == (
+        "stopped at a checkpoint to grow back to 3 of 3 nodes")

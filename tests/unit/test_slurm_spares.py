@@ -14,9 +14,18 @@ import pytest
 from fsdpctl.backends import plan_run
 from fsdpctl.backends.slurm.plan import SlurmPlan
 from fsdpctl.backends.slurm.scripts import render_sbatch_script
-from fsdpctl.backends.slurm.steps import json_lines, read_events, recovery_of, replacements_of, spare_changes
+from fsdpctl.backends.slurm.steps import (
+    json_lines,
+    metrics_text,
+    read_events,
+    recovery_of,
+    replacements_of,
+    resize_of,
+    spare_changes,
+)
 from fsdpctl.errors import UsageError
 from fsdpctl.node import slurm_steps
+from fsdpctl.node.events import BATCH_SPLIT, event_line
 from fsdpctl.plan.types import Overrides
 from fsdpctl.profiles.loader import load_profile, parse_profile
 from tests.unit.test_slurm_plan import RUN_ID, slurm_plan
@@ -163,6 +172,23 @@ def test_with_too_few_spares_an_elastic_job_goes_on_with_the_healthy_nodes_down_
     assert slurm_steps.shrink(["a1", "a2"], {"a2": "x"}, [], allocation, 0) is None  # not elastic
 
 
+def split_row(world: int, full: int, total: int, batch: int, accum: int) -> str:
+    """The row the bundled workload's rank 0 writes into metrics.jsonl as a step starts."""
+    split = f"batch {batch} x accumulation {accum} per rank" if accum > 1 else f"batch {batch} per rank"
+    return event_line(BATCH_SPLIT, world=world, full=full, global_batch=total, batch=batch, accumulation=accum,
+                      text=f"global batch {total} kept: {split}")
+
+
+def test_the_batch_a_shrink_kept_is_its_sizes_row_in_metrics_never_a_printed_line(tmp_path):
+    events = [{"event": "shrunk", "nodes": 2, "before": 3, "full": 4, "out": ["n3"], "why": "lost"}]
+    printed = "[rank0]:fsdpctl.workload: elastic: 4 of the run's 8 ranks; global batch 64 kept: batch 16 per rank\n"
+    (tmp_path / "node0.log").write_text(printed)
+    rows = json_lines(split_row(8, 8, 64, 8, 1) + printed + split_row(6, 8, 64, 8, 1))  # the steps on 4 and 3 nodes
+    assert resize_of(events, rows).batch is None  # the step on 2 nodes has not said its split yet
+    rows += json_lines(split_row(4, 8, 64, 8, 2) + '{"kind": "train", "step": 9}\n')
+    assert resize_of(events, rows).batch == "global batch 64 kept: batch 8 x accumulation 2 per rank"
+
+
 FAKE_SRUN = """#!/bin/bash
 # A step on n1,n2 fails (n2 is gone: it fails the re-check); a step on n1 alone trains on. With
 # PROGRAM_ERROR set every step fails and every node passes.
@@ -173,8 +199,8 @@ if [ -n "$probe" ]; then
 fi
 echo "$hosts $FSDPCTL_ELASTIC_ATTEMPT" >> "$FSDPCTL_RUN_DIR/steps.txt"
 case $hosts$PROGRAM_ERROR in *n2*) exit 1;; esac
-echo "[rank0]:fsdpctl.workload: elastic: 1 of the run's 2 ranks; global batch 8 kept: batch 4 x accumulation 2 \
-per rank" >> "$FSDPCTL_RUN_DIR/node0.log"
+# the bundled workload's rank 0 says its split in a row of metrics.jsonl (the launcher reads no line of it)
+echo 'SPLIT_ROW' >> "$FSDPCTL_RUN_DIR/metrics.jsonl"
 """
 
 
@@ -185,7 +211,7 @@ def test_a_lost_node_with_no_spare_shrinks_an_elastic_job_down_to_min_nodes_and_
     """The helper's loop with stand-in ``srun`` and ``scontrol`` on PATH (no cluster here)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").write_text(FAKE_SRUN.replace("SPLIT_ROW", split_row(1, 2, 8, 4, 2).strip()))
     (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
@@ -212,6 +238,6 @@ def test_a_lost_node_with_no_spare_shrinks_an_elastic_job_down_to_min_nodes_and_
         ["n1"], ["n2"], 1, 2, 2)
     assert ("fsdpctl: step 2 runs on 1 of 2 nodes: n2 out (failed the re-check: Unable to contact slurmd on n2); "
             "it continues from the newest checkpoint (min_nodes 1)") in said
-    resize = spare_changes(tmp_path, "")["resize"]
+    resize = spare_changes(tmp_path, metrics_text(tmp_path))["resize"]
     assert resize.describe() == ("runs on 1 of 2 nodes: n2 out (failed the re-check: Unable to contact slurmd on "
                                  "n2); global batch 8 kept: batch 4 x accumulation 2 per rank")

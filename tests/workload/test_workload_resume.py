@@ -54,6 +54,25 @@ def test_world2_checkpoint_resumes_at_world1(adamw_runs, trainer, tmp_path):
     assert max(abs(losses[s] - straight.losses()[s]) for s in losses) <= 1e-4
 
 
+def test_the_trainer_tells_the_launcher_its_checkpoints_and_its_batch_split_in_rows(adamw_runs, trainer, tmp_path,
+                                                                                    monkeypatch):
+    straight = adamw_runs["fsdp2"]
+    rows = [json.loads(line) for line in (straight.run_dir / "metrics.jsonl").read_text().splitlines()]
+    saved = [(r["step"], r["by"], r["kind"]) for r in rows if r.get("fsdpctl_event") == "checkpoint_saved"]
+    assert saved == [(s, "workload", "event") for s in (5, 10, 15, 20)]  # each once complete, the last at the end
+    assert not any(r.get("fsdpctl_event") == "batch_split" for r in rows)  # not an elastic run
+    monkeypatch.setenv("FSDPCTL_ORIGINAL_WORLD_SIZE", "2")  # an elastic run of 2 ranks, now on 1
+    monkeypatch.setenv("FSDPCTL_ATTEMPT", "2")
+    run_dir = _resume_dir(straight.run_dir, tmp_path / "shrunk", 10)
+    shrunk = trainer(run_dir, *adamw_runs["flags"], "--fsdp", "2", "--resume", "--no-checkpoint")
+    assert "elastic: 1 of the run's 2 ranks; global batch 8 kept: batch 4 x accumulation 2 per rank" in shrunk.stdout
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (split,) = [r for r in rows if r.get("fsdpctl_event") == "batch_split"]
+    assert {k: v for k, v in split.items() if k != "time"} == {
+        "fsdpctl_event": "batch_split", "kind": "event", "attempt": 2, "world": 1, "full": 2, "global_batch": 8,
+        "batch": 4, "accumulation": 2, "text": "global batch 8 kept: batch 4 x accumulation 2 per rank"}
+
+
 def test_full_export_loads_into_plain_gpt(adamw_runs, token_cache):
     run_dir = adamw_runs["fsdp2"].run_dir
     summary = adamw_runs["fsdp2"].summary()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
-from ...live.collector import Collector, with_export_notes
+from ...live.collector import Collector, listen, with_export_notes
 from ...live.exports import LiveExports
 from ...live.layout import collector_lock
 from ...node.mask import Masker
@@ -62,6 +62,7 @@ class NodesFollower:
             if self.collect and got:
                 collector = Collector(run.root, run.plan, run.plan.attempt, run.record.from_step,
                                       exports=LiveExports(run))
+                listen(collector, sink, watch)  # the ranks' rows to who asks (not their printed lines)
             outcome = self._follow(sink, collector, watch=watch, signals=signals, leave=leave)
             return with_export_notes(outcome, collector)
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ...live.collector import Collector, with_export_notes
+from ...live.collector import Collector, listen, with_export_notes
 from ...live.exports import LiveExports
 from ...live.layout import collector_lock
 from ...rundir.lines import LogLine
@@ -50,6 +50,7 @@ class SlurmFollower:
         with collector_lock(self.run.root) if self.collect else contextlib.nullcontext(False) as got:
             collector = Collector(self.run.root, self.run.plan, self.run.plan.attempt,
                                   exports=LiveExports(self.run)) if self.collect and got else None
+            listen(collector, sink, watch)  # the ranks' rows to who asks (not their printed lines)
             try:
                 outcome = self._follow(sink, watch, signals, leave, collector)
             finally:

@@ -6,17 +6,16 @@ job went on with, how long the training stood still)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from ...node.events import BATCH_SPLIT, event_name
 from ...node.slurm_steps import EVENTS_FILE
 from ...rundir.status import Recovery, Replacement, Resize
-from ...workload.elastic import KEPT_LINE
 
 CHANGED = ("replaced", "shrunk")
 """The events after which a step runs on other nodes than the failed one, from the newest checkpoint."""
-BATCH_LINE_BYTES = 256 * 1024
-"""Of node 0's log from where a shrink was said, what is read for that line (it comes at the step's start)."""
 
 
 def metrics_text(run_dir: Path) -> str:
@@ -29,9 +28,9 @@ def spare_changes(run_dir: Path, metrics: str) -> dict[str, Any]:
     """What a job with spares (or an elastic one) changed on the way, as run.json and ``status`` keep
     it: the spares in failed nodes' places (``replacements``), the newest shrink (``resize``) and what
     the newest change cost (``recovery``); ``metrics`` is metrics.jsonl's text."""
-    events = read_events(run_dir)
-    return {"replacements": replacements_of(events), "recovery": recovery_of(events, json_lines(metrics)),
-            "resize": resize_of(events, run_dir)}
+    events, rows = read_events(run_dir), json_lines(metrics)
+    return {"replacements": replacements_of(events), "recovery": recovery_of(events, rows),
+            "resize": resize_of(events, rows)}
 
 
 def step_hosts(run_dir: Path) -> list[str]:
@@ -61,9 +60,11 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     rows = []
     for line in text.splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError:
             continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 
@@ -73,29 +74,32 @@ def replacements_of(events: list[dict[str, Any]]) -> tuple[Replacement, ...]:
                  for r in e.get("replacements") or ())
 
 
-def resize_of(events: list[dict[str, Any]], run_dir: Optional[Path] = None) -> Optional[Resize]:
+def resize_of(events: list[dict[str, Any]], metrics: Sequence[dict[str, Any]] = ()) -> Optional[Resize]:
     """The newest shrink of an elastic job (None: none), with how the bundled workload kept its
-    global batch when node 0's log says so after it (``run_dir``)."""
+    global batch there where its rows say (``metrics``: metrics.jsonl's rows)."""
     shrunk = next((e for e in reversed(events) if e.get("event") == "shrunk"), None)
     if shrunk is None:
         return None
     return Resize(nodes=int(shrunk["nodes"]), before=int(shrunk.get("before") or shrunk["nodes"]),
                   full=int(shrunk.get("full") or shrunk["nodes"]), hosts=tuple(shrunk.get("out") or ()),
-                  why=str(shrunk.get("why") or ""), batch=kept_batch(run_dir, shrunk) if run_dir else None)
+                  why=str(shrunk.get("why") or ""), batch=kept_batch(metrics, shrunk))
 
 
-def kept_batch(run_dir: Path, shrunk: dict[str, Any]) -> Optional[str]:
-    """``global batch 8 kept: batch 4 x accumulation 2 per rank``: how the bundled workload split it in the
-    step a shrink started, from node 0's log where the shrink was said (None: not said yet, or
-    another program)."""
-    try:
-        with (run_dir / "node0.log").open("rb") as handle:
-            handle.seek(int(shrunk.get("log_at") or 0))
-            text = handle.read(BATCH_LINE_BYTES).decode("utf-8", "replace")
-    except (OSError, ValueError):
+def kept_batch(metrics: Sequence[dict[str, Any]], shrunk: dict[str, Any]) -> Optional[str]:
+    """``global batch 8 kept: batch 4 x accumulation 2 per rank``: how the bundled workload split it on
+    the nodes a shrink left, from its ``BATCH_SPLIT`` row of that size (its ranks in the same share of
+    the full world as the nodes: a Slurm job only shrinks, so one size is one step); None: not written
+    yet, or another program."""
+    nodes, full = shrunk.get("nodes"), shrunk.get("full") or shrunk.get("nodes")
+    if not isinstance(nodes, int) or not isinstance(full, int):
         return None
-    found = KEPT_LINE.search(text)
-    return found.group(1) if found else None
+    for row in reversed(metrics):
+        world, ranks = row.get("world"), row.get("full")
+        if event_name(row) == BATCH_SPLIT and isinstance(world, int) and isinstance(ranks, int) \
+                and world * full == ranks * nodes:
+            text = row.get("text")
+            return text if isinstance(text, str) else None
+    return None
 
 
 def recovery_of(events: list[dict[str, Any]], metrics: list[dict[str, Any]]) -> Optional[Recovery]:

@@ -276,11 +276,10 @@ def when_imported(name, callback):
         sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
-DCP_SAVED = "fsdpctl: checkpoint saved (torch.distributed.checkpoint.save returned on rank 0)"
-"""Said by rank 0 of an elastic run after each DCP save: its launcher grows a short run back there."""
-
-
 def _say_saves(dcp):
+    """Rank 0 of a program of yours in an elastic run: after each ``dcp.save`` that returns, a
+    ``CHECKPOINT_SAVED`` row in its node's telemetry file (its launcher grows a short run back there).
+    The save's result and its exceptions are the program's, unchanged."""
     import functools
 
     original = getattr(dcp, "save", None)
@@ -289,13 +288,34 @@ def _say_saves(dcp):
 
     def save(*args, **kwargs):
         result = original(*args, **kwargs)
-        sys.stderr.write(DCP_SAVED + "\n")
-        sys.stderr.flush()
+        _saved()
         return result
 
     functools.update_wrapper(save, original)
     save.fsdpctl_says = True
     dcp.save = save
+
+
+_SAVES_OFF = []
+"""Set once writing a save's row failed: said once, not tried again."""
+
+
+def _saved():
+    """The row that a DCP save returned, fail open: whatever goes wrong is one line on stderr, once,
+    and never reaches the program."""
+    if _SAVES_OFF:
+        return
+    try:
+        # Imported here, not at start-up: this module stays standard library only, and torch is in by now.
+        from fsdpctl.node.events import CHECKPOINT_SAVED, append_line, event_line
+        from fsdpctl.node.telemetry import rows_path
+
+        node = os.environ.get("FSDPCTL_NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
+        append_line(rows_path(os.environ["FSDPCTL_RUN_DIR"], node),
+                    event_line(CHECKPOINT_SAVED, by="dcp", rank=int(os.environ.get("RANK", "0")), step=None))
+    except Exception as exc:  # noqa: BLE001 - the program's save returned: nothing of ours may undo that
+        _SAVES_OFF.append(True)
+        _say_off("for checkpoint saves", exc)
 
 
 _TELEMETRY = []
