@@ -11,12 +11,12 @@ read whole (a page opens at once on a run of days); what it gains from then on i
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from ..metrics.gpu_samples import sample_of
 from .metrics_feed import MetricsFeed
 from .tails import LineTail
 
@@ -37,13 +37,9 @@ class Consumer(Protocol):
         """A later attempt resumed from ``from_step``: the rows past it were trained again."""
 
     def samples(self, samples: list[dict[str, Any]]) -> None:
-        """GPU samples (JSON objects with an integer ``node``), in each node's order."""
+        """GPU samples (``gpu_samples.sample_of``, with an integer ``node``), in each node's order."""
 
-
-class EventConsumer(Protocol):
-    """A consumer that also takes the ranks' event rows (``fsdpctl.node.events``)."""
-
-    def event(self, row: dict[str, Any]) -> None: ...
+    # A consumer may also have ``event(row)``: it is then handed the ranks' event rows (``fsdpctl.node.events``).
 
 
 class CopyReader:
@@ -134,14 +130,8 @@ class CopyReader:
         return bool(lines)
 
     def _sample_lines(self, lines: Sequence[str]) -> None:
-        samples = []
-        for line in lines:
-            try:
-                sample = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(sample, dict) and isinstance(sample.get("node"), int):
-                samples.append(sample)
+        samples = [sample for line in lines
+                   if (sample := sample_of(line)) is not None and isinstance(sample.get("node"), int)]
         if samples:
             self._each(lambda consumer: consumer.samples(samples))
 

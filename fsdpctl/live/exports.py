@@ -121,7 +121,6 @@ class LiveExports:
         self.written: tuple[int, int, int] = (0, 0, 0)
         """How far the rows written go: (the reader's resets, the newest train step, the newest
         validation step); an exporter that goes on after another skips rows up to there."""
-        self.done_before: Optional[dict[str, Any]] = None
         started = run.record.started_at or run.record.submitted_at or run.record.created_at
         self.began = epoch(started) or time.time()
         if sources is not None:
@@ -135,7 +134,6 @@ class LiveExports:
         if self.sources is None:
             saved = read_json(layout.live_dir(self.run.root) / EXPORTED)
             if isinstance(saved.get("written"), list) and len(saved["written"]) == 3:
-                self.done_before = saved
                 self.written = tuple(int(v) for v in saved["written"])
                 self.gpus = {int(node): {"t": float(t)} for node, t in (saved.get("gpu_t") or {}).items()}
 
@@ -201,12 +199,9 @@ class LiveExports:
         try:
             action()
         except Exception as exc:  # noqa: BLE001 - an export never stops the run: said once, and the run goes on
-            self._problem(what, exc)
-
-    def _problem(self, what: str, exc: BaseException) -> None:
-        said = f"{what} export: {exc}"
-        if said not in self.problems:
-            self.problems.append(said)
+            said = f"{what} export: {exc}"
+            if said not in self.problems:
+                self.problems.append(said)
 
     # ---- the reader's consumer: TensorBoard ------------------------------------------------------
     def row(self, kind: str, row: dict[str, Any]) -> None:

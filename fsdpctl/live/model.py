@@ -12,14 +12,13 @@ data stops; a scheduler's run without a follower asks the scheduler (``scheduler
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from ..metrics.gpu_samples import GPU_SAMPLES_SHOWN, gpu_cause
+from ..metrics.gpu_samples import GPU_SAMPLES_SHOWN, gpu_cause, sample_of
 from ..node.gpu_watch import HARDWARE_FAULT
 from ..rundir.lines import LogLine, ranks_in_log, ranks_said
 from ..rundir.paths import read_json
@@ -118,12 +117,8 @@ class LiveRun:
                 self.faults.setdefault(line.node_rank, []).append(line.text.split(HARDWARE_FAULT, 1)[1].strip())
 
     def _gpu_sample(self, line: str) -> None:
-        try:
-            sample = json.loads(line)
-        except ValueError:
-            return
-        if not isinstance(sample, dict) or not isinstance(sample.get("gpus"), list) or \
-                not isinstance(sample.get("node"), int):
+        sample = sample_of(line)
+        if sample is None or not isinstance(sample.get("node"), int):
             return
         mine = self.gpu_samples.setdefault(sample["node"], deque(maxlen=GPU_SAMPLES_SHOWN))
         if mine and (mine[-1].get("t") or 0) >= (sample.get("t") or 0):

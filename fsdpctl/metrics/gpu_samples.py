@@ -24,17 +24,19 @@ GPU_SAMPLES_SHOWN = 24
 """The newest samples per node ``status`` reads (two minutes at the default 5 s)."""
 
 
+def sample_of(line: str) -> Optional[dict[str, Any]]:
+    """A line of a samples file as a sample (a JSON object with a list of ``gpus``); None for a line
+    cut short, or anything else."""
+    try:
+        sample = json.loads(line)
+    except ValueError:
+        return None
+    return sample if isinstance(sample, dict) and isinstance(sample.get("gpus"), list) else None
+
+
 def read_samples(texts: Iterable[str]) -> list[dict[str, Any]]:
     """Every sample in ``texts`` (JSON lines; a line cut short is skipped), oldest first."""
-    samples = []
-    for text in texts:
-        for line in text.splitlines():
-            try:
-                sample = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(sample, dict) and isinstance(sample.get("gpus"), list):
-                samples.append(sample)
+    samples = [sample for text in texts for line in text.splitlines() if (sample := sample_of(line)) is not None]
     return sorted(samples, key=lambda s: s.get("t") or 0)
 
 

@@ -47,8 +47,8 @@ def event_line(name: str, **fields: Any) -> str:
 
 
 def append_line(path: str, line: str) -> None:
-    """Append ``line`` to ``path`` in one write (every rank of a node appends to the same file: a line
-    is never split by another's)."""
+    """Append ``line`` (one or more whole lines) to ``path`` in one write (every rank of a node appends
+    to the same file: a line is never split by another's)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

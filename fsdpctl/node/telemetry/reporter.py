@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-from ..events import STEPS_UNSEEN, event_row
+from ..events import STEPS_UNSEEN, append_line, event_row
 from .device import GpuStepTimes, NcclTimes, nccl_entries, resolve
 from .patches import Patches
 from .steps import Step, StepTracker
@@ -221,12 +221,4 @@ class Reporter:
     def _write(self, rows: list[dict[str, Any]]) -> None:
         if os.getpid() != self.pid:
             return  # a forked child: the rank's rows are the rank's
-        data = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows).encode()
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+        append_line(self.path, "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
