@@ -9,12 +9,15 @@ from pathlib import Path
 
 
 class Throttle:
-    """Holds one rank of a lab's runs off the CPU half of the time, by its PID (SIGSTOP for 30 ms,
-    SIGCONT for 30 ms) until it exits, as a throttled device or a noisy neighbour would, whatever else
-    loads this machine; always leaves it running. The rank: the process running ``module`` with
-    ``RANK=rank`` in its environment, in a run directory under ``lab_root``."""
+    """Holds one rank of a lab's runs off the CPU for ``held`` of the time, by its PID (SIGSTOP, then
+    SIGCONT, in periods of 60 ms: 30 ms each by default) until it exits, as a throttled device or a noisy
+    neighbour would, whatever else loads this machine; always leaves it running. The rank: the process
+    running ``module`` with ``RANK=rank`` in its environment, in a run directory under ``lab_root``."""
 
-    def __init__(self, lab_root: Path, rank: int, module: str = "fsdpctl.workload.train"):
+    PERIOD_S = 0.06
+
+    def __init__(self, lab_root: Path, rank: int, module: str = "fsdpctl.workload.train", held: float = 0.5):
+        self.stopped_s, self.running_s = self.PERIOD_S * held, self.PERIOD_S * (1 - held)
         self.module = module.encode()
         self.marks = (f"RANK={rank}".encode(), f"FSDPCTL_RUN_DIR={lab_root}".encode())
         self.pid: int | None = None
@@ -43,11 +46,11 @@ class Throttle:
         while self.pid is not None and not self.done.is_set():
             try:
                 os.kill(self.pid, signal.SIGSTOP)
-                self.done.wait(0.03)
+                self.done.wait(self.stopped_s)
                 os.kill(self.pid, signal.SIGCONT)
             except ProcessLookupError:
                 return
-            self.done.wait(0.03)
+            self.done.wait(self.running_s)
 
     def stop(self) -> None:
         self.done.set()
