@@ -24,12 +24,23 @@ EVENT = "fsdpctl_event"
 CHECKPOINT_SAVED = "checkpoint_saved"
 """A checkpoint is complete on storage: ``step`` (the bundled workload's, None for a program's DCP save),
 ``by`` (``workload`` or ``dcp``: ``torch.distributed.checkpoint.save`` returned on rank 0 of a program,
-which then says its ``rank``). An elastic run short of nodes grows back at it."""
+which then says its ``rank``), ``began`` and ``seconds`` (what the save blocked the ranks; for
+``async_save``, ``async`` true: the call, not the write behind it), ``steps`` (a program's steps the
+hook counted by then, this attempt). An elastic run short of nodes grows back at it."""
 BATCH_SPLIT = "batch_split"
 """How the bundled workload of an elastic run trains the run's global batch on this attempt's ranks,
 written as each attempt starts (at the full size too: the launcher plans a shrink's split from it; on
 fewer ranks it keeps the global batch): ``world``, ``full`` (ranks), ``global_batch``, ``batch`` and
 ``accumulation`` per rank, and ``text`` (``global batch 24 kept: batch 8 x accumulation 3 per rank``)."""
+CHECKPOINT_LOADED = "checkpoint_loaded"
+"""A checkpoint was read back: ``began`` (seconds since the epoch) and ``seconds``, ``by`` (``workload``, or
+``dcp``: ``torch.distributed.checkpoint.load`` or ``set_state_dict`` in a program, on its rank 0), ``step``
+(the bundled workload's)."""
+STEPS_BEGIN = "steps_begin"
+"""The bundled workload's training loop begins (model built, checkpoint loaded): ``step`` it begins after."""
+PROGRAM_EXIT = "program_exit"
+"""A program of yours leaves (the start-up hook's exit handler, on rank 0): ``last_step_at`` (seconds since
+the epoch; None: no step seen), ``steps`` seen."""
 STEPS_UNSEEN = "steps_unseen"
 """The start-up hook saw a rank's backward calls but no optimizer step end (its step runs inside
 ``torch.compile``, or its optimizer is no ``torch.optim.Optimizer``): ``backward`` (calls seen)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -85,6 +86,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model: nn.Module, optimizer,
 
 def read_trainer_state(path: Path) -> dict:
     return json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+
+
+def timed_load(path: Path, model: nn.Module, optimizer, rank: int, device: torch.device
+               ) -> tuple[dict, tuple[float, float]]:
+    """``load_checkpoint``, and when it began and its seconds (the goodput account's checkpoint load)."""
+    began = time.time()
+    state = load_checkpoint(path, model, optimizer, rank, device)
+    return state, (began, time.time() - began)
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer, rank: int, device: torch.device) -> dict:

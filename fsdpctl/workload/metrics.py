@@ -16,6 +16,7 @@ import os
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -176,11 +177,19 @@ class RunLog:
                      "tokens_per_s": tok_s, "mfu": mfu, "mem_mb": mem_mb, "grad_norm": grad_norm,
                      "time": time.time(), **(extra or {})})
 
-    def val_line(self, step: int, loss: float, perplexity: float) -> None:
+    def timed_eval(self, step: int, evaluate: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+        """Run ``evaluate`` (its loss and perplexity) and write its row, with the seconds it took."""
+        began = time.perf_counter()
+        loss, perplexity = evaluate()
+        self.val_line(step, loss, perplexity, time.perf_counter() - began)
+        return loss, perplexity
+
+    def val_line(self, step: int, loss: float, perplexity: float, seconds: float) -> None:
+        """A validation's row; ``seconds`` it took (the goodput account's time between steps)."""
         self.print(f"Validation  Step: {step}  Loss: {loss:.4f} | step={step} val_loss={loss:.4f} "
                    f"val_ppl={perplexity:.2f}")
         self.record({"kind": "val", "step": step, "val_loss": loss, "val_perplexity": perplexity,
-                     "time": time.time()})
+                     "time": time.time(), "eval_s": round(seconds, 4)})
 
     def summary(self, run_dir: Path, summary: dict) -> None:
         if self.enabled:

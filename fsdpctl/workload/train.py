@@ -15,13 +15,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..node.events import BATCH_SPLIT, CHECKPOINT_SAVED
+from ..node.events import BATCH_SPLIT, CHECKPOINT_LOADED, CHECKPOINT_SAVED, STEPS_BEGIN
 from . import checkpoint as ckpt
 from . import data
 from . import parallelize as par
@@ -223,8 +224,9 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
         stop_signals.use_cpu_group(rt.device)
     step = 0
     latest = find_resume(cfg, rt, run_dir, gpt_config)
+    loaded: Optional[tuple[float, float]] = None
     if latest is not None:
-        state = ckpt.load_checkpoint(latest, model, optimizer, rt.rank, rt.device)
+        state, loaded = ckpt.timed_load(latest, model, optimizer, rt.rank, rt.device)
         step = int(state["step"])
         train_sampler.load_state(state["sampler"])
         if scaler is not None and state.get("scaler"):
@@ -244,6 +246,8 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
               f"dataset={corpus.name} "
               f"train_tokens={len(tokens.train)} steps={total_steps} "
               + (f"resumed_from={latest.name}" if latest else "fresh"))
+    if loaded is not None:  # the goodput account's checkpoint load
+        log.event(CHECKPOINT_LOADED, step=step, by="workload", began=round(loaded[0], 3), seconds=round(loaded[1], 3))
     if split is not None:  # the launcher plans a later attempt's split from it
         log.event(BATCH_SPLIT, **split)
         if (said := split_line(split)) is not None:
@@ -251,6 +255,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
 
     def save(at_step: int) -> None:
         meter.close_window()
+        began = time.time()
         state = {"step": at_step, "sampler": train_sampler.state(), "world_size": rt.world,
                  "global_batch": train_sampler.global_batch,
                  "preset": cfg.preset, "model_config": gpt_config.to_dict(),
@@ -258,7 +263,9 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                  "corpus_digest": tokens.corpus_digest}
         par.agree(rt, lambda: ckpt.save_checkpoint(run_dir, at_step, model, optimizer, state, rt.rank,
                                                    rt.device, cfg.keep_checkpoints))
-        log.event(CHECKPOINT_SAVED, step=at_step, by="workload")  # complete on every rank: an elastic run grows here
+        # complete on every rank: an elastic run grows here; what it blocked the ranks, for the goodput account
+        log.event(CHECKPOINT_SAVED, step=at_step, by="workload", began=round(began, 3),
+                  seconds=round(time.time() - began, 3))
         meter.restart_window()
         timer.restart()
 
@@ -266,6 +273,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     state_bytes: dict[str, int] = {}
     last_saved = first_step = step
     model.train()
+    log.event(STEPS_BEGIN, step=step)
     with steady_gc():
         while step < total_steps:
             if stop_signals is not None and (received := stop_signals.agreed()):
@@ -317,8 +325,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                                       "straggler_at": {k: straggler[k] for k in STRAGGLER_AT} if straggler else None})
             if cfg.eval_interval and step % cfg.eval_interval == 0 and step < total_steps:
                 meter.close_window()
-                val_loss, val_ppl = evaluate(model, cfg, rt, val_sampler)
-                log.val_line(step, val_loss, val_ppl)
+                val_loss, val_ppl = log.timed_eval(step, lambda: evaluate(model, cfg, rt, val_sampler))
                 meter.restart_window()
                 timer.restart()
             if (not cfg.no_checkpoint and cfg.checkpoint_interval
@@ -326,8 +333,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                 save(step)
                 last_saved = step
 
-    val_loss, val_ppl = evaluate(model, cfg, rt, val_sampler)
-    log.val_line(step, val_loss, val_ppl)
+    val_loss, val_ppl = log.timed_eval(step, lambda: evaluate(model, cfg, rt, val_sampler))
     if not cfg.no_checkpoint and step != last_saved:
         save(step)
     if cfg.export_full:

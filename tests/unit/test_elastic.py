@@ -245,7 +245,7 @@ def test_a_program_grows_at_the_row_the_start_up_hook_writes_after_its_dcp_save(
     for name, value in {"FSDPCTL_RUN_DIR": str(node1), "FSDPCTL_NODE_RANK": "1", "RANK": "0"}.items():
         monkeypatch.setenv(name, value)
     dcp = SimpleNamespace(save=lambda state, checkpoint_id: f"saved {checkpoint_id}")
-    hook._say_saves(dcp)
+    hook._time_checkpoints(dcp)
     assert dcp.save({}, checkpoint_id="ckpt/step_5") == "saved ckpt/step_5"
     workload_rows(run, (node1 / "telemetry" / "node1.jsonl").read_text(), node=1, name=layout.telemetry_name(1))
     collector.beat(list)

@@ -16,6 +16,7 @@ from fsdpctl.api.attempts import plan_next_attempt
 from fsdpctl.api.events import Emitter
 from fsdpctl.backends.ssh import SSHBackend
 from fsdpctl.live.collector import Collector
+from fsdpctl.node import checkpoint_calls
 from fsdpctl.node.startup import sitecustomize as hook
 from fsdpctl.rundir.attempts import begin_attempt
 from fsdpctl.rundir.lines import LogLine
@@ -92,7 +93,7 @@ def rank0(tmp_path, monkeypatch):
     for name, value in {"FSDPCTL_RUN_DIR": str(tmp_path), "FSDPCTL_NODE_RANK": "2", "RANK": "0",
                         "FSDPCTL_ATTEMPT": "3"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(hook, "_SAVES_OFF", [], raising=False)
+    monkeypatch.setattr(checkpoint_calls, "_SAVES_OFF", [])
     return tmp_path
 
 
@@ -105,8 +106,8 @@ def test_the_hook_writes_a_row_after_each_dcp_save_into_its_nodes_telemetry_and_
         return {"saved": checkpoint_id}
 
     dcp = SimpleNamespace(save=save)
-    hook._say_saves(dcp)
-    hook._say_saves(dcp)  # said once however often torch.distributed.checkpoint is imported
+    hook._time_checkpoints(dcp)
+    hook._time_checkpoints(dcp)  # said once however often torch.distributed.checkpoint is imported
     assert dcp.save.__wrapped__ is save and dcp.save.__name__ == "save"
     assert dcp.save({}, checkpoint_id="ckpt/1") == {"saved": "ckpt/1"}
     with pytest.raises(ValueError) as raised:
@@ -115,6 +116,7 @@ def test_the_hook_writes_a_row_after_each_dcp_save_into_its_nodes_telemetry_and_
     rows = [json.loads(line) for line in (rank0 / "telemetry" / "node2.jsonl").read_text().splitlines()]
     assert [(r["fsdpctl_event"], r["by"], r["rank"], r["step"], r["attempt"]) for r in rows] == [
         ("checkpoint_saved", "dcp", 0, None, 3)]
+    assert rows[0]["seconds"] >= 0 and rows[0]["began"] <= rows[0]["time"] and rows[0]["async"] is False
     assert capfd.readouterr() == ("", "")  # invisible: the program's output is its own
 
 
@@ -122,7 +124,7 @@ def test_a_row_the_hook_cannot_write_is_one_line_on_stderr_and_the_save_stands(r
     blocked = rank0 / "telemetry"
     blocked.write_text("a file where the folder should be")
     dcp = SimpleNamespace(save=lambda state, checkpoint_id: "done")
-    hook._say_saves(dcp)
+    hook._time_checkpoints(dcp)
     assert [dcp.save({}, checkpoint_id=f"ckpt/{i}") for i in range(3)] == ["done"] * 3
     out, err = capfd.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and "fsdpctl: the start-up hook is off for checkpoint saves" in err

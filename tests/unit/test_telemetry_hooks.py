@@ -90,8 +90,11 @@ def test_a_programs_steps_loss_tokens_and_collectives_reach_its_rows(tmp_path):
     done, rows_file = run_rank(tmp_path, "plain")
     assert done.returncode == 0, done.stderr
     assert "backward is torch's own: False" in done.stdout  # wrapped while the program ran
-    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    lines = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    rows = [r for r in lines if "fsdpctl_event" not in r]
     assert sum(r["steps"] for r in rows) == 6 and rows[-1]["step"] == 6  # the container's 3 calls: one step
+    exited = [r for r in lines if r.get("fsdpctl_event") == "program_exit"]
+    assert len(exited) == 1 and exited[0]["steps"] == 6 and exited[0]["last_step_at"] <= exited[0]["time"]
     assert all(r["backward_per_step"] == 2.0 for r in rows)  # two micro-batches, through both backward forms
     losses = printed_losses(done.stdout)
     by_step = {r["step"]: r for r in rows}

@@ -97,11 +97,11 @@ def test_rank_zeros_rows_reach_its_trackers_and_its_end_ends_them(tmp_path):
     fake = Fake("wandb")
     log = RunLog(tmp_path, rank=0, trackers=trackers(fake))
     log.train_line(1, 2, 6.5, 1e-4, 1200.0, None, 512.0, 2.5, extra={"step_time_s": 0.25, "ranks": None})
-    log.val_line(2, 6.4, 601.8)
+    log.val_line(2, 6.4, 601.8, 0.5)
     log.end("FINISHED")
     assert fake.logged == [(2, {"loss": 6.5, "lr": 1e-4, "tokens_per_s": 1200.0, "mem_mb": 512.0, "grad_norm": 2.5,
                                 "step_time_s": 0.25}), (2, {"val_loss": 6.4, "val_perplexity": 601.8})]
     assert fake.ended == "FINISHED"
     other = Fake("wandb")
-    RunLog(tmp_path, rank=1, trackers=trackers(other)).val_line(2, 6.4, 601.8)
+    RunLog(tmp_path, rank=1, trackers=trackers(other)).val_line(2, 6.4, 601.8, 0.5)
     assert not other.logged

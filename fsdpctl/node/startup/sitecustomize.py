@@ -197,8 +197,9 @@ def _install():
     atexit.register(_at_exit, marker, os.getpid())
     if os.environ.get("FSDPCTL_TELEMETRY") == "1":
         _TELEMETRY.append((run_dir, rank))
-    if rank == "0" and os.environ.get("FSDPCTL_SAY_SAVES") == "1":  # a program of yours in an elastic run
-        when_imported("torch.distributed.checkpoint", _say_saves)
+    if _TELEMETRY or (rank == "0" and os.environ.get("FSDPCTL_SAY_SAVES") == "1"):  # (SAY_SAVES: an elastic run)
+        when_imported("torch.distributed.checkpoint", _time_checkpoints)
+        when_imported("torch.distributed.checkpoint.state_dict", _time_checkpoints)
     _say_ranks(rank)
     if DUMP_SIGNAL is None:
         return
@@ -276,46 +277,14 @@ def when_imported(name, callback):
         sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
-def _say_saves(dcp):
-    """Rank 0 of a program of yours in an elastic run: after each ``dcp.save`` that returns, a
-    ``CHECKPOINT_SAVED`` row in its node's telemetry file (its launcher grows a short run back there).
-    The save's result and its exceptions are the program's, unchanged."""
-    import functools
-
-    original = getattr(dcp, "save", None)
-    if original is None or getattr(original, "fsdpctl_says", False):
-        return
-
-    def save(*args, **kwargs):
-        result = original(*args, **kwargs)
-        _saved()
-        return result
-
-    functools.update_wrapper(save, original)
-    save.fsdpctl_says = True
-    dcp.save = save
-
-
-_SAVES_OFF = []
-"""Set once writing a save's row failed: said once, not tried again."""
-
-
-def _saved():
-    """The row that a DCP save returned, fail open: whatever goes wrong is one line on stderr, once,
-    and never reaches the program."""
-    if _SAVES_OFF:
-        return
+def _time_checkpoints(module):
+    """``torch.distributed.checkpoint``'s calls timed (``fsdpctl.node.checkpoint_calls``), fail open."""
     try:
-        # Imported here, not at start-up: this module stays standard library only, and torch is in by now.
-        from fsdpctl.node.events import CHECKPOINT_SAVED, append_line, event_line
-        from fsdpctl.node.telemetry import rows_path
+        from fsdpctl.node.checkpoint_calls import wrap
 
-        node = os.environ.get("FSDPCTL_NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
-        append_line(rows_path(os.environ["FSDPCTL_RUN_DIR"], node),
-                    event_line(CHECKPOINT_SAVED, by="dcp", rank=int(os.environ.get("RANK", "0")), step=None))
-    except Exception as exc:  # noqa: BLE001 - the program's save returned: nothing of ours may undo that
-        _SAVES_OFF.append(True)
-        _say_off("for checkpoint saves", exc)
+        wrap(module, _say_off)
+    except Exception as exc:  # noqa: BLE001 - the program's checkpoints as they are
+        _say_off("for checkpoint calls", exc)
 
 
 _TELEMETRY = []

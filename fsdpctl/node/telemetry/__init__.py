@@ -66,6 +66,21 @@ def _number(name: str) -> Optional[float]:
     return value if value > 0 else None
 
 
+def _say_exit(tracker: StepTracker, patches: Patches, path: str) -> None:
+    """The program leaves: its last step's end, for the goodput account (the time it ran after it);
+    nothing once the telemetry is off."""
+    if patches.off:
+        return
+    try:
+        from ..events import PROGRAM_EXIT, append_line, event_line
+
+        last = tracker.last_ended
+        append_line(path, event_line(PROGRAM_EXIT, last_step_at=None if last is None else round(last, 3),
+                                     steps=tracker.number))
+    except Exception:  # noqa: BLE001, S110 - the program is leaving: nothing of ours may change its exit
+        pass
+
+
 def install(run_dir: str, rank: str, when_imported: Callable[[str, Callable[[Any], None]], None]) -> Optional[Reporter]:
     """Put the wrappers on this process's torch and start the reporter; None (and torch as it was)
     where that fails. ``when_imported(name, callback)`` calls back once module ``name`` is imported."""
@@ -89,6 +104,8 @@ def install(run_dir: str, rank: str, when_imported: Callable[[str, Callable[[Any
         tracker.after_step = reporter.step_ended
         reporter.start()
         atexit.register(reporter.close)
+        if place["rank"] == 0:  # after the program's own exit handlers: registered before theirs
+            atexit.register(_say_exit, tracker, patches, rows_path(run_dir, str(place["node"])))
         os.register_at_fork(after_in_child=lambda: setattr(patches, "off", True))
         # dynamo's table of traceable collectives is built from c10d's names when first imported
         when_imported("torch.distributed._functional_collectives", patches.keep_remaps_original)

@@ -68,6 +68,8 @@ class StepTracker:
         """Told of each step as it ends, on the training thread (the GPU's mark)."""
         self._optimizers: list[int] = []
         self._begun: Optional[float] = None
+        self.last_ended: Optional[float] = None
+        """``time.time()`` at the newest step's end (None: no step yet)."""
         self._clear()
 
     def _clear(self) -> None:
@@ -138,6 +140,7 @@ class StepTracker:
                     loss=self.reduce_losses(self.losses) if self.losses else None, tokens=self.tokens,
                     untimed_ops=untimed)
         self.done.append(step)
+        self.last_ended = step.ended
         self._begun, self._operations_at = now, operations
         self._clear()
         if self.after_step is not None:
