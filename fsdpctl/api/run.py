@@ -3,7 +3,6 @@ torchx's app handle). ``launch`` and ``submit`` return one; ``get_run`` finds on
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -14,10 +13,12 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..errors import WaitTimeout
 from ..rundir.lines import LogLine
 from ..rundir.state import Outcome, RunState
+from .log_lines import LogLines
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..diagnose.stacks import StackReport
+    from ..goodput.account import Account
     from ..live.snapshot import Snapshot
     from ..metrics.summary import Report
     from ..plan.types import LaunchPlan
@@ -310,6 +311,14 @@ class Run:
 
         return report_of([self], plot=plot, fetch=fetch)
 
+    def goodput(self, *, fetch: bool = True) -> Optional[Account]:
+        """Where this run's time went (``report``'s goodput section): every second from its start to its
+        end (to now while it runs) in one category, in seconds and GPU-hours, with its ETTR and strict
+        goodput (None: it has not started)."""
+        from .summaries import goodput_of
+
+        return goodput_of(self, fetch=fetch)
+
     def resume(self, *, steps: Optional[int] = None, epochs: Optional[int] = None, detach: bool = False,
                preflight: bool = True, fetch: tuple[str, ...] = (), node_timeout: Optional[int] = None,
                hang_timeout: Optional[int] = None, on_hang: Optional[str] = None,
@@ -349,52 +358,3 @@ class Run:
         if not detach:
             self._dir, _ = follow_with_restarts(backend, self._dir, follower, emit, signals=handle_signals, fetch=fetch)
         return self
-
-
-class LogLines:
-    """A run's lines, read (or followed) as they are iterated; ``notes`` says afterwards what could
-    not be read. Lines wait in a bounded queue: a slow reader slows the reading, never memory."""
-
-    QUEUE_LINES = 4096
-
-    def __init__(self, produce: Callable[[Callable[[LogLine], None], threading.Event], list[str]],
-                 keep: Callable[[LogLine], bool]):
-        self._produce, self._keep = produce, keep
-        self.notes: list[str] = []
-
-    def __iter__(self) -> Iterator[LogLine]:
-        lines: queue.Queue = queue.Queue(maxsize=self.QUEUE_LINES)
-        leave = threading.Event()
-        done = object()
-        failed: list[BaseException] = []
-
-        def put(item: object) -> None:
-            while not leave.is_set():
-                try:
-                    lines.put(item, timeout=0.2)
-                    return
-                except queue.Full:
-                    continue
-
-        def sink(line: LogLine) -> None:
-            if self._keep(line):
-                put(line)
-
-        def body() -> None:
-            try:
-                self.notes.extend(self._produce(sink, leave))
-            except BaseException as exc:  # noqa: BLE001 - handed to the reader, raised there
-                failed.append(exc)
-            finally:
-                put(done)
-
-        reader = threading.Thread(target=body, name="fsdpctl-logs", daemon=True)
-        reader.start()
-        try:
-            while (item := lines.get()) is not done:
-                yield item
-            if failed:
-                raise failed[0]
-        finally:
-            leave.set()
-            reader.join(timeout=30)

@@ -43,11 +43,25 @@ def run_series(run: Any, fetch: bool = True, rows: bool = False) -> tuple[Series
 
         summary_.timeline = render(timed, {str(n.node_rank): n.host for n in run.plan.nodes})
     summary_.gpus = gpus.lines()
+    _add_goodput(run, summary_)
     if summary_.straggler and gpus.hosts:
         cause = gpus.cause(str(summary_.straggler.get("host")), summary_.straggler.get("local_ranks") or [])
         if cause:
             summary_.straggler["cause"] = cause
     return series, summary_
+
+
+def _add_goodput(run: Any, summary_: RunSummary) -> None:
+    """The run's goodput account into its summary, from the files brought back above."""
+    from ..goodput.render import section
+
+    try:
+        counted = goodput_of(run, fetch=False)
+    except (FsdpctlError, OSError, ValueError) as exc:
+        summary_.notes.append(f"goodput: not counted ({exc})")
+        return
+    if counted is not None:
+        summary_.goodput, summary_.goodput_lines = counted.to_json(), section(counted)
 
 
 def _indexed(run: Any) -> Optional[Any]:
@@ -175,3 +189,22 @@ def write_html(runs: list[Any], path: Path, summaries: Optional[list[RunSummary]
     except OSError as exc:
         raise UsageError(f"report --html {path}: cannot write it ({exc.strerror})", "give a file in a folder you can "
                          "write") from None
+
+
+def goodput_of(run: Any, fetch: bool = True) -> Optional[Any]:
+    """The goodput account (``fsdpctl.goodput``) of ``run`` (a ``Run``) from its start to its end, or to
+    now while it is live (None: no attempt of it has a timeline yet): its rows read from its files
+    (brought back from its nodes first when ``fetch``), and the telemetry of its earlier attempts where
+    the nodes' run directory is readable here (each attempt moves its own aside)."""
+    from ..goodput.account import account
+    from ..goodput.facts import read_rows, run_facts
+    from ..live import layout
+
+    found, _ = run_files(run, fetch)
+    files = metrics_sources(found)
+    where = layout.readable_here(run.plan, run.path)
+    if where is not None:
+        files += sorted(where.glob("attempts/*/telemetry/node*.jsonl"))
+    spares = len(getattr(run.profile, "spares", None) or ())
+    facts = run_facts(run._dir.record, run.plan, run.path, read_rows(files), spares=spares)
+    return account(facts) if facts is not None else None

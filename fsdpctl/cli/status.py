@@ -34,8 +34,9 @@ def status(
         return
     with fsdpctl.get_run(run_id) as run:
         info = run.status()
+        counted = goodput_here(run)
     if as_json:
-        typer.echo(json.dumps(info.to_json(), indent=2))
+        typer.echo(json.dumps({**info.to_json(), "goodput": counted.to_json() if counted else None}, indent=2))
         return
     last = info.last_metrics or {}
     progress = f"; last step {last.get('step')} loss {loss_text(last.get('loss'))}" if last else ""
@@ -44,6 +45,10 @@ def status(
         start = f" from step {info.from_step}" if info.from_step is not None else ""
         which = f" (attempt {info.attempt}{start})"
     typer.echo(f"{info.run_id}: {info.state}{which}{progress}")
+    if counted is not None:
+        from fsdpctl.goodput.render import one_line
+
+        typer.echo(f"  {one_line(counted)}")
     for earlier in info.attempts:
         start = f" from step {earlier.from_step}" if earlier.from_step is not None else ""
         ended = f": {earlier.ended_by}" if earlier.ended_by else ""
@@ -72,6 +77,16 @@ def status(
         cause = gpu_cause(info.gpu_samples, str(where.get("host")), where.get("local_ranks") or []) if where else None
         if cause:
             typer.echo(f"  cause, from its GPU's samples: {cause}")
+
+
+def goodput_here(run: object) -> Optional[object]:
+    """The run's goodput account from the files here (no node is asked); None where it has none."""
+    from fsdpctl.errors import FsdpctlError
+
+    try:
+        return run.goodput(fetch=False)  # type: ignore[attr-defined]
+    except (FsdpctlError, OSError, ValueError):
+        return None
 
 
 def print_timings(run_id: Optional[str], attempt: Optional[int], as_json: bool) -> None:

@@ -48,6 +48,10 @@ class RunSummary:
     """Each node's GPUs over the run, from its samples (clocks, heat, utilisation, slowdowns seen)."""
     timeline: list[str] = field(default_factory=list)
     """Where its launch's seconds went (``status --timings``), as text lines."""
+    goodput: Optional[dict[str, Any]] = None
+    """Where all its time went (``fsdpctl.goodput``): the account as JSON."""
+    goodput_lines: list[str] = field(default_factory=list)
+    """The same as the report's text section."""
 
     @property
     def restarts(self) -> int:
@@ -132,6 +136,7 @@ def render(summaries: list[RunSummary], every_rank: bool = False) -> str:
         if s.timeline:
             lines.append(f"{prefix}where the launch's seconds went (seconds after it began):")
             lines += [f"{prefix}  {line}" for line in s.timeline]
+        lines += [f"{prefix}{line}" for line in s.goodput_lines]
         if s.skipped_lines:
             lines.append(f"{prefix}{s.skipped_lines} line(s) of metrics.jsonl were not JSON rows with a step: skipped")
     return "\n".join(lines)

@@ -211,3 +211,62 @@ def test_a_failing_script_keeps_its_exit_and_a_failing_telemetry_changes_nothing
     assert printed(broken.stdout) == printed(plain.stdout) and len(printed(plain.stdout)) == 20
     off = [line for line in (broken.stdout + broken.stderr).splitlines() if "rank telemetry is off" in line]
     assert len(off) == 2, off  # one line per rank
+
+
+def test_the_goodput_account_of_a_run_with_injected_faults_matches_its_own_ground_truth(lab, tmp_path, code):
+    """goodput_truth.py logs, on its own clock, each interval it injects (saves of a known blocking
+    length, data-loader sleeps, a slowed rank, a rank killed 11 steps after a checkpoint, the load on
+    the restart, an idle tail); the account, from fsdpctl's files alone, must put each within 10% of
+    its truth and 2% of wall time, count the steps done again exactly, attribute all but 1% of the wall
+    time, and count the spare idle until the restart ran on it."""
+    n4 = lab.hosts["n4"]
+    path = tmp_path / "spared.yaml"
+    path.write_text(lab.profile_yaml(["n1", "n2"], python=sys.executable, name="spared")
+                    + f"spares:\n  - host: {n4.address}\n    port: {n4.port}\n    interface: eth1\n")
+    truth_dir = tmp_path / "truth"
+    truth_dir.mkdir()
+    done = run(lab, tmp_path, "launch", "-p", str(path), "--no-preflight", "--max-restarts", "1", "--code", str(code),
+               "--", "goodput_truth.py", str(truth_dir), timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_id = re.search(r"run (\S+) succeeded", done.stdout + done.stderr).group(1)
+    said = run(lab, tmp_path, "status", run_id, "--json")
+    assert said.returncode == 0, said.stderr
+    counted = json.loads(said.stdout)["goodput"]
+    truth = [json.loads(line) for line in (truth_dir / "truth.jsonl").read_text().splitlines()]
+
+    def total(kind: str) -> float:
+        return sum(t["end"] - t["began"] for t in truth if t["kind"] == kind)
+
+    seconds, wall = counted["seconds"], counted["wall_s"]
+    killed = next(t for t in truth if t["kind"] == "killed")
+    assert counted["attempts"] == 2
+    assert counted["steps_redone"] == killed["step"] - killed["last_saved"] == 11
+    assert sum(seconds.values()) == pytest.approx(wall, abs=0.01), seconds
+    assert seconds["unattributed"] <= 0.01 * wall, seconds
+    # Saves after the durable one of attempt 1 (none here) and those of attempt 2 all block: all counted.
+    injected = {"checkpoint_save": total("checkpoint_save"), "checkpoint_load": total("checkpoint_load"),
+                "shutdown": total("tail")}
+    for name, value in injected.items():
+        assert abs(seconds[name] - value) <= 0.1 * value + 0.02 * wall, (name, value, json.dumps(counted))
+    # The data loader's sleeps of attempt 1 after the checkpoint are work done again: the rest are data wait.
+    durable = next(t["end"] for t in truth if t["kind"] == "checkpoint_save" and t["attempt"] == 1 and t["step"] == 30)
+    kept_data = sum(t["end"] - t["began"] for t in truth if t["kind"] == "data_wait"
+                    and not (t["attempt"] == 1 and t["began"] > durable))
+    assert abs(seconds["data_wait"] - kept_data) <= 0.1 * kept_data + 0.02 * wall, (kept_data, json.dumps(counted))
+    # Rank 0 waited for the slowed rank 1; a category is the mean over the ranks: two ranks, half of it.
+    slowed = total("slowed_wait")
+    assert 2 * seconds["collective_wait"] >= 0.9 * slowed, (slowed, seconds)
+    assert counted["straggler_s"] == pytest.approx(slowed, rel=0.25), (slowed, counted)
+    redone = killed["began"] - durable
+    assert redone <= seconds["redone"] <= redone + 0.02 * wall + 3.0, (redone, seconds)
+    gpu_h = counted["gpu_hours"]
+    assert sum(gpu_h.values()) == pytest.approx(counted["held_gpu_hours"], rel=0.005)
+    # n4 was held idle as a spare until the second attempt ran on it in the place of n2 (the host of the
+    # rank that died alone): one rank's worth of GPU-hours from the run's start to that attempt's.
+    record = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())
+    assert [r["by"] for r in record["replacements"]] == [n4.address]
+    held_idle = record["timeline"]["origin"] - record["attempts"][0]["timeline"]["origin"]
+    # (and a node whose ranks left before the other's is idle until the other's left: at most a second)
+    assert 0.995 * held_idle <= gpu_h["idle"] * 3600 <= held_idle + 1.0, (held_idle, gpu_h)
+    text = run(lab, tmp_path, "report", run_id).stdout
+    assert "goodput: ETTR" in text and "work done again" in text, text[-3000:]

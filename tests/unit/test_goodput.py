@@ -1,0 +1,135 @@
+"""The goodput account's partition: every second once, in the category its facts give it."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from fsdpctl.goodput.account import CATEGORIES, AttemptFacts, RunFacts, Timed, Window, account
+from fsdpctl.goodput.facts import run_facts
+from fsdpctl.goodput.render import bar, one_line, section
+from fsdpctl.rundir.state import RunState
+
+
+def tiled(begin: float, steps: int, step_s: float, first_s: float, *, data_s: float = 0.0, comm_s: float = 0.0,
+          from_step: int = 0) -> list[Window]:
+    """One step's window (the first, ``first_s`` long), then windows of one step each, tiling."""
+    windows, at = [], begin
+    for n in range(steps):
+        length = first_s if n == 0 else step_s
+        windows.append(Window(end=at + length, steps=1, last_step=from_step + n + 1, begin=at,
+                              data_s=data_s, comm_s=comm_s))
+        at += length
+    return windows
+
+
+def test_a_clean_attempt_is_start_up_warm_up_steps_a_save_and_its_tail_and_adds_up():
+    windows = tiled(10.0, 20, 1.0, 4.0, data_s=0.1, comm_s=0.2)  # steps from 10 to 33
+    save = Timed(began=20.0, seconds=2.0, kind="save", step=10, complete=True)  # inside steps 8-9
+    attempt = AttemptFacts(1, begin=0.0, end=40.0, ranks=4, held=4, windows=windows, timed=[save])
+    counted = account(RunFacts(begin=0.0, end=40.0, attempts=[attempt]))
+    s = counted.seconds
+    assert s["startup"] == pytest.approx(10.0)
+    assert s["warmup"] == pytest.approx(3.0)  # the first step's 4 s against a median of 1 s
+    assert s["checkpoint_save"] == pytest.approx(2.0)
+    assert s["shutdown"] == pytest.approx(40.0 - 33.0)
+    # 23 s of windows (4 + 19 x 1) less the save's 2 and the warm-up's 3: 18 s, 0.1 and 0.2 of each step waiting
+    in_steps = s["productive"] + s["data_wait"] + s["collective_wait"]
+    assert in_steps == pytest.approx(18.0)
+    assert s["data_wait"] == pytest.approx(0.1 * 20, rel=0.1)
+    assert s["collective_wait"] == pytest.approx(0.2 * 20, rel=0.1)
+    assert s["unattributed"] == 0.0
+    assert sum(s.values()) == pytest.approx(40.0)
+    assert sum(counted.gpu_s.values()) == pytest.approx(counted.held_gpu_s) == pytest.approx(160.0)
+    assert counted.ettr == pytest.approx((18.0 + 3.0) / 40.0)
+    assert counted.goodput == pytest.approx(s["productive"] / 40.0)
+
+
+def test_a_failed_attempt_books_its_work_after_the_last_checkpoint_once_and_the_restart_stands_still():
+    first = AttemptFacts(1, begin=0.0, end=30.0, ranks=2, held=4, failed=True, failed_at=26.0,
+                         windows=tiled(5.0, 20, 1.0, 1.0), durable_step=10, durable_at=16.0,
+                         timed=[Timed(began=15.0, seconds=1.0, kind="save", step=10, complete=True)])
+    second = AttemptFacts(2, begin=35.0, end=60.0, ranks=2, held=4, windows=tiled(40.0, 10, 1.0, 1.0, from_step=10),
+                          timed=[Timed(began=37.0, seconds=2.0, kind="load")])
+    counted = account(RunFacts(begin=0.0, end=60.0, attempts=[first, second]))
+    s = counted.seconds
+    # steps 11..20 ran from 16 to 25; the failure at 26: all of it thrown away, once
+    assert s["redone"] == pytest.approx(26.0 - 16.0)
+    assert counted.steps_redone == 10
+    assert s["stood_still"] == pytest.approx((30.0 - 26.0) + (35.0 - 30.0))
+    assert s["checkpoint_load"] == pytest.approx(2.0)
+    assert s["startup"] == pytest.approx(5.0 + (40.0 - 35.0 - 2.0))
+    assert sum(s.values()) == pytest.approx(60.0) and s["unattributed"] == 0.0
+    # two ranks run, two more are held (a spare node): idle the whole time
+    assert counted.gpu_s["idle"] == pytest.approx(2 * 60.0)
+    assert sum(counted.gpu_s.values()) == pytest.approx(counted.held_gpu_s) == pytest.approx(4 * 60.0)
+
+
+def test_a_hang_runs_from_the_last_progress_to_the_verdict_and_the_teardown_stands_still():
+    hung = AttemptFacts(1, begin=0.0, end=50.0, ranks=2, held=2, failed=True, hang_at=45.0, failed_at=48.0,
+                        windows=tiled(5.0, 10, 1.0, 1.0))  # last step at 15
+    counted = account(RunFacts(begin=0.0, end=50.0, attempts=[hung]))
+    s = counted.seconds
+    assert s["hang"] == pytest.approx(30.0)
+    assert s["stood_still"] == pytest.approx(5.0)
+    assert s["redone"] == pytest.approx(10.0)  # no checkpoint: every step is lost
+    assert counted.steps_redone == 10
+    assert sum(s.values()) == pytest.approx(50.0)
+
+
+def test_what_no_fact_covers_is_unattributed_and_an_attempt_without_steps_is_start_up():
+    no_steps = AttemptFacts(1, begin=0.0, end=10.0, ranks=1, held=1, failed=True, failed_at=8.0)
+    counted = account(RunFacts(begin=0.0, end=12.0, attempts=[no_steps]))
+    assert counted.seconds["startup"] == pytest.approx(8.0)
+    assert counted.seconds["stood_still"] == pytest.approx(2.0)
+    assert counted.seconds["unattributed"] == pytest.approx(2.0)  # past the attempt's recorded end
+
+
+def test_a_day_of_one_second_windows_is_divided_in_one_pass():
+    windows = tiled(0.0, 86_400, 1.0, 1.0)
+    attempt = AttemptFacts(1, begin=0.0, end=86_401.0, ranks=8, held=8, windows=windows)
+    began = time.process_time()
+    counted = account(RunFacts(begin=0.0, end=86_401.0, attempts=[attempt]))
+    assert counted.seconds["productive"] == pytest.approx(86_400.0)
+    assert time.process_time() - began < 30  # quadratic would be hours: this bounds the shape, not the speed
+
+
+def test_the_text_has_one_line_a_bar_as_wide_as_asked_and_a_row_per_category_used():
+    attempt = AttemptFacts(1, begin=0.0, end=20.0, ranks=2, held=2, windows=tiled(5.0, 10, 1.0, 1.0))
+    counted = account(RunFacts(begin=0.0, end=20.0, attempts=[attempt]))
+    assert one_line(counted).startswith("goodput: ETTR 50.0%, strict 50.0% of 20.0 s; most lost to")
+    assert len(bar(counted, 40)) == 42
+    text = "\n".join(section(counted))
+    assert CATEGORIES["startup"] in text and CATEGORIES["hang"] not in text
+
+
+def _record(**fields):
+    base = {"attempt": 1, "attempts": (), "timeline": None, "started_at": None, "finished_at": None,
+            "state": RunState.SUCCEEDED, "from_step": None, "replacements": ()}
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_the_bundled_workloads_rows_become_windows_with_its_evaluations_and_saves_carved_out(tmp_path):
+    origin = 1000.0
+    timeline = {"origin": origin, "phases": {"startup": {"launcher": [0.0, 0.5]}, "exit": {"0": [29.0, 29.0]},
+                                             "logs": {"0": [30.0, 30.0]}}}
+    rows = [{"fsdpctl_event": "steps_begin", "kind": "event", "time": origin + 10.0, "attempt": 1, "step": 0},
+            {"kind": "train", "step": 5, "time": origin + 15.0, "ranks": [{"rank": 0, "data_s": 0.1, "comm_s": 0.2,
+                                                                          "compute_s": 0.7}]},
+            {"kind": "val", "step": 5, "time": origin + 17.0, "eval_s": 2.0},
+            {"fsdpctl_event": "checkpoint_saved", "kind": "event", "time": origin + 18.0, "attempt": 1, "step": 5,
+             "by": "workload", "began": origin + 17.0, "seconds": 1.0},
+            {"kind": "train", "step": 10, "time": origin + 23.0, "ranks": [{"rank": 0, "data_s": 0.1, "comm_s": 0.2,
+                                                                           "compute_s": 0.7}]}]
+    plan = SimpleNamespace(nproc_per_node=2, num_nodes=1, full_nodes=None, command=None)
+    facts = run_facts(_record(timeline=timeline), plan, tmp_path, rows)
+    counted = account(facts)
+    s = counted.seconds
+    assert s["startup"] == pytest.approx(10.0)
+    assert s["between_steps"] == pytest.approx(2.0) and counted.eval_s == pytest.approx(2.0)
+    assert s["checkpoint_save"] == pytest.approx(1.0)
+    assert sum(s[k] for k in ("productive", "data_wait", "collective_wait", "warmup")) == pytest.approx(10.0)
+    assert s["shutdown"] == pytest.approx(7.0)
+    assert sum(s.values()) == pytest.approx(30.0) and s["unattributed"] == 0.0
