@@ -19,7 +19,8 @@ PUBLIC_NAMES = (
     "PreflightFailed", "PreflightStarted", "Prepared", "ProfileError", "ProfileNotFound", "Run", "RunEnded",
     "RunInfo", "RunStarted", "RunState", "RunStatus", "StackReport", "UsageError", "WaitTimeout", "doctor",
     "get_run", "launch", "load_profile", "prepare", "runs", "submit", "init_profile", "InitResult", "InitRefused",
-    "estimate", "EstimateReport", "report", "Report", "hosts", "HostInfo", "watch", "Snapshot",
+    "estimate", "EstimateReport", "report", "Report", "hosts", "HostInfo", "watch", "Snapshot", "goodput",
+    "GoodputReport",
 )
 """What ``fsdpctl.api`` offers as ``fsdpctl.<name>``."""
 

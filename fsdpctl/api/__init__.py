@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         RunEnded,
         RunStarted,
     )
+    from .goodput import GoodputReport, goodput
     from .hosts import HostInfo, hosts
     from .init import InitRefused, InitResult, init_profile
     from .launching import launch, prepare, submit
@@ -61,6 +62,7 @@ _MODULES = {
     "fsdpctl.api.estimate": ("EstimateReport", "estimate"),
     "fsdpctl.api.events": ("AttemptStarting", "Event", "Fetched", "HostChecked", "Notice", "PreflightFailed",
                            "PreflightStarted", "RunEnded", "RunStarted"),
+    "fsdpctl.api.goodput": ("GoodputReport", "goodput"),
     "fsdpctl.api.hosts": ("HostInfo", "hosts"),
     "fsdpctl.api.init": ("InitRefused", "InitResult", "init_profile"),
     "fsdpctl.api.launching": ("launch", "prepare", "submit"),

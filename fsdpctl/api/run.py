@@ -3,6 +3,7 @@ torchx's app handle). ``launch`` and ``submit`` return one; ``get_run`` finds on
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -16,9 +17,9 @@ from ..rundir.state import Outcome, RunState
 from .log_lines import LogLines
 
 if TYPE_CHECKING:
+    from ..accounting.account import Account
     from ..backends.base import Backend
     from ..diagnose.stacks import StackReport
-    from ..goodput.account import Account
     from ..live.snapshot import Snapshot
     from ..metrics.summary import Report
     from ..plan.types import LaunchPlan
@@ -209,8 +210,14 @@ class Run:
         if interval <= 0:
             raise UsageError(f"watch interval {interval:g} s: must be positive", "give seconds, e.g. 2")
         backend = self.backend
-        return snapshots(LiveRun(self._dir, backend.log_tail, backend.scheduler_status), interval,
-                         until_over=until_over, gap=gap)
+        taken = snapshots(LiveRun(self._dir, backend.log_tail, backend.scheduler_status), interval,
+                          until_over=until_over, gap=gap)
+        return (dataclasses.replace(snap, goodput=self._goodput_line()) for snap in taken)
+
+    def _goodput_line(self) -> Optional[str]:
+        from ..accounting.cache import counted
+
+        return counted(self)[1]
 
     def wait(self, timeout: Optional[float] = None, *, on_event: Optional[EventHandler] = None,
              handle_signals: bool = False) -> Outcome:

@@ -53,12 +53,12 @@ def run_series(run: Any, fetch: bool = True, rows: bool = False) -> tuple[Series
 
 def _add_goodput(run: Any, summary_: RunSummary) -> None:
     """The run's goodput account into its summary, from the files brought back above."""
-    from ..goodput.render import section
+    from ..accounting.render import section
 
     try:
         counted = goodput_of(run, fetch=False)
-    except (FsdpctlError, OSError, ValueError) as exc:
-        summary_.notes.append(f"goodput: not counted ({exc})")
+    except Exception as exc:  # noqa: BLE001 - the report's other figures stand without it
+        summary_.notes.append(f"goodput: not counted ({type(exc).__name__}: {exc})")
         return
     if counted is not None:
         summary_.goodput, summary_.goodput_lines = counted.to_json(), section(counted)
@@ -192,12 +192,12 @@ def write_html(runs: list[Any], path: Path, summaries: Optional[list[RunSummary]
 
 
 def goodput_of(run: Any, fetch: bool = True) -> Optional[Any]:
-    """The goodput account (``fsdpctl.goodput``) of ``run`` (a ``Run``) from its start to its end, or to
+    """The goodput account (``fsdpctl.accounting``) of ``run`` (a ``Run``) from its start to its end, or to
     now while it is live (None: no attempt of it has a timeline yet): its rows read from its files
     (brought back from its nodes first when ``fetch``), and the telemetry of its earlier attempts where
     the nodes' run directory is readable here (each attempt moves its own aside)."""
-    from ..goodput.account import account
-    from ..goodput.facts import read_rows, run_facts
+    from ..accounting.account import account
+    from ..accounting.facts import read_rows, run_facts
     from ..live import layout
 
     found, _ = run_files(run, fetch)

@@ -29,12 +29,23 @@ def report(
     tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", metavar="DIR", help="Write each run's "
                                                "TensorBoard event files into DIR/<run_id>/ (as export.tensorboard "
                                                "does live)."),
+    goodput: bool = typer.Option(False, "--goodput", help="Where the GPU-hours of many runs went: the runs given, "
+                                 "else every run (of --since, --profile); totals by category, the worst runs."),
+    since: Optional[str] = typer.Option(None, "--since", metavar="AGE|DATE", help="With --goodput: runs created "
+                                        "since then (30m, 12h, 7d, 2w, or a date such as 2026-11-21)."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", metavar="NAME", help="With --goodput: runs of "
+                                          "this profile only."),
 ) -> None:
     """Final and best losses, tokens/s, MFU, time per step, memory per rank, the straggler named,
     each rank's compute, collective wait, data wait and peak memory, attempts; several runs side by
     side."""
     import fsdpctl
 
+    if goodput or since is not None or profile is not None:
+        across = fsdpctl.goodput(list(run_ids) if run_ids else None, since=since, profile=profile,
+                                 fetch=not no_fetch and bool(run_ids))
+        typer.echo(json.dumps(across.to_json(), indent=2) if as_json else across.text)
+        return
     result = fsdpctl.report(list(run_ids) if run_ids else None, plot=plot, fetch=not no_fetch,
                             tensorboard=tensorboard, html=html)
     if as_json:

@@ -173,11 +173,14 @@ def render(snap: Snapshot, width: int = 80, height: int = 24, *, rank: Optional[
     if run.first_failure and snap.over:
         screen.add(("first failure: " + run.first_failure, "red"))
     logs_room = 4 if snap.logs else 0
-    tail = 2 + (1 if snap.attempts or snap.replacements or snap.hosts.spares or snap.hosts.excluded else 0)
+    tail = 2 + (1 if snap.attempts or snap.replacements or snap.hosts.spares or snap.hosts.excluded else 0) \
+        + (1 if snap.goodput else 0)
     _nodes(screen, snap.nodes, screen.left - logs_room - tail - _heat_height(snap, width))
     _ranks(screen, snap, screen.left - logs_room - tail)
     _straggler(screen, snap)
     _attempts(screen, snap)
+    if snap.goodput:
+        screen.add((snap.goodput, "cyan"))
     _logs(screen, snap, rank, node)
     out = Text("\n").join(screen.lines + [Text("")] * max(0, screen.left))
     if keys:

@@ -39,6 +39,8 @@ PROMETHEUS_SECONDS = 15.0
 """How often the textfile is written again: Prometheus scrapes every 15 s or so (DCGM-Exporter itself
 collects every 30 s by default); each write renders every GPU's and rank's figures (about 12 ms at 16 x 8
 GPUs), so writing it more often than it is read costs the launcher for nothing."""
+GOODPUT_SECONDS = 30.0
+"""The run's goodput account is counted again at most this often (it reads every row of the run)."""
 RANK_FIGURES = (("compute_s", "compute_s", "fsdpctl_rank_compute_seconds", "Seconds of compute per step"),
                 ("comm_s", "collective_s", "fsdpctl_rank_collective_seconds",
                  "Seconds per step waiting on collectives not hidden behind compute"),
@@ -117,6 +119,9 @@ class LiveExports:
         """Each node's newest GPU sample."""
         self.updated_at = 0.0
         self.textfile_at = 0.0
+        self.goodput: Optional[Any] = None
+        """The run's goodput account as last counted (``fsdpctl.accounting``), and when (monotonic)."""
+        self.goodput_at = -GOODPUT_SECONDS
         self.came = False
         self.written: tuple[int, int, int] = (0, 0, 0)
         """How far the rows written go: (the reader's resets, the newest train step, the newest
@@ -175,6 +180,11 @@ class LiveExports:
         feed = self.metrics
         if self.own_reader:
             self.reader.update()
+        if force or time.monotonic() - self.goodput_at >= GOODPUT_SECONDS:
+            self.goodput_at = time.monotonic()
+            self._guarded("goodput", self._count_goodput)
+            if self.writer is not None and self.goodput is not None:
+                self._guarded("TensorBoard", lambda: self._goodput_scalars(feed))
         self._guarded("TensorBoard", lambda: self.writer.flush() if self.writer is not None else None)
         due = force or time.monotonic() - self.textfile_at >= PROMETHEUS_SECONDS
         if self.textfile is not None and due:  # scraped every 15 s or so: a few seconds old is current
@@ -185,6 +195,24 @@ class LiveExports:
         if self.sources is None and self.came:
             self.came = False
             self._guarded("export state", self._save)
+
+    def _count_goodput(self) -> None:
+        """Where the run's time went so far, counted again (it reads every row: at most every
+        ``GOODPUT_SECONDS``)."""
+        from ..accounting.cache import account_of_dir
+
+        self.goodput = account_of_dir(self.run)
+
+    def _goodput_scalars(self, feed: MetricsFeed) -> None:
+        """The account into TensorBoard at the newest step: ``goodput/*`` and ``badput/<category>_s``."""
+        assert self.writer is not None and self.goodput is not None
+        step, wall = feed.step or 0, time.time()
+        for tag, value in (("goodput/ettr", self.goodput.ettr), ("goodput/strict", self.goodput.goodput)):
+            if value is not None:
+                self.writer.scalar(tag, value, step, wall)
+        for name, seconds in self.goodput.seconds.items():
+            if name != "productive":
+                self.writer.scalar(f"badput/{name}_s", seconds, step, wall)
 
     def close(self) -> None:
         """The last of it; the textfile goes (a finished run is no longer current)."""
@@ -283,6 +311,24 @@ class LiveExports:
             if samples:
                 families.append(Family(name, words + " in the newest window.", "gauge", samples))
         families += self._gpu_families(base)
+        families += self._goodput_families(base)
+        return families
+
+    def _goodput_families(self, base: dict[str, str]) -> list[Family]:
+        """The run's goodput so far: its two ratios, and its seconds by category outside productive steps."""
+        from ..export.prometheus import Family
+
+        account = self.goodput
+        if account is None:
+            return []
+        families = [Family(name, words, "gauge", [(base, value)]) for name, words, value in (
+            ("fsdpctl_goodput_ettr", "Time in steps that survived over wall time, so far (ETTR).", account.ettr),
+            ("fsdpctl_goodput_ratio", "Productive step time over wall time, so far (strict goodput).", account.goodput))
+            if value is not None]
+        families.append(Family("fsdpctl_badput_seconds", "Seconds of the run so far in each category outside "
+                               "productive steps (fsdpctl.accounting).", "gauge",
+                               [({**base, "category": name}, seconds) for name, seconds in account.seconds.items()
+                                if name != "productive"]))
         return families
 
     def _gpu_families(self, base: dict[str, str]) -> list[Family]:

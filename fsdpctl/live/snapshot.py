@@ -133,6 +133,9 @@ class Snapshot:
     hosts: HostsNow = field(default_factory=HostsNow)
     logs: tuple[LogLine, ...] = ()
     """The newest log lines, oldest first."""
+    goodput: Optional[str] = None
+    """Where the run's time went so far, in a line (``fsdpctl.accounting``; ``Run.watch`` counts it at
+    most every 30 s)."""
 
     @property
     def over(self) -> bool:

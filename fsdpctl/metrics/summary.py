@@ -49,7 +49,7 @@ class RunSummary:
     timeline: list[str] = field(default_factory=list)
     """Where its launch's seconds went (``status --timings``), as text lines."""
     goodput: Optional[dict[str, Any]] = None
-    """Where all its time went (``fsdpctl.goodput``): the account as JSON."""
+    """Where all its time went (``fsdpctl.accounting``): the account as JSON."""
     goodput_lines: list[str] = field(default_factory=list)
     """The same as the report's text section."""
 

@@ -58,12 +58,13 @@ def _scripts_dir(run: Any) -> Path:
     return (run.root if hasattr(run, "root") else run.path) / "scripts"
 
 
-def run_page(run: Any, snapshot: dict[str, Any]) -> dict[str, Any]:
-    """One run's page besides its charts: the snapshot, the plan in brief, the scripts' names."""
+def run_page(run: Any, snapshot: dict[str, Any], goodput: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """One run's page besides its charts: the snapshot, the plan in brief, the scripts' names, where
+    its time went (``goodput``: ``fsdpctl.accounting.cache.counted_json``)."""
     plan = run.plan
     folder = _scripts_dir(run)
     scripts = sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-    return {"snapshot": snapshot, "scripts": scripts,
+    return {"snapshot": snapshot, "scripts": scripts, "goodput": goodput,
             "plan": {"run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend,
                      "nodes": [{"node_rank": n.node_rank, "host": n.host, "address": n.address, "nproc": n.nproc}
                                for n in plan.nodes],

@@ -81,7 +81,14 @@ class RunWatcher:
                 chart_data = self.charts.to_json(first_nodes(snapshot), page=True)
         else:
             chart_data = self.payload.data.get("charts")
-        self.payload.publish({**run_page(self.live.run, snapshot.to_json()), "charts": chart_data})
+        self.payload.publish({**run_page(self.live.run, snapshot.to_json(), self._goodput()), "charts": chart_data})
+
+    def _goodput(self) -> Optional[dict[str, Any]]:
+        """Where the run's time went so far (counted at most every 30 s: it reads every row)."""
+        from ..accounting.cache import counted_json
+        from ..api.run import Run
+
+        return counted_json(Run(self.live.run))
 
     def node_charts(self, node: int) -> dict[str, Any]:
         """One node's curves by time, as they stand (a page asks as the node comes into view)."""

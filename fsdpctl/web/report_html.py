@@ -42,7 +42,9 @@ def run_report_data(run: Any, metrics: list[Path], gpus: list[Path]) -> dict[str
     snapshot = next(run.watch())
     charts = ChartStore(run.path, run.plan, run.plan.world_size, sources=(metrics, gpus), whole=True)
     charts.update()
-    return {**run_page(run, snapshot.to_json()), "charts": charts.to_json()}
+    from ..accounting.cache import counted_json
+
+    return {**run_page(run, snapshot.to_json(), counted_json(run)), "charts": charts.to_json()}
 
 
 def write_report(path: Path, runs: list[dict[str, Any]], summaries: Sequence[Any] = ()) -> Path:

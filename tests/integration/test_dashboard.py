@@ -310,6 +310,16 @@ def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
         stray = page.evaluate("[...document.querySelectorAll('.report-run')].flatMap((c) => [...c.childNodes])"
                               ".filter((n) => n.nodeType !== 1).map((n) => n.textContent)")
         assert stray == [], stray  # every part of a run's section is a panel: no stray text such as "null"
+        # where each run's time went: its ratios, a bar part and a table row per category it has
+        for run_id in ids:
+            account = f'.report-run[data-run="{run_id}"] #goodput'
+            assert page.inner_text(f"{account} #goodput-line").startswith("ETTR ")
+            shown = page.evaluate(f"[...document.querySelectorAll('{account} #goodput-table tr[data-category]')]"
+                                  ".map((r) => r.dataset.category)")
+            assert {"startup", "productive"} <= set(shown) and "unattributed" not in shown, shown
+            widths = page.evaluate(f"[...document.querySelectorAll('{account} #goodput-bar > span')]"
+                                   ".map((s) => parseFloat(s.style.width))")
+            assert sum(widths) == pytest.approx(100, abs=0.5), widths  # every second of the run, once
         # a run without per-rank timings: the line alone, no blank box under it
         heat = f'.report-run[data-run="{plain}"] #heat'
         assert page.inner_text(f"{heat} #heat-legend") == "no per-rank timings"

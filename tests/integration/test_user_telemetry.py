@@ -61,9 +61,11 @@ def report(lab, tmp_path: Path, run_id: str) -> dict:
 
 
 def rows(lab, run_id: str) -> list[dict]:
-    """Every rank's rows as the nodes wrote them (the lab's hosts share this machine's files)."""
+    """Every rank's rows of figures as the nodes wrote them (the lab's hosts share this machine's files),
+    without the event rows written beside them (a checkpoint call, the program's exit)."""
     folder = lab.root / "work" / "runs" / run_id / "telemetry"
-    return [json.loads(line) for path in sorted(folder.glob("node*.jsonl")) for line in path.read_text().splitlines()]
+    every = [json.loads(line) for path in sorted(folder.glob("node*.jsonl")) for line in path.read_text().splitlines()]
+    return [row for row in every if "fsdpctl_event" not in row]
 
 
 def printed(out: str, pattern: str = r"\] step (\d+) loss ([\d.]+)") -> dict[int, list[float]]:

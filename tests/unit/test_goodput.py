@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from fsdpctl.goodput.account import CATEGORIES, AttemptFacts, RunFacts, Timed, Window, account
-from fsdpctl.goodput.facts import run_facts
-from fsdpctl.goodput.render import bar, one_line, section
+from fsdpctl.accounting.account import CATEGORIES, AttemptFacts, RunFacts, Timed, Window, account
+from fsdpctl.accounting.facts import run_facts
+from fsdpctl.accounting.render import bar, one_line, section
 from fsdpctl.rundir.state import RunState
 
 
@@ -133,3 +133,61 @@ def test_the_bundled_workloads_rows_become_windows_with_its_evaluations_and_save
     assert sum(s[k] for k in ("productive", "data_wait", "collective_wait", "warmup")) == pytest.approx(10.0)
     assert s["shutdown"] == pytest.approx(7.0)
     assert sum(s.values()) == pytest.approx(30.0) and s["unattributed"] == 0.0
+
+
+def test_a_programs_own_rows_of_every_rank_make_windows_and_the_first_starts_at_its_own_step_time(tmp_path):
+    origin = 2000.0
+    timeline = {"origin": origin, "phases": {"exit": {"0": [20.0, 20.0]}, "logs": {"0": [21.0, 21.0]}}}
+    rows = [{"step": n, "rank": r, "loss": 1.0, "step_time_s": 0.5, "time": origin + 5.0 + n}
+            for n in range(1, 11) for r in (0, 1)]
+    plan = SimpleNamespace(nproc_per_node=2, num_nodes=1, full_nodes=None, command=("train.py",))
+    counted = account(run_facts(_record(timeline=timeline), plan, tmp_path, rows))
+    s = counted.seconds
+    assert s["startup"] == pytest.approx(5.5)  # the first step's end (6.0) less its own 0.5 s
+    # 0.5 s of step 1, then nine windows of 1 s each; warm-up: none (the first step was quicker than the rest)
+    assert s["productive"] == pytest.approx(9.5) and s["unattributed"] == 0.0
+    assert s["shutdown"] == pytest.approx(21.0 - 15.0)
+
+
+def test_the_hooks_windows_stand_for_a_step_its_program_also_wrote_a_row_of(tmp_path):
+    origin = 3000.0
+    timeline = {"origin": origin, "phases": {"logs": {"0": [10.0, 10.0]}}}
+    hook = [{"step": n, "steps": 1, "kind": "train", "source": "hook", "rank": 0, "node": 0, "attempt": 1,
+             "time": origin + 4.0 + n, "wall_s": 1.0, "data_s": 0.25, "comm_s": 0.0, "compute_s": 0.75}
+            for n in range(1, 5)]
+    own = [{"step": n, "loss": 1.0, "time": origin + 4.0 + n} for n in range(1, 5)]
+    plan = SimpleNamespace(nproc_per_node=1, num_nodes=1, full_nodes=None, command=("train.py",))
+    counted = account(run_facts(_record(timeline=timeline), plan, tmp_path, hook + own))
+    assert counted.seconds["data_wait"] == pytest.approx(1.0)  # 4 steps x 0.25, once
+    assert counted.seconds["startup"] == pytest.approx(4.0) and counted.seconds["shutdown"] == pytest.approx(2.0)
+
+
+def test_since_takes_an_age_or_a_date_and_refuses_anything_else_in_one_line():
+    from datetime import datetime, timezone
+
+    from fsdpctl.api.goodput import since_moment
+    from fsdpctl.errors import UsageError
+
+    now = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)
+    assert since_moment("7d", now) == datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+    assert since_moment("90m", now) == datetime(2026, 11, 28, 10, 30, tzinfo=timezone.utc)
+    assert since_moment("2026-11-21T08:00+00:00", now) == datetime(2026, 11, 21, 8, 0, tzinfo=timezone.utc)
+    with pytest.raises(UsageError) as refused:
+        since_moment("last week", now)
+    assert "--since 'last week'" in str(refused.value) and "7d" in refused.value.hint
+
+
+def test_many_runs_are_totalled_and_the_ones_that_lost_most_are_named_with_their_largest_loss():
+    from fsdpctl.accounting.across import RunAccount, lines, to_json
+
+    good = account(RunFacts(0.0, 100.0, [AttemptFacts(1, 0.0, 100.0, 2, 2, windows=tiled(2.0, 97, 1.0, 1.0))]))
+    slow = account(RunFacts(0.0, 100.0, [AttemptFacts(1, 0.0, 100.0, 2, 2, windows=tiled(60.0, 30, 1.0, 1.0))]))
+    runs = [RunAccount("good-1", "two-node", None, good), RunAccount("slow-1", "two-node", None, slow)]
+    text = lines(runs, "on profile two-node", ["queued-1"])
+    assert text[0].startswith("goodput of 2 run(s) on profile two-node: 0.111 GPU-h held")
+    worst = [line for line in text if line.startswith("    ")]
+    assert worst[0].startswith("    slow-1 (two-node)") and "largest: start-up to first step (60.0%)" in worst[0]
+    assert "1 run(s) without an account (no timeline): queued-1" in text[-1]
+    data = to_json(runs, "x", [])
+    assert data["total"]["held_gpu_hours"] == pytest.approx(400 / 3600, abs=1e-6)
+    assert [r["largest_loss"] for r in data["runs"]] == ["startup", "startup"]

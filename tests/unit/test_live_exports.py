@@ -39,6 +39,8 @@ def a_run_going(tmp_path):
 
 def test_the_exports_read_back_with_tensorboards_reader_and_prometheus_clients_parser(tmp_path):
     run = a_run_going(tmp_path)
+    began = time.time() - 40  # the launch, 40 s ago: the first step ends 10 s later, one a second to now
+    run.change(timeline={"origin": began, "phases": {"startup": {"launcher": [0.0, 0.5]}}})
     textfile = tmp_path / "textfile" / f"fsdpctl_{RUN_ID}.prom"
     textfile.parent.mkdir()
     exports = LiveExports(run, tensorboard=str(tmp_path / "tb"), prometheus=str(textfile))
@@ -57,6 +59,11 @@ def test_the_exports_read_back_with_tensorboards_reader_and_prometheus_clients_p
                                                                                                     "1": 0.1}
     info = families["fsdpctl_run_info"].samples[0].labels
     assert info["state"] == "running" and info["backend"] == "ssh"
+    # where the run's time went so far: start-up to its first step (10.8 s), 20 steps, then to now
+    badput = {s.labels["category"]: s.value for s in families["fsdpctl_badput_seconds"].samples}
+    assert badput["startup"] == pytest.approx(10.8, abs=0.05) and badput["unattributed"] == 0.0
+    ettr = families["fsdpctl_goodput_ettr"].samples[0].value
+    assert 0.4 < ettr < 0.55 and families["fsdpctl_goodput_ratio"].samples[0].value <= ettr
 
     exports.writer.flush()
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
@@ -65,6 +72,8 @@ def test_the_exports_read_back_with_tensorboards_reader_and_prometheus_clients_p
                                                                              (2, pytest.approx(7.98))]
     assert len(events.Scalars("rank1/compute_s")) == 20
     assert {e.value for e in events.Scalars("gpu/node1/gpu0/sm_clock_mhz")} == {1095}
+    assert [(e.step, e.value) for e in events.Scalars("goodput/ettr")] == [(20, pytest.approx(ettr, rel=1e-3))]
+    assert events.Scalars("badput/startup_s")[0].value == pytest.approx(badput["startup"], rel=1e-3)
 
     exports.close()
     assert not textfile.exists()  # a run that ended is no longer current

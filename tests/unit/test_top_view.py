@@ -60,6 +60,9 @@ def test_a_128_rank_run_fits_80x24_with_the_troubled_node_first_and_the_straggle
     assert "gpu-node-016.cluster.example in the place of gpu-node-002.cluster.example" in text
     assert "8x 98% 1980/1980MHz 64C 5.5kW 60/80G" in text  # a node's GPUs whole in one cell
     assert lines[-1].strip().startswith("q quit")
+    said = "goodput: ETTR 88.1%, strict 80.2% of 1.00 h; most lost to stood still, restarting (6.0%)"
+    with_account = render(dataclasses.replace(big_run(), goodput=said), 80, 24).plain.split("\n")
+    assert len(with_account) == 24 and any(line.startswith(said[:70]) for line in with_account)  # it fits still
 
 
 def test_lines_of_one_rank_only_and_hostile_text_stays_text():

@@ -110,5 +110,8 @@ def test_a_compiled_training_step_is_traced_alike_and_its_unseen_steps_are_said(
     assert timed == plain and plain["graphs"] >= 1  # the same graphs, the same breaks, each for the same reason
     # its optimizer step runs compiled, where the hook passes through: no step is counted, and the rank says why
     assert [r for r in rows if r.get("source") == "hook"] == []
-    (unseen,) = rows
-    assert unseen["fsdpctl_event"] == "steps_unseen" and unseen["backward"] == 6 and unseen["rank"] == 0
+    said = {r["fsdpctl_event"]: r for r in rows}  # and, as the program leaves, its exit with no step seen
+    assert sorted(said) == ["program_exit", "steps_unseen"] and len(rows) == 2, rows
+    unseen, left = said["steps_unseen"], said["program_exit"]
+    assert unseen["backward"] == 6 and unseen["rank"] == 0
+    assert left["steps"] == 0 and left["last_step_at"] is None

@@ -152,6 +152,7 @@
       section("heat", "compute time of every rank by window (x the window's median)"),
       section("gpus", "each node's GPUs and its ranks' compute, on one time axis"),
       section("attempts", "attempts and replacements"),
+      section("goodput", "where the time went"),
       section("log-panel", "newest lines"),
       section("plan", "plan and scripts"));
   }
@@ -199,6 +200,7 @@
     }
     renderNodes(snap, q("#nodes"));
     renderAttempts(snap, q("#attempts"));
+    renderGoodput(data.goodput, q("#goodput"));
     renderLogs(snap, q("#log-panel"));
     renderPlan(data, q("#plan"), isReport);
     try {
@@ -242,6 +244,32 @@
     const grows = r.nodes > r.before;
     return (grows ? "grows back to " : "runs on ") + r.nodes + " of " + r.full + " nodes: " + r.hosts.join(", ") +
       (grows ? " back (" : " out (") + r.why + ")" + (r.batch ? "; " + r.batch : "");
+  }
+
+  function renderGoodput(account, panel) {  // fsdpctl.goodput: every second of the run in one category
+    clear(panel).append(el("h2", {}, "where the time went"));
+    if (!account) { panel.append(el("p", { class: "dim" }, "no account yet")); return; }
+    const pct = (v) => v === null || v === undefined ? "-" : fmt(100 * v, 1) + "%";
+    panel.append(el("p", { id: "goodput-line" }, "ETTR " + pct(account.ettr) + ", strict goodput " + pct(account.goodput) +
+      " of " + duration(account.wall_s) + " held; " + account.attempts + " attempt(s)" +
+      (account.steps_redone ? ", " + account.steps_redone + " step(s) done again" : "")));
+    const bar = el("div", { class: "goodput-bar", id: "goodput-bar" });
+    const table = el("table", { id: "goodput-table" }, el("tr", {}, ["", "category", "seconds", "share", "GPU-h"].map((h) => el("th", {}, h))));
+    for (const [name, label] of Object.entries(account.labels)) {
+      const seconds = account.seconds[name] || 0, gpuh = account.gpu_hours[name] || 0;
+      if (seconds <= 0 && gpuh <= 0) continue;
+      const share = account.wall_s > 0 ? seconds / account.wall_s : 0;
+      if (share > 0) {
+        const part = el("span", { class: "gp-" + name, title: label + ": " + fmt(seconds, 1) + " s" });
+        part.style.width = (100 * share) + "%";
+        bar.append(part);
+      }
+      table.append(el("tr", { data: { category: name } }, el("td", {}, el("span", { class: "gp-key gp-" + name })), el("td", {}, label),
+        el("td", {}, fmt(seconds, 1)), el("td", {}, pct(share)), el("td", {}, fmt(gpuh, 4))));
+    }
+    panel.append(bar, wrapTable(table));
+    if (account.straggler_s >= 0.1) panel.append(el("p", { class: "dim" }, "what-if: the other ranks waited " + fmt(account.straggler_s, 1) +
+      " s for the slowest rank's compute (inside collective wait)"));
   }
 
   function renderAttempts(snap, panel) {
@@ -505,7 +533,7 @@
       const part = el("div", { class: "panel report-run", data: { run: data.snapshot.run.run_id } });
       main.append(part);
       runSkeleton(part, data.snapshot.run.run_id, compared);
-      for (const id of ["chart-loss", "chart-speed", "heat", "gpus", "nodes", "attempts", "log-panel", "plan", "summary"]) {
+      for (const id of ["chart-loss", "chart-speed", "heat", "gpus", "nodes", "attempts", "goodput", "log-panel", "plan", "summary"]) {
         const node = part.querySelector("#" + id);
         if (node) node.dataset.in = data.snapshot.run.run_id;
       }

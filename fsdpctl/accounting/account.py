@@ -1,13 +1,13 @@
 """Every second of a run in exactly one category: the partition behind the goodput account.
 
 The facts (``RunFacts``: each attempt's span, its windows of steps, its checkpoint calls, its failure)
-come from ``fsdpctl.goodput.facts``; this module only divides time. Each fact becomes an interval on
+come from ``fsdpctl.accounting.facts``; this module only divides time. Each fact becomes an interval on
 one clock (seconds since the epoch) with a category and a precedence; where intervals overlap the
 higher one wins, so no second is counted twice by construction, and what no interval covers is
 ``unattributed``. A window of steps keeps what no higher interval took, and that is split into its
 warm-up excess, data wait, collective wait and productive time by the ranks' own figures.
 
-Conventions (``docs/goodput.md`` says them for users):
+Conventions (``docs/guides/goodput.md`` says them for users):
 - work done again is booked on the attempt that was thrown away (Google's convention): the steps of a
   failed attempt after its last complete checkpoint, and its partial step up to the failure;
 - a checkpoint costs what it blocked the ranks (an async save: its call, not the write behind it);
@@ -69,6 +69,9 @@ class Window:
     begin: Optional[float] = None
     straggler_s: float = 0.0
     """Per step: the slowest rank's compute over the median rank's (what the others waited for it)."""
+    estimated_begin: Optional[float] = None
+    """Where an attempt's first window began when nothing says so exactly: its end less its steps at
+    the pace it or the windows after it ran (a program's own rows)."""
 
 
 @dataclass
@@ -122,7 +125,9 @@ class AttemptFacts:
         if not self.windows:
             return None
         first = self.windows[0]
-        return first.begin if first.begin is not None else self.steps_begin
+        if first.begin is not None:
+            return first.begin
+        return self.steps_begin if self.steps_begin is not None else first.estimated_begin
 
     def last_end(self) -> Optional[float]:
         return self.windows[-1].end if self.windows else None
@@ -335,3 +340,14 @@ def _left_early(attempt: AttemptFacts) -> float:
         return 0.0
     final = max(at for at, _ in attempt.node_exits)
     return sum(ranks * (final - max(at, last)) for at, ranks in attempt.node_exits if max(at, last) < final)
+
+
+def combine(accounts: list[Account]) -> Account:
+    """Several runs' accounts as one (``report --goodput``): their seconds and GPU-seconds added."""
+    return Account(wall_s=sum(a.wall_s for a in accounts),
+                   seconds={k: sum(a.seconds[k] for a in accounts) for k in CATEGORIES},
+                   gpu_s={k: sum(a.gpu_s[k] for a in accounts) for k in CATEGORIES},
+                   held_gpu_s=sum(a.held_gpu_s for a in accounts), steps_redone=sum(a.steps_redone for a in accounts),
+                   straggler_s=sum(a.straggler_s for a in accounts), async_save_s=sum(a.async_save_s for a in accounts),
+                   eval_s=sum(a.eval_s for a in accounts), queued_s=sum(a.queued_s for a in accounts),
+                   attempts=sum(a.attempts for a in accounts))

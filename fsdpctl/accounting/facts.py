@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..metrics.rank_windows import is_hook_row, merge_all
-from ..metrics.rows import ATTEMPT_MARK, parse_row, row_kind
+from ..metrics.rows import ATTEMPT_MARK, merge_rank_rows, parse_row, row_kind
 from ..node.events import CHECKPOINT_LOADED, CHECKPOINT_SAVED, EVENT, PROGRAM_EXIT, STEPS_BEGIN, event_name
 from ..rundir.record import epoch
 from ..rundir.state import RunState
@@ -102,8 +102,9 @@ def attempt_of(row: Mapping[str, Any], spans: list[tuple[int, float, float]]) ->
 def _windows(train: list[dict[str, Any]], from_step: int) -> list[Window]:
     """An attempt's windows of steps from its train rows (the bundled workload's, one row per
     window; the hook's merged over the ranks)."""
-    windows = []
+    windows: list[Window] = []
     previous = from_step
+    first_step_s: Optional[float] = None
     for row in sorted(train, key=lambda r: r["step"]):
         at = row.get("time")
         if not isinstance(at, (int, float)) or row["step"] <= previous:
@@ -113,11 +114,39 @@ def _windows(train: list[dict[str, Any]], from_step: int) -> list[Window]:
         begin = None
         if row.get("source") == "hook" and isinstance(row.get("step_time_s"), (int, float)):
             begin = float(at) - steps * float(row["step_time_s"])  # a hook step runs from the last one's end
+        if not windows:
+            first_step_s = _own_step_s(row)
         windows.append(Window(end=float(at), steps=steps, last_step=row["step"], begin=begin,
                               data_s=_mean(ranks, "data_s"), comm_s=_mean(ranks, "comm_s"),
                               straggler_s=_straggler(ranks)))
         previous = row["step"]
+    if windows and windows[0].begin is None:
+        # where the first window began: its own step time, else the pace of the windows after it
+        pace = [(later.end - earlier.end) / later.steps
+                for earlier, later in zip(windows, windows[1:], strict=False) if later.steps > 0]
+        step_s = first_step_s if first_step_s is not None else (statistics.median(pace) if pace else None)
+        if step_s is not None:
+            windows[0].estimated_begin = windows[0].end - windows[0].steps * step_s
     return windows
+
+
+def _own_step_s(row: dict[str, Any]) -> Optional[float]:
+    """A row's own time per step: its ``step_time_s``, else the median of its ranks' (None: neither)."""
+    if isinstance(row.get("step_time_s"), (int, float)):
+        return float(row["step_time_s"])
+    said = [float(r["step_time_s"]) for r in row.get("ranks") or []
+            if isinstance(r, dict) and isinstance(r.get("step_time_s"), (int, float))]
+    return statistics.median(said) if said else None
+
+
+def _merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Train rows by step: one writer's as they are (its newest of a step), several ranks' merged."""
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_step.setdefault(row["step"], []).append(row)
+    return [group[-1] if all("rank" not in r for r in group) else merge_rank_rows(list({r.get("rank", 0): r
+                                                                                        for r in group}.values()))
+            for _, group in sorted(by_step.items())]
 
 
 def _mean(ranks: list[dict[str, Any]], key: str) -> float:
@@ -206,7 +235,8 @@ def run_facts(record: Any, plan: Any, root: Path, rows: list[dict[str, Any]], sp
     for index, attempt in enumerate(attempts):
         mine = by_attempt.get(attempt.number, {})
         events = mine.get("event", [])
-        train = mine.get("train", []) + merge_all(mine.get("hook", []))
+        # the start-up hook's windows where it wrote them (a program's own rows of the same steps say no more)
+        train = merge_all(mine["hook"]) if mine.get("hook") else _merged(mine.get("train", []))
         attempt.windows = _windows(train, resumed.get(attempt.number) or 0)
         attempt.timed = _timed(events, mine.get("val", []))
         begun = [float(e["time"]) for e in events if event_name(e) == STEPS_BEGIN and isinstance(e.get("time"),

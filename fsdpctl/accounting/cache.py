@@ -1,0 +1,57 @@
+"""A run's goodput account for the views that show it as the run goes (``top``, ``Run.watch``, the
+dashboard, ``report --html``): counted from the run's files, at most every ``COUNT_EVERY_S`` while it is
+live (the account reads every row of the run), and once more after it ended."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from .account import CATEGORIES
+from .render import one_line
+
+COUNT_EVERY_S = 30.0
+"""A live run's account is counted again at most this often by the views (it reads every row of the run)."""
+_COUNTED: dict[str, tuple[float, bool, Optional[dict[str, Any]], Optional[str]]] = {}
+"""Run directory -> (when counted, whether the run had ended then, the account as JSON, its line)."""
+
+
+def counted(run: Any) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """The run's goodput account as JSON (with its categories' labels) and as one line, for the views
+    (``top``, the dashboard, ``report --html``): counted again once ``COUNT_EVERY_S`` passed while the
+    run was live, and once more after it ended; (None, None) where it has none or cannot be counted.
+    ``run``: a Run."""
+    key = str(run.path)
+    over = run.info.state.is_over
+    known = _COUNTED.get(key)
+    if known is not None and (known[1] or (not over and time.monotonic() - known[0] < COUNT_EVERY_S)):
+        return known[2], known[3]
+    try:
+        account = run.goodput(fetch=False)
+    except Exception:  # noqa: BLE001 - a view shows the rest of the run without it
+        account = None
+    data = None if account is None else {**account.to_json(), "labels": dict(CATEGORIES)}
+    line = None if account is None else one_line(account)
+    _COUNTED[key] = (time.monotonic(), over, data, line)
+    return data, line
+
+
+def counted_json(run: Any) -> Optional[dict[str, Any]]:
+    """``counted``'s JSON alone (the dashboard's run page)."""
+    return counted(run)[0]
+
+
+def account_of_dir(run: Any) -> Optional[Any]:
+    """The account of a run from its directory (a ``RunDir``: what a run's collector and its exports
+    hold), reading the copies here and asking no node; None: no attempt timed yet."""
+    from ..live import layout
+    from .account import account
+    from .facts import read_rows, run_facts
+
+    files = layout.metrics_files(run.root, run.plan)
+    where = layout.readable_here(run.plan, run.root)
+    if where is not None:
+        files += sorted(where.glob("attempts/*/telemetry/node*.jsonl"))
+    spares = len(getattr(run.profile, "spares", None) or ())
+    facts = run_facts(run.record, run.plan, run.root, read_rows(files), spares=spares)
+    return account(facts) if facts is not None else None
