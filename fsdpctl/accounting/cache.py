@@ -11,28 +11,39 @@ from .account import CATEGORIES
 from .render import one_line
 
 COUNT_EVERY_S = 30.0
-"""A live run's account is counted again at most this often by the views (it reads every row of the run)."""
-_COUNTED: dict[str, tuple[float, bool, Optional[dict[str, Any]], Optional[str]]] = {}
-"""Run directory -> (when counted, whether the run had ended then, the account as JSON, its line)."""
+"""A live run's account is counted again at most this often by the views."""
+COST_SHARE = 0.05
+"""... and no more often than keeps counting under this share of the time: the account reads every row
+of the run (about 1.1 s per hour of a run of 8 ranks: bench/goodput_account.py), so a day-long run's is
+counted every 10 minutes or so."""
+_COUNTED: dict[str, tuple[float, float, bool, Optional[dict[str, Any]], Optional[str]]] = {}
+"""Run directory -> (when counted, what it took, whether the run had ended then, the account as JSON,
+its line)."""
+
+
+def due(counted_at: float, took: float, now: float) -> bool:
+    """Whether an account counted at ``counted_at`` (monotonic), in ``took`` seconds, is due again."""
+    return now - counted_at >= max(COUNT_EVERY_S, took / COST_SHARE)
 
 
 def counted(run: Any) -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """The run's goodput account as JSON (with its categories' labels) and as one line, for the views
-    (``top``, the dashboard, ``report --html``): counted again once ``COUNT_EVERY_S`` passed while the
-    run was live, and once more after it ended; (None, None) where it has none or cannot be counted.
+    (``top``, the dashboard, ``report --html``): counted again once due (``due``) while the run was
+    live, and once more after it ended; (None, None) where it has none or cannot be counted.
     ``run``: a Run."""
     key = str(run.path)
     over = run.info.state.is_over
     known = _COUNTED.get(key)
-    if known is not None and (known[1] or (not over and time.monotonic() - known[0] < COUNT_EVERY_S)):
-        return known[2], known[3]
+    if known is not None and (known[2] or (not over and not due(known[0], known[1], time.monotonic()))):
+        return known[3], known[4]
+    began = time.monotonic()
     try:
         account = run.goodput(fetch=False)
     except Exception:  # noqa: BLE001 - a view shows the rest of the run without it
         account = None
     data = None if account is None else {**account.to_json(), "labels": dict(CATEGORIES)}
     line = None if account is None else one_line(account)
-    _COUNTED[key] = (time.monotonic(), over, data, line)
+    _COUNTED[key] = (time.monotonic(), time.monotonic() - began, over, data, line)
     return data, line
 
 

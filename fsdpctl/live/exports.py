@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..accounting.cache import due as goodput_due
 from ..errors import UsageError
 from ..rundir.paths import read_json, write_json_atomic
 from ..rundir.record import epoch
@@ -39,8 +40,6 @@ PROMETHEUS_SECONDS = 15.0
 """How often the textfile is written again: Prometheus scrapes every 15 s or so (DCGM-Exporter itself
 collects every 30 s by default); each write renders every GPU's and rank's figures (about 12 ms at 16 x 8
 GPUs), so writing it more often than it is read costs the launcher for nothing."""
-GOODPUT_SECONDS = 30.0
-"""The run's goodput account is counted again at most this often (it reads every row of the run)."""
 RANK_FIGURES = (("compute_s", "compute_s", "fsdpctl_rank_compute_seconds", "Seconds of compute per step"),
                 ("comm_s", "collective_s", "fsdpctl_rank_collective_seconds",
                  "Seconds per step waiting on collectives not hidden behind compute"),
@@ -120,8 +119,9 @@ class LiveExports:
         self.updated_at = 0.0
         self.textfile_at = 0.0
         self.goodput: Optional[Any] = None
-        """The run's goodput account as last counted (``fsdpctl.accounting``), and when (monotonic)."""
-        self.goodput_at = -GOODPUT_SECONDS
+        """The run's goodput account as last counted (``fsdpctl.accounting``), when (monotonic) and in how
+        long (``fsdpctl.accounting.cache.due``: counting it reads every row of the run)."""
+        self.goodput_at, self.goodput_took = float("-inf"), 0.0
         self.came = False
         self.written: tuple[int, int, int] = (0, 0, 0)
         """How far the rows written go: (the reader's resets, the newest train step, the newest
@@ -180,9 +180,10 @@ class LiveExports:
         feed = self.metrics
         if self.own_reader:
             self.reader.update()
-        if force or time.monotonic() - self.goodput_at >= GOODPUT_SECONDS:
-            self.goodput_at = time.monotonic()
+        if force or goodput_due(self.goodput_at, self.goodput_took, time.monotonic()):
+            began = time.monotonic()
             self._guarded("goodput", self._count_goodput)
+            self.goodput_at, self.goodput_took = time.monotonic(), time.monotonic() - began
             if self.writer is not None and self.goodput is not None:
                 self._guarded("TensorBoard", lambda: self._goodput_scalars(feed))
         self._guarded("TensorBoard", lambda: self.writer.flush() if self.writer is not None else None)
@@ -197,8 +198,7 @@ class LiveExports:
             self._guarded("export state", self._save)
 
     def _count_goodput(self) -> None:
-        """Where the run's time went so far, counted again (it reads every row: at most every
-        ``GOODPUT_SECONDS``)."""
+        """Where the run's time went so far, counted again (when ``due``: it reads every row)."""
         from ..accounting.cache import account_of_dir
 
         self.goodput = account_of_dir(self.run)

@@ -134,8 +134,8 @@ class Snapshot:
     logs: tuple[LogLine, ...] = ()
     """The newest log lines, oldest first."""
     goodput: Optional[str] = None
-    """Where the run's time went so far, in a line (``fsdpctl.accounting``; ``Run.watch`` counts it at
-    most every 30 s)."""
+    """Where the run's time went so far, in a line (``fsdpctl.accounting``; ``Run.watch`` counts it again
+    when due: ``fsdpctl.accounting.cache``)."""
 
     @property
     def over(self) -> bool:

@@ -84,7 +84,7 @@ class RunWatcher:
         self.payload.publish({**run_page(self.live.run, snapshot.to_json(), self._goodput()), "charts": chart_data})
 
     def _goodput(self) -> Optional[dict[str, Any]]:
-        """Where the run's time went so far (counted at most every 30 s: it reads every row)."""
+        """Where the run's time went so far (``fsdpctl.accounting.cache``: counted again when due)."""
         from ..accounting.cache import counted_json
         from ..api.run import Run
 

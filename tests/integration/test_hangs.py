@@ -95,6 +95,9 @@ def test_stacks_fold_the_waiting_ranks_and_the_watchdog_ends_a_hung_run(lab, tmp
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "failed" and record["exit_code"] == 124
     assert record["first_failure"]["rank"] == 3 and record["first_failure"]["hang_dir"] == str(hang)
+    # the goodput account: from the last step every rank finished to the watchdog's verdict, a hang
+    counted = json.loads(run(lab, tmp_path, "status", run_dir.name, "--json").stdout)["goodput"]
+    assert HANG_TIMEOUT <= counted["seconds"]["hang"] <= fired_after + 2, counted
     status = run(lab, tmp_path, "status", run_dir.name).stdout
     assert "hung: no progress for" in status and str(hang) in status
     later = run(lab, tmp_path, "stacks", run_dir.name)

@@ -92,6 +92,12 @@ def test_two_node_job_completes(lab, slurm, tmp_path, via):
     assert by_phase["torchrun"]["nodes"] == 2 and by_phase["rendezvous"]["nodes"] == 2, rows
     done = [by_phase[p]["done"] for p in expected if p != "last_line"]
     assert all(b >= a - 0.05 for a, b in zip(done, done[1:], strict=False)), rows
+    # the goodput account holds the nodes from the job's start: the submit and the queue shown apart
+    counted = status["goodput"]
+    assert counted["queued_s"] == pytest.approx(by_phase["queued"]["done"], abs=0.05), (counted, rows)
+    seconds = counted["seconds"]
+    assert sum(seconds.values()) == pytest.approx(counted["wall_s"], abs=0.01) and seconds["productive"] > 0
+    assert seconds["unattributed"] <= 0.01 * counted["wall_s"], counted
 
 
 @pytest.mark.parametrize("via", ["sbatch", "submitit"])

@@ -191,3 +191,10 @@ def test_many_runs_are_totalled_and_the_ones_that_lost_most_are_named_with_their
     data = to_json(runs, "x", [])
     assert data["total"]["held_gpu_hours"] == pytest.approx(400 / 3600, abs=1e-6)
     assert [r["largest_loss"] for r in data["runs"]] == ["startup", "startup"]
+
+
+def test_a_live_runs_account_is_counted_again_after_30_s_or_twenty_times_what_it_took():
+    from fsdpctl.accounting.cache import due
+
+    assert not due(100.0, 0.2, 129.0) and due(100.0, 0.2, 130.0)  # a short run: every 30 s
+    assert not due(100.0, 27.0, 600.0) and due(100.0, 27.0, 640.0)  # a day's run of 8 ranks: every 9 minutes
