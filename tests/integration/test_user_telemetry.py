@@ -259,6 +259,8 @@ def test_the_goodput_account_of_a_run_with_injected_faults_matches_its_own_groun
     slowed = total("slowed_wait")
     assert 2 * seconds["collective_wait"] >= 0.9 * slowed, (slowed, seconds)
     assert counted["straggler_s"] == pytest.approx(slowed, rel=0.25), (slowed, counted)
+    # Thrown away: from the checkpoint's end to the failure, which the account takes from the killed node's
+    # exit: after the kill by torchrun's and the launcher's detection (0.6 s here; seconds under load).
     redone = killed["began"] - durable
     assert redone <= seconds["redone"] <= redone + 0.02 * wall + 3.0, (redone, seconds)
     gpu_h = counted["gpu_hours"]
