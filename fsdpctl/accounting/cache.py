@@ -5,6 +5,7 @@ live (the account reads every row of the run), and once more after it ended."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 from .account import CATEGORIES
@@ -52,14 +53,16 @@ def counted_json(run: Any) -> Optional[dict[str, Any]]:
     return counted(run)[0]
 
 
-def account_of_dir(run: Any) -> Optional[Any]:
-    """The account of a run from its directory (a ``RunDir``: what a run's collector and its exports
-    hold), reading the copies here and asking no node; None: no attempt timed yet."""
+def account_of_dir(run: Any, files: Optional[list[Path]] = None) -> Optional[Any]:
+    """The account of a run from its directory (a ``RunDir``), asking no node: from ``files`` (its
+    metrics and telemetry here; default: the copies its collector keeps), with the telemetry of its
+    earlier attempts where the nodes' run directory is readable here (each attempt moves its own
+    aside); None: no attempt timed yet."""
     from ..live import layout
     from .account import account
     from .facts import read_rows, run_facts
 
-    files = layout.metrics_files(run.root, run.plan)
+    files = list(layout.metrics_files(run.root, run.plan) if files is None else files)
     where = layout.readable_here(run.plan, run.root)
     if where is not None:
         files += sorted(where.glob("attempts/*/telemetry/node*.jsonl"))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..metrics.rank_windows import is_hook_row, merge_all
-from ..metrics.rows import ATTEMPT_MARK, merge_rank_rows, parse_row, row_kind
+from ..metrics.rows import ATTEMPT_MARK, merge_step, parse_row, row_kind
 from ..node.events import CHECKPOINT_LOADED, CHECKPOINT_SAVED, EVENT, PROGRAM_EXIT, STEPS_BEGIN, event_name
 from ..rundir.record import epoch
 from ..rundir.state import RunState
@@ -144,9 +144,7 @@ def _merged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_step: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_step.setdefault(row["step"], []).append(row)
-    return [group[-1] if all("rank" not in r for r in group) else merge_rank_rows(list({r.get("rank", 0): r
-                                                                                        for r in group}.values()))
-            for _, group in sorted(by_step.items())]
+    return [merge_step(group) for _, group in sorted(by_step.items())]
 
 
 def _mean(ranks: list[dict[str, Any]], key: str) -> float:

@@ -38,8 +38,10 @@ class GoodputReport:
 
 def since_moment(since: Union[str, datetime, None], now: Optional[datetime] = None) -> Optional[datetime]:
     """``7d``, ``12h``, ``30m``, ``2w`` ago, or a date or time (ISO 8601) as a moment; None for None."""
-    if since is None or isinstance(since, datetime):
-        return since.astimezone() if isinstance(since, datetime) else None
+    if since is None:
+        return None
+    if isinstance(since, datetime):
+        return since.astimezone()
     now = now or datetime.now().astimezone()
     text = since.strip()
     ago = _AGO.match(text)

@@ -193,18 +193,9 @@ def write_html(runs: list[Any], path: Path, summaries: Optional[list[RunSummary]
 
 def goodput_of(run: Any, fetch: bool = True) -> Optional[Any]:
     """The goodput account (``fsdpctl.accounting``) of ``run`` (a ``Run``) from its start to its end, or to
-    now while it is live (None: no attempt of it has a timeline yet): its rows read from its files
-    (brought back from its nodes first when ``fetch``), and the telemetry of its earlier attempts where
-    the nodes' run directory is readable here (each attempt moves its own aside)."""
-    from ..accounting.account import account
-    from ..accounting.facts import read_rows, run_facts
-    from ..live import layout
+    now while it is live (None: no attempt of it has a timeline yet), from its files (brought back from
+    its nodes first when ``fetch``)."""
+    from ..accounting.cache import account_of_dir
 
     found, _ = run_files(run, fetch)
-    files = metrics_sources(found)
-    where = layout.readable_here(run.plan, run.path)
-    if where is not None:
-        files += sorted(where.glob("attempts/*/telemetry/node*.jsonl"))
-    spares = len(getattr(run.profile, "spares", None) or ())
-    facts = run_facts(run._dir.record, run.plan, run.path, read_rows(files), spares=spares)
-    return account(facts) if facts is not None else None
+    return account_of_dir(run._dir, metrics_sources(found))

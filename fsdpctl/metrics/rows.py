@@ -187,12 +187,16 @@ def read_copies(copies: Iterable[Iterable[str]], name: str) -> Series:
         # the program's own row of the same step, where it writes one, has the last word on its figures
         by_step[("train", merged["step"])] = [{**merged, **own[-1]}] if own and "rank" not in own[-1] else [merged]
     for (kind, _step), rows in sorted(by_step.items(), key=lambda item: item[0][1]):
-        if all("rank" not in r for r in rows):  # one writer (rank 0): a step written again is the newer
-            merged = rows[-1]
-        else:
-            merged = merge_rank_rows(list({r.get("rank", 0): r for r in rows}.values()))  # per rank, its newest
-        (series.val if kind == "val" else series.train).append(merged)
+        (series.val if kind == "val" else series.train).append(merge_step(rows))
     return series
+
+
+def merge_step(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows of one step as one: one writer's (rank 0) newest, for a step written again; several
+    ranks' merged, each rank's newest."""
+    if all("rank" not in r for r in rows):
+        return rows[-1]
+    return merge_rank_rows(list({r.get("rank", 0): r for r in rows}.values()))
 
 
 def merge_rank_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
