@@ -10,7 +10,8 @@ warm-up excess, data wait, collective wait and productive time by the ranks' own
 Conventions (``docs/guides/goodput.md`` says them for users):
 - work done again is booked on the attempt that was thrown away (Google's convention): the steps of a
   failed attempt after its last complete checkpoint, and its partial step up to the failure;
-- a checkpoint costs what it blocked the ranks (an async save: its call, not the write behind it);
+- a checkpoint costs what it blocked the ranks (an async save: its call and the program's waits on its
+  future, not the write behind it);
 - an attempt's warm-up is its first window's excess over the median step of the attempt;
 - GPU-seconds are ranks x seconds (on a CPU, ranks stand for GPUs); the ranks a run holds but does not
   run (spares, a shrunk attempt's missing nodes, a node whose ranks left before the others) are idle.
@@ -21,6 +22,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
+
+from .minutes import Minutes, step_shares
 
 CATEGORIES: dict[str, str] = {
     "productive": "productive steps",
@@ -81,12 +84,15 @@ class Timed:
     began: float
     seconds: float
     kind: str
-    """``save``, ``load`` or ``eval``."""
+    """``save``, ``load``, ``eval``, or ``written``: an async save's write behind the steps, from its
+    call's start (it blocked nobody: no interval of its own)."""
     step: Optional[int] = None
     """The bundled workload's step; for a program's save, the steps its hook had counted."""
     is_async: bool = False
     complete: bool = False
     """A save that left a complete checkpoint (not an async call, not ``get_state_dict``)."""
+    wait: bool = False
+    """The program waiting on an async save's future (inside checkpoint save, shown apart)."""
 
     @property
     def end(self) -> float:
@@ -154,9 +160,16 @@ class Account:
     """What-if: the time the other ranks waited for the slowest one (inside collective wait)."""
     async_save_s: float = 0.0
     """Async saves' calls (inside checkpoint save): the writes behind them are not counted."""
+    async_wait_s: float = 0.0
+    """The program's waits on async saves' futures (inside checkpoint save)."""
+    async_written_s: float = 0.0
+    """Async saves' writes behind the steps, after their calls returned: blocked nobody, not counted."""
     eval_s: float = 0.0
     queued_s: float = 0.0
     attempts: int = 1
+    minutes: Optional[dict] = None
+    """Where each minute went (``fsdpctl.accounting.minutes``): ``bucket_s``, and per bucket its seconds by
+    category (one run's; None for several runs' together)."""
 
     @property
     def ettr(self) -> Optional[float]:
@@ -174,7 +187,9 @@ class Account:
                 "gpu_hours": {k: round(v / 3600, 6) for k, v in self.gpu_s.items()},
                 "held_gpu_hours": round(self.held_gpu_s / 3600, 6), "steps_redone": self.steps_redone,
                 "straggler_s": round(self.straggler_s, 3), "async_save_s": round(self.async_save_s, 3),
-                "eval_s": round(self.eval_s, 3), "queued_s": round(self.queued_s, 3), "attempts": self.attempts}
+                "async_wait_s": round(self.async_wait_s, 3), "async_written_s": round(self.async_written_s, 3),
+                "eval_s": round(self.eval_s, 3), "queued_s": round(self.queued_s, 3), "attempts": self.attempts,
+                "minutes": self.minutes}
 
 
 def _round(value: Optional[float]) -> Optional[float]:
@@ -207,8 +222,9 @@ def _intervals(attempt: AttemptFacts, following: Optional[AttemptFacts]) -> list
             previous_end = window.end
         out.extend(_tail(attempt, last))
     for timed in attempt.timed:
-        label = {"save": "checkpoint_save", "load": "checkpoint_load", "eval": "eval"}[timed.kind]
-        out.append(_Interval(timed.began, timed.end, label))
+        label = {"save": "checkpoint_save", "load": "checkpoint_load", "eval": "eval"}.get(timed.kind)
+        if label is not None:
+            out.append(_Interval(timed.began, timed.end, label))
     if attempt.failed and first is not None and last is not None:
         # Work thrown away: from the checkpoint the next attempt continues from (none: the first step)
         # to the failure, the partial step with it; a hang's own time is the hang's.
@@ -234,10 +250,12 @@ def _tail(attempt: AttemptFacts, last: float) -> list[_Interval]:
     return [_Interval(max(last, failed_at), attempt.end, "stood_still")]
 
 
-def _sweep(intervals: list[_Interval], begin: float, end: float) -> tuple[dict[str, float], dict[int, float]]:
+def _sweep(intervals: list[_Interval], begin: float, end: float,
+           segments: Optional[list[tuple[float, float, str, Optional[int]]]] = None
+           ) -> tuple[dict[str, float], dict[int, float]]:
     """Seconds per label, each moment in [begin, end] given to the highest interval over it (none:
-    unattributed); and each window's seconds left to it. One pass over the sorted ends: a day's run
-    has tens of thousands of windows."""
+    unattributed); and each window's seconds left to it; into ``segments``, each stretch as (from, to,
+    label, its window). One pass over the sorted ends: a day's run has tens of thousands of windows."""
     edges: list[tuple[float, int, int]] = []
     for number, interval in enumerate(intervals):
         left, right = max(begin, interval.begin), min(end, interval.end)
@@ -256,9 +274,11 @@ def _sweep(intervals: list[_Interval], begin: float, end: float) -> tuple[dict[s
             return
         top = next((label for label in ranked if counts[label] > 0), "unattributed")
         labels[top] = labels.get(top, 0.0) + until - at
-        if top == "step" and windows_open:
-            window = max(windows_open)
+        window = max(windows_open) if top == "step" and windows_open else None
+        if window is not None:
             windows[window] = windows.get(window, 0.0) + until - at
+        if segments is not None:
+            segments.append((at, until, top, window))
 
     for x, change, number in edges:
         credit(x)
@@ -273,8 +293,10 @@ def _sweep(intervals: list[_Interval], begin: float, end: float) -> tuple[dict[s
     return labels, windows
 
 
-def _split_steps(attempt: AttemptFacts, kept: dict[int, float]) -> dict[str, float]:
-    """Each window's seconds that survived, into warm-up, data wait, collective wait and productive."""
+def _split_steps(attempt: AttemptFacts, kept: dict[int, float],
+                 each: Optional[dict[int, dict[str, float]]] = None) -> dict[str, float]:
+    """Each window's seconds that survived, into warm-up, data wait, collective wait and productive
+    (and each window's own split into ``each``)."""
     out = dict.fromkeys(IN_STEPS, 0.0)
     per_step = [kept[i] / w.steps for i, w in enumerate(attempt.windows) if i in kept and w.steps > 0]
     median = statistics.median(per_step[1:]) if len(per_step) > 1 else None
@@ -291,6 +313,9 @@ def _split_steps(attempt: AttemptFacts, kept: dict[int, float]) -> dict[str, flo
         out["data_wait"] += data
         out["collective_wait"] += comm
         out["productive"] += left - data - comm
+        if each is not None:
+            each[index] = {"warmup": kept.get(index, 0.0) - left, "data_wait": data, "collective_wait": comm,
+                           "productive": left - data - comm}
     return out
 
 
@@ -299,19 +324,25 @@ def account(facts: RunFacts) -> Account:
     the GPU-seconds of each."""
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     gpu_s = dict.fromkeys(CATEGORIES, 0.0)
-    held_total = straggler = async_s = eval_s = 0.0
+    held_total = straggler = async_s = wait_s = written_s = eval_s = 0.0
     redone_steps = 0
     attempts = facts.attempts
+    minutes = Minutes(facts.begin, facts.end - facts.begin)
     for index, attempt in enumerate(attempts):
         following = attempts[index + 1] if index + 1 < len(attempts) else None
         begin = facts.begin if index == 0 else attempt.begin
         end = following.begin if following is not None else facts.end
-        labels, kept = _sweep(_intervals(attempt, following), begin, end)
+        segments: list[tuple[float, float, str, Optional[int]]] = []
+        labels, kept = _sweep(_intervals(attempt, following), begin, end, segments)
         mine = dict.fromkeys(CATEGORIES, 0.0)
         for label, value in labels.items():
             if label != "step":  # a window's time is split below
                 mine["between_steps" if label == "eval" else label] += value
-        mine.update(_split_steps(attempt, kept))
+        each: dict[int, dict[str, float]] = {}
+        mine.update(_split_steps(attempt, kept, each))
+        for at, until, label, window in segments:
+            shares = step_shares(each.get(window, {})) if label == "step" else None
+            minutes.add(at, until, shares or {"between_steps" if label in ("eval", "step") else label: 1.0})
         for name in CATEGORIES:
             seconds[name] += mine.get(name, 0.0)
         span = end - begin
@@ -322,14 +353,23 @@ def account(facts: RunFacts) -> Account:
         gpu_s["release"] -= early
         gpu_s["idle"] += early + (attempt.held - attempt.ranks) * span
         straggler += sum(w.straggler_s * w.steps for i, w in enumerate(attempt.windows) if kept.get(i, 0) > 0)
-        async_s += sum(t.seconds for t in attempt.timed if t.kind == "save" and t.is_async)
+        async_s += sum(t.seconds for t in attempt.timed if t.kind == "save" and t.is_async and not t.wait)
+        wait_s += sum(t.seconds for t in attempt.timed if t.wait)
+        written_s += _written_behind(attempt.timed)
         eval_s += sum(t.seconds for t in attempt.timed if t.kind == "eval")
         if attempt.failed and attempt.windows:
             durable = attempt.durable_step or 0
             redone_steps += max(0, attempt.windows[-1].last_step - durable)
     return Account(wall_s=facts.end - facts.begin, seconds=seconds, gpu_s=gpu_s, held_gpu_s=held_total,
-                   steps_redone=redone_steps, straggler_s=straggler, async_save_s=async_s, eval_s=eval_s,
+                   steps_redone=redone_steps, straggler_s=straggler, async_save_s=async_s, async_wait_s=wait_s,
+                   async_written_s=written_s, eval_s=eval_s, minutes=minutes.to_json(),
                    queued_s=facts.queued_s, attempts=len(attempts))
+
+
+def _written_behind(timed: list[Timed]) -> float:
+    """Seconds async saves wrote behind the steps: each write from its call's start, less the call."""
+    calls = {t.began: t.seconds for t in timed if t.kind == "save" and t.is_async and not t.wait}
+    return sum(max(0.0, t.seconds - calls.get(t.began, 0.0)) for t in timed if t.kind == "written")
 
 
 def _left_early(attempt: AttemptFacts) -> float:
@@ -349,5 +389,7 @@ def combine(accounts: list[Account]) -> Account:
                    gpu_s={k: sum(a.gpu_s[k] for a in accounts) for k in CATEGORIES},
                    held_gpu_s=sum(a.held_gpu_s for a in accounts), steps_redone=sum(a.steps_redone for a in accounts),
                    straggler_s=sum(a.straggler_s for a in accounts), async_save_s=sum(a.async_save_s for a in accounts),
+                   async_wait_s=sum(a.async_wait_s for a in accounts),
+                   async_written_s=sum(a.async_written_s for a in accounts),
                    eval_s=sum(a.eval_s for a in accounts), queued_s=sum(a.queued_s for a in accounts),
                    attempts=sum(a.attempts for a in accounts))

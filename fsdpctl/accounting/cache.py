@@ -4,6 +4,7 @@ live (the account reads every row of the run), and once more after it ended."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -57,7 +58,8 @@ def account_of_dir(run: Any, files: Optional[list[Path]] = None) -> Optional[Any
     """The account of a run from its directory (a ``RunDir``), asking no node: from ``files`` (its
     metrics and telemetry here; default: the copies its collector keeps), with the telemetry of its
     earlier attempts where the nodes' run directory is readable here (each attempt moves its own
-    aside); None: no attempt timed yet."""
+    aside); None: no attempt timed yet. An ended run's is kept in its directory (``KEPT_NAME``) and read
+    back while those files are unchanged."""
     from ..live import layout
     from .account import account
     from .facts import read_rows, run_facts
@@ -66,6 +68,59 @@ def account_of_dir(run: Any, files: Optional[list[Path]] = None) -> Optional[Any
     where = layout.readable_here(run.plan, run.root)
     if where is not None:
         files += sorted(where.glob("attempts/*/telemetry/node*.jsonl"))
+    record = run.record
+    stamp = _stamp([run.paths.run_record, *files])
+    kept = _kept(run.root / KEPT_NAME, stamp) if record.state.is_over else None
+    if kept is not None:
+        return kept
     spares = len(getattr(run.profile, "spares", None) or ())
-    facts = run_facts(run.record, run.plan, run.root, read_rows(files), spares=spares)
-    return account(facts) if facts is not None else None
+    facts = run_facts(record, run.plan, run.root, read_rows(files), spares=spares)
+    counted_now = account(facts) if facts is not None else None
+    if counted_now is not None and record.state.is_over:
+        _keep(run.root / KEPT_NAME, stamp, counted_now)
+    return counted_now
+
+
+KEPT_NAME = "goodput.json"
+"""An ended run's account, kept in its directory with the sizes and times of the files it was counted
+from: read back while they are unchanged (``report --goodput`` over a month of runs reads no rows)."""
+
+
+def _stamp(paths: list[Path]) -> list[list[Any]]:
+    out = []
+    for path in paths:
+        try:
+            found = path.stat()
+        except OSError:
+            continue
+        out.append([str(path), found.st_size, found.st_mtime_ns])
+    return sorted(out)
+
+
+def _kept(path: Path, stamp: list[list[Any]]) -> Optional[Any]:
+    """The account kept at ``path`` if it was counted from the files as ``stamp`` has them (None: not)."""
+    from .account import Account
+
+    try:
+        data = json.loads(path.read_text())
+        if data.get("stamp") != stamp:
+            return None
+        kept = data["account"]
+        return Account(wall_s=kept["wall_s"], seconds=kept["seconds"],
+                       gpu_s={k: v * 3600 for k, v in kept["gpu_hours"].items()},
+                       held_gpu_s=kept["held_gpu_hours"] * 3600, steps_redone=kept["steps_redone"],
+                       straggler_s=kept["straggler_s"], async_save_s=kept["async_save_s"],
+                       async_wait_s=kept["async_wait_s"], async_written_s=kept["async_written_s"],
+                       eval_s=kept["eval_s"], queued_s=kept["queued_s"], attempts=kept["attempts"],
+                       minutes=kept.get("minutes"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # none kept, or by another version: counted again
+
+
+def _keep(path: Path, stamp: list[list[Any]], counted_now: Any) -> None:
+    try:
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps({"stamp": stamp, "account": counted_now.to_json()}))
+        temporary.replace(path)
+    except OSError:
+        pass  # a run directory we may not write (another user's): counted again next time

@@ -20,12 +20,23 @@ from typing import Any, Optional
 
 from ..metrics.rank_windows import is_hook_row, merge_all
 from ..metrics.rows import ATTEMPT_MARK, merge_step, parse_row, row_kind
-from ..node.events import CHECKPOINT_LOADED, CHECKPOINT_SAVED, EVENT, PROGRAM_EXIT, STEPS_BEGIN, event_name
+from ..node.events import (
+    CHECKPOINT_LOADED,
+    CHECKPOINT_SAVED,
+    CHECKPOINT_STAGED,
+    CHECKPOINT_WAIT,
+    EVALUATION,
+    EVENT,
+    PROGRAM_EXIT,
+    STEPS_BEGIN,
+    event_name,
+)
 from ..rundir.record import epoch
 from ..rundir.state import RunState
 from .account import AttemptFacts, RunFacts, Timed, Window
 
-_TIMED_EVENTS = {CHECKPOINT_SAVED: "save", CHECKPOINT_LOADED: "load", "checkpoint_state": None}
+_TIMED_EVENTS = {CHECKPOINT_SAVED: "save", CHECKPOINT_STAGED: "save", CHECKPOINT_WAIT: "save",
+                 CHECKPOINT_LOADED: "load", "checkpoint_state": None, EVALUATION: "eval"}
 
 
 def read_rows(files: Iterable[Path]) -> list[dict[str, Any]]:
@@ -165,12 +176,17 @@ def _timed(events: list[dict[str, Any]], val: list[dict[str, Any]]) -> list[Time
         if name not in _TIMED_EVENTS or not isinstance(row.get("seconds"), (int, float)):
             continue
         kind = _TIMED_EVENTS[name] or ("save" if row.get("side") == "save" else "load")
+        written = name == CHECKPOINT_SAVED and bool(row.get("written"))
+        if written:
+            kind = "written"  # an async save's write behind the steps: blocked nobody, complete at its end
         began = row.get("began")
         if not isinstance(began, (int, float)):
             began = float(row.get("time") or 0.0) - float(row["seconds"])
         step = row.get("step") if isinstance(row.get("step"), int) else row.get("steps")
+        is_async = bool(row.get("async")) or name in (CHECKPOINT_STAGED, CHECKPOINT_WAIT)
         out.append(Timed(float(began), float(row["seconds"]), kind, step if isinstance(step, int) else None,
-                         bool(row.get("async")), complete=name == CHECKPOINT_SAVED and not row.get("async")))
+                         is_async, complete=name == CHECKPOINT_SAVED and (written or not row.get("async")),
+                         wait=name == CHECKPOINT_WAIT))
     for row in val:
         if isinstance(row.get("eval_s"), (int, float)) and isinstance(row.get("time"), (int, float)):
             out.append(Timed(float(row["time"]) - float(row["eval_s"]), float(row["eval_s"]), "eval", row["step"]))
@@ -181,7 +197,7 @@ def _durable(attempt: AttemptFacts, resumed_from: Optional[int]) -> None:
     """Where a failed attempt's work stopped counting: the end of the checkpoint the next attempt
     continues from (the bundled workload's step), else its last save (a program's: the steps its
     hook had counted then)."""
-    saves = [t for t in attempt.timed if t.kind == "save" and t.end <= (attempt.failed_at or attempt.end)]
+    saves = [t for t in attempt.timed if t.kind in ("save", "written") and t.end <= (attempt.failed_at or attempt.end)]
     if resumed_from is not None:
         match = [t for t in saves if t.step == resumed_from]
         if match:

@@ -77,8 +77,10 @@ def section(account: Account) -> list[str]:
     if account.straggler_s > 0.05 * max(account.seconds["collective_wait"], 1e-9) and account.straggler_s >= 0.1:
         lines.append(f"  what-if: the other ranks waited {account.straggler_s:.1f} s for the slowest rank's compute "
                      f"(inside collective wait)")
-    if account.async_save_s:
-        lines.append(f"  async saves: {account.async_save_s:.1f} s of calls (counted); the writes behind them are not")
+    if account.async_save_s or account.async_wait_s or account.async_written_s:
+        lines.append(f"  async saves: {account.async_save_s:.1f} s in their calls and {account.async_wait_s:.1f} s "
+                     f"waiting on them (both in checkpoint save); {account.async_written_s:.1f} s written behind "
+                     "the steps (not counted)")
     if account.eval_s:
         lines.append(f"  of the time between steps, evaluation: {account.eval_s:.1f} s")
     return lines

@@ -320,6 +320,12 @@ def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
             widths = page.evaluate(f"[...document.querySelectorAll('{account} #goodput-bar > span')]"
                                    ".map((s) => parseFloat(s.style.width))")
             assert sum(widths) == pytest.approx(100, abs=0.5), widths  # every second of the run, once
+            # ... and over the run's time: every column but the last (the run's end in it) full, start-up first
+            columns = page.evaluate(f"[...document.querySelectorAll('{account} #goodput-minutes > .gp-column')]"
+                                    ".map((c) => [...c.children]"
+                                    ".map((s) => [s.dataset.category, parseFloat(s.style.height)]))")
+            assert len(columns) >= 5 and columns[0][0][0] == "startup", columns
+            assert all(sum(h for _, h in column) == pytest.approx(100, abs=1) for column in columns[:-1]), columns
         # a run without per-rank timings: the line alone, no blank box under it
         heat = f'.report-run[data-run="{plain}"] #heat'
         assert page.inner_text(f"{heat} #heat-legend") == "no per-rank timings"

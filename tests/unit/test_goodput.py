@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -198,3 +199,67 @@ def test_a_live_runs_account_is_counted_again_after_30_s_or_twenty_times_what_it
 
     assert not due(100.0, 0.2, 129.0) and due(100.0, 0.2, 130.0)  # a short run: every 30 s
     assert not due(100.0, 27.0, 600.0) and due(100.0, 27.0, 640.0)  # a day's run of 8 ranks: every 9 minutes
+
+
+def test_an_async_save_costs_its_call_and_the_wait_on_it_and_its_write_ends_the_work_thrown_away(tmp_path):
+    origin = 4000.0
+    timeline = {"origin": origin, "phases": {"exit": {"0": [30.0, 30.0]}, "logs": {"0": [31.0, 31.0]}}}
+    hook = [{"step": n, "steps": 1, "kind": "train", "source": "hook", "rank": 0, "node": 0, "attempt": 1,
+             "time": origin + 2.0 + n, "wall_s": 1.0, "compute_s": 1.0} for n in range(1, 25)]
+
+    def event(name, began, seconds, **fields):
+        return {"fsdpctl_event": name, "kind": "event", "attempt": 1, "time": origin + began + seconds,
+                "began": origin + began, "seconds": seconds, "steps": 8, **fields}
+
+    events = [event("checkpoint_staged", 10.0, 1.0, **{"async": True}),
+              event("checkpoint_saved", 10.0, 4.0, **{"async": True, "written": True}),  # written by 14
+              event("checkpoint_wait", 15.0, 0.5),
+              event("evaluation", 18.0, 2.0, by="hf")]
+    plan = SimpleNamespace(nproc_per_node=1, num_nodes=1, full_nodes=None, command=("train.py",))
+    record = _record(timeline=timeline, state=RunState.FAILED)
+    counted = account(run_facts(record, plan, tmp_path, hook + events))
+    s = counted.seconds
+    assert s["checkpoint_save"] == pytest.approx(1.5)  # the call and the wait; the write blocked nobody
+    assert (counted.async_save_s, counted.async_wait_s, counted.async_written_s) == pytest.approx((1.0, 0.5, 3.0))
+    # failed at 30: everything after the write's end (14) is thrown away, the evaluation with it, but the wait
+    assert s["redone"] == pytest.approx(30.0 - 14.0 - 0.5)
+    assert counted.eval_s == pytest.approx(2.0) and s["between_steps"] == 0.0
+    assert counted.steps_redone == 24 - 8
+    assert sum(s.values()) == pytest.approx(31.0) and s["unattributed"] == 0.0
+    assert "0.5 s waiting on them" in "\n".join(section(counted))
+
+
+def test_each_minute_of_the_run_adds_up_to_its_account_and_its_start_up_comes_first():
+    windows = tiled(100.0, 300, 1.0, 4.0, data_s=0.1)  # steps from 100 s to 403 s
+    saves = [Timed(began=200.0 + 60 * n, seconds=5.0, kind="save", step=100 + 60 * n, complete=True) for n in range(3)]
+    attempt = AttemptFacts(1, begin=0.0, end=420.0, ranks=2, held=2, windows=windows, timed=saves)
+    counted = account(RunFacts(begin=0.0, end=420.0, attempts=[attempt]))
+    minutes = counted.to_json()["minutes"]
+    assert minutes["bucket_s"] == 5.0 and len(minutes["buckets"]) == 84  # 420 s in at most 120 buckets
+    for name, seconds in counted.seconds.items():
+        assert sum(b.get(name, 0.0) for b in minutes["buckets"]) == pytest.approx(seconds, abs=0.05 * 84), name
+    assert minutes["buckets"][0] == {"startup": 5.0} and minutes["buckets"][-1] == {"shutdown": 5.0}
+    assert minutes["buckets"][40] == {"checkpoint_save": 5.0}  # the first save, 200-205 s
+
+
+def test_an_ended_runs_account_is_kept_and_counted_again_only_when_its_files_change(tmp_path):
+    from fsdpctl.accounting.cache import KEPT_NAME, account_of_dir
+    from tests.unit.test_attempts import new_run
+
+    run = new_run(tmp_path)
+    origin = 5000.0
+    run.change(state=RunState.SUCCEEDED, timeline={"origin": origin, "phases": {"logs": {"0": [20.0, 20.0]}}})
+    rows = tmp_path / "metrics.jsonl"
+    rows.write_text("".join(f'{{"kind": "train", "step": {n}, "time": {origin + 4 + n}, "step_time_s": 1.0}}\n'
+                            for n in range(1, 11)))
+    first = account_of_dir(run, [rows])
+    assert first.seconds["productive"] == pytest.approx(10.0) and (run.root / KEPT_NAME).exists()
+    kept = json.loads((run.root / KEPT_NAME).read_text())
+    kept["account"]["seconds"]["productive"] = 123.0  # what is kept is what is read back, rows unread
+    (run.root / KEPT_NAME).write_text(json.dumps(kept))
+    assert account_of_dir(run, [rows]).seconds["productive"] == 123.0
+    with rows.open("a") as more:  # a file brought back later: counted again
+        more.write(f'{{"kind": "train", "step": 11, "time": {origin + 15}, "step_time_s": 1.0}}\n')
+    again = account_of_dir(run, [rows])
+    assert again.seconds["productive"] == pytest.approx(11.0)
+    assert again.to_json() == account_of_dir(run, [rows]).to_json()  # ... and kept again, whole

@@ -267,9 +267,30 @@
       table.append(el("tr", { data: { category: name } }, el("td", {}, el("span", { class: "gp-key gp-" + name })), el("td", {}, label),
         el("td", {}, fmt(seconds, 1)), el("td", {}, pct(share)), el("td", {}, fmt(gpuh, 4))));
     }
-    panel.append(bar, wrapTable(table));
+    panel.append(bar, renderMinutes(account), wrapTable(table));
     if (account.straggler_s >= 0.1) panel.append(el("p", { class: "dim" }, "what-if: the other ranks waited " + fmt(account.straggler_s, 1) +
       " s for the slowest rank's compute (inside collective wait)"));
+  }
+
+  function renderMinutes(account) {  // over the run's time: one column per bucket, stacked by category
+    const minutes = account.minutes;
+    const strip = el("div", { class: "goodput-minutes", id: "goodput-minutes" });
+    if (!minutes || !minutes.buckets.length) return strip;
+    const size = minutes.bucket_s;
+    const each = size >= 60 ? fmt(size / 60, 0) + " min" : fmt(size, 0) + " s";
+    minutes.buckets.forEach((bucket, i) => {
+      const column = el("div", { class: "gp-column", data: { bucket: i },
+        title: "from " + duration(i * size) + ": " + Object.entries(bucket).map(([k, v]) => (account.labels[k] || k) + " " + fmt(v, 1) + " s").join(", ") });
+      for (const name of Object.keys(account.labels)) {
+        const seconds = bucket[name] || 0;
+        if (seconds <= 0) continue;
+        const part = el("span", { class: "gp-" + name, data: { category: name } });
+        part.style.height = Math.min(100, 100 * seconds / size) + "%";
+        column.append(part);
+      }
+      strip.append(column);
+    });
+    return el("div", {}, strip, el("p", { class: "dim" }, "over the run's time, a column every " + each + ", from its start"));
   }
 
   function renderAttempts(snap, panel) {
