@@ -23,10 +23,20 @@ EVENT = "fsdpctl_event"
 
 CHECKPOINT_SAVED = "checkpoint_saved"
 """A checkpoint is complete on storage: ``step`` (the bundled workload's, None for a program's DCP save),
-``by`` (``workload`` or ``dcp``: ``torch.distributed.checkpoint.save`` returned on rank 0 of a program,
-which then says its ``rank``), ``began`` and ``seconds`` (what the save blocked the ranks; for
-``async_save``, ``async`` true: the call, not the write behind it), ``steps`` (a program's steps the
-hook counted by then, this attempt). An elastic run short of nodes grows back at it."""
+``by`` (``workload``; ``dcp``: ``torch.distributed.checkpoint.save`` returned on rank 0 of a program,
+which then says its ``rank``; ``hf``: the Hugging Face Trainer's ``_save_checkpoint`` returned), ``began``
+and ``seconds`` (what the save blocked the ranks), ``steps`` (a program's steps the hook counted by then,
+this attempt). After an ``async_save``, ``async`` and ``written`` are true: its write behind the steps
+ended, ``seconds`` after the call's ``began`` (the call's own blocking part is ``CHECKPOINT_STAGED``).
+An elastic run short of nodes grows back at it."""
+CHECKPOINT_STAGED = "checkpoint_staged"
+"""``torch.distributed.checkpoint.async_save`` returned on rank 0: ``began`` and ``seconds`` it blocked the
+ranks (staging the state); the write goes on behind the steps (``CHECKPOINT_SAVED`` once it ends)."""
+CHECKPOINT_WAIT = "checkpoint_wait"
+"""Rank 0 of a program waited on an async save's future (its ``result()``): ``began``, ``seconds``."""
+EVALUATION = "evaluation"
+"""An evaluation between steps, on rank 0: ``began``, ``seconds``, ``by`` (``hf``: the Hugging Face
+Trainer's ``evaluate``). The bundled workload says its own in its ``val`` rows (``eval_s``)."""
 BATCH_SPLIT = "batch_split"
 """How the bundled workload of an elastic run trains the run's global batch on this attempt's ranks,
 written as each attempt starts (at the full size too: the launcher plans a shrink's split from it; on

@@ -143,7 +143,8 @@ def test_a_run_short_of_a_host_grows_back_at_its_next_checkpoint_once_the_host_i
     assert record["state"] == "succeeded" and record["attempt"] == 2 and record["from_step"] == 10
     assert [n["host"] for n in record["nodes"]] == [n1, n2, n4]
     assert record["attempts"][0]["state"] == "stopped" and record["attempts"][0]["resize"]["nodes"] == 2
-    assert record["recovery"]["steps_redone"] == 0, record["recovery"]
+    # the launcher stops the attempt once it has read the save's row: the step begun meanwhile may be done again
+    assert record["recovery"]["steps_redone"] <= 1, record["recovery"]
     assert not processes_of(run_dir.name)
 
 

@@ -29,6 +29,8 @@ from tests.testbed.throttle import Throttle
 pytestmark = pytest.mark.integration
 
 SCRIPTS = REPO / "tests" / "user_scripts"
+PREFLIGHT_S = 3.0
+"""How late the ground-truth run's nodes answer the preflight's probe."""
 
 
 @pytest.fixture
@@ -93,7 +95,7 @@ def assert_losses_match(rank0_rows: list[dict], said: dict[int, float]) -> None:
 def test_a_plain_fsdp2_loop_gets_every_ranks_figures_live_and_after_with_accumulation_counted(lab, tmp_path, code):
     profile_path = profile(lab, tmp_path)
     started = start(lab, tmp_path, "launch", "-p", str(profile_path), "--no-preflight", "--code", str(code), "--",
-                    "fsdp2_loop.py", "--steps", "60", "--grad-accum", "2")
+                    "fsdp2_loop.py", "--steps", "60", "--grad-accum", "2", "--save-every", "20")
     live = None
     deadline = time.monotonic() + 180
     while live is None and time.monotonic() < deadline and started.process.poll() is None:
@@ -122,6 +124,18 @@ def test_a_plain_fsdp2_loop_gets_every_ranks_figures_live_and_after_with_accumul
     assert sorted(said) == list(range(1, 61))
     assert_losses_match([r for r in mine if r["rank"] == 0], said)
     assert abs(got["final_loss"] - said[60]) <= 0.05 * said[60]  # the last window's mean over both ranks
+    # its sharded DCP saves (get_state_dict, then dcp.save) found with no code: checkpoint save in its account
+    folder = lab.root / "work" / "runs" / run_id / "telemetry"
+    events = [json.loads(line) for path in sorted(folder.glob("node*.jsonl")) for line in path.read_text().splitlines()
+              if "fsdpctl_event" in line]
+    saves = [e for e in events if e["fsdpctl_event"] in ("checkpoint_saved", "checkpoint_state")]
+    assert sorted((e["call"], e["steps"]) for e in saves) == sorted(
+        (call, step) for step in (20, 40, 60) for call in ("get_state_dict", "save")), events
+    account = got["goodput"]
+    assert account["seconds"]["checkpoint_save"] == pytest.approx(sum(e["seconds"] for e in saves), rel=0.05), account
+    assert sum(account["seconds"].values()) == pytest.approx(account["wall_s"], abs=0.01)
+    print(f"goodput of a two-node FSDP2 loop: {json.dumps(account['seconds'])} wall {account['wall_s']} s "
+          f"ETTR {account['ettr']} strict {account['goodput']}")
 
 
 def test_the_loop_compiled_keeps_its_steps_and_loss(lab, tmp_path, code):
@@ -134,10 +148,23 @@ def test_the_loop_compiled_keeps_its_steps_and_loss(lab, tmp_path, code):
 
 
 def test_the_hf_trainer_with_ddp_is_counted_and_says_what_it_cannot_see(lab, tmp_path, code):
-    done, run_id = launch(lab, tmp_path, code, "hf_trainer.py", "--steps", "24", "--grad-accum", "2")
+    done, run_id = launch(lab, tmp_path, code, "hf_trainer.py", "--steps", "24", "--grad-accum", "2",
+                          "--save-steps", "12", "--eval-steps", "8")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     got = report(lab, tmp_path, run_id)
     assert got["steps"] == 24 and got["world"] == 2
+    # its saves (torch.save and safetensors) and evaluations found with no code, in the goodput account
+    folder = lab.root / "work" / "runs" / run_id / "telemetry"
+    events = [json.loads(line) for path in sorted(folder.glob("node*.jsonl")) for line in path.read_text().splitlines()
+              if "fsdpctl_event" in line]
+    said = [(e["fsdpctl_event"], e.get("global_step")) for e in events if e.get("by") == "hf"]
+    assert sorted(said) == [("checkpoint_saved", 12), ("checkpoint_saved", 24), ("evaluation", 8), ("evaluation", 16),
+                            ("evaluation", 24)], events
+    account = got["goodput"]
+    saves = sum(e["seconds"] for e in events if e["fsdpctl_event"] == "checkpoint_saved")
+    assert account["seconds"]["checkpoint_save"] == pytest.approx(saves, rel=0.05), account
+    assert account["eval_s"] == pytest.approx(sum(e["seconds"] for e in events if e["fsdpctl_event"] == "evaluation"),
+                                              rel=0.05)
     assert "DDP's gradient all-reduce runs in C++" in got["ranks_text"], got
     mine = rows(lab, run_id)
     assert all(r["comm"] == "ddp" and "comm_s" not in r and r["backward_per_step"] == 2.0 for r in mine)
@@ -218,16 +245,27 @@ def test_a_failing_script_keeps_its_exit_and_a_failing_telemetry_changes_nothing
 def test_the_goodput_account_of_a_run_with_injected_faults_matches_its_own_ground_truth(lab, tmp_path, code):
     """goodput_truth.py logs, on its own clock, each interval it injects (saves of a known blocking
     length, data-loader sleeps, a slowed rank, a rank killed 11 steps after a checkpoint, the load on
-    the restart, an idle tail); the account, from fsdpctl's files alone, must put each within 10% of
-    its truth and 2% of wall time, count the steps done again exactly, attribute all but 1% of the wall
-    time, and count the spare idle until the restart ran on it."""
+    the restart, an idle tail), and the nodes' Python a slow preflight probe; the account, from
+    fsdpctl's files alone, must put each within 10% of its truth and 2% of wall time, count the steps
+    done again exactly, attribute all but 1% of the wall time, and count the spare idle until the
+    restart ran on it."""
     n4 = lab.hosts["n4"]
-    path = tmp_path / "spared.yaml"
-    path.write_text(lab.profile_yaml(["n1", "n2"], python=sys.executable, name="spared")
-                    + f"spares:\n  - host: {n4.address}\n    port: {n4.port}\n    interface: eth1\n")
     truth_dir = tmp_path / "truth"
     truth_dir.mkdir()
-    done = run(lab, tmp_path, "launch", "-p", str(path), "--no-preflight", "--max-restarts", "1", "--code", str(code),
+    slow_python = tmp_path / "python"  # the nodes' Python: the preflight's probe answers PREFLIGHT_S late
+    slow_python.write_text(f"""#!/bin/sh
+case "$2" in *FSDPCTL-PROBE-BEGIN*)
+  began=$(date +%s.%N); sleep {PREFLIGHT_S}
+  echo "{{\\"kind\\": \\"preflight\\", \\"began\\": $began, \\"end\\": $(date +%s.%N)}}" >> {truth_dir}/truth.jsonl;;
+esac
+exec {sys.executable} "$@"
+""")
+    slow_python.chmod(0o755)
+    path = tmp_path / "spared.yaml"
+    path.write_text(lab.profile_yaml(["n1", "n2"], python=str(slow_python), name="spared")
+                    + f"spares:\n  - host: {n4.address}\n    port: {n4.port}\n    interface: eth1\n")
+    launched = time.time()
+    done = run(lab, tmp_path, "launch", "-p", str(path), "--max-restarts", "1", "--code", str(code),
                "--", "goodput_truth.py", str(truth_dir), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_id = re.search(r"run (\S+) succeeded", done.stdout + done.stderr).group(1)
@@ -272,5 +310,22 @@ def test_the_goodput_account_of_a_run_with_injected_faults_matches_its_own_groun
     held_idle = record["timeline"]["origin"] - record["attempts"][0]["timeline"]["origin"]
     # (and a node whose ranks left before the other's is idle until the other's left: at most a second)
     assert 0.995 * held_idle <= gpu_h["idle"] * 3600 <= held_idle + 1.0, (held_idle, gpu_h)
+    # The slow preflight lies inside the first attempt's start-up, which runs from the launch to its first
+    # step; the second's, from the kill, stands still, loads its checkpoint (counted apart) and starts up.
+    probes = [t for t in truth if t["kind"] == "preflight"]
+    assert probes and min(t["began"] for t in probes) >= record["attempts"][0]["timeline"]["origin"], probes
+    first_steps = {t["attempt"]: t["began"] for t in truth if t["kind"] == "step" and t["step"] == (
+        1 if t["attempt"] == 1 else killed["last_saved"] + 1)}
+    probed = max(t["end"] for t in probes if t["end"] < first_steps[1]) - min(t["began"] for t in probes)
+    assert seconds["startup"] >= probed >= PREFLIGHT_S, (probed, seconds)
+    before_steps = (first_steps[1] - launched) + (first_steps[2] - durable) - total("checkpoint_load")
+    counted_before = seconds["startup"] + seconds["stood_still"] + seconds["redone"]
+    assert abs(counted_before - before_steps) <= 0.1 * before_steps + 0.02 * wall, (before_steps, seconds)
     text = run(lab, tmp_path, "report", run_id).stdout
     assert "goodput: ETTR" in text and "work done again" in text, text[-3000:]
+    truths = {**injected, "data_wait": kept_data, "collective_wait (x2)": slowed, "redone": redone,
+              "start-up + stood still + redone": before_steps, "preflight (in start-up)": probed}
+    measured = {**seconds, "collective_wait (x2)": 2 * seconds["collective_wait"],
+                "start-up + stood still + redone": counted_before, "preflight (in start-up)": seconds["startup"]}
+    for name, value in truths.items():  # for people (pytest -s): each injected category's truth and account
+        print(f"goodput truth: {name:34} {value:8.2f} s   counted {measured[name]:8.2f} s   (wall {wall:.1f} s)")

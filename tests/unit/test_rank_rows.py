@@ -1,14 +1,17 @@
 """What the launcher learns from the ranks' rows, never from their printed lines: what a restart cost
 (from the bundled workload's training rows, read by each attempt's collector as the nodes send them),
-and the start-up hook's row after a program's DCP save, which never reaches the program when it fails."""
+and the start-up hook's rows after a program's DCP save, async save or Hugging Face Trainer call, which
+never reach the program when they fail."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -116,7 +119,7 @@ def test_the_hook_writes_a_row_after_each_dcp_save_into_its_nodes_telemetry_and_
     rows = [json.loads(line) for line in (rank0 / "telemetry" / "node2.jsonl").read_text().splitlines()]
     assert [(r["fsdpctl_event"], r["by"], r["rank"], r["step"], r["attempt"]) for r in rows] == [
         ("checkpoint_saved", "dcp", 0, None, 3)]
-    assert rows[0]["seconds"] >= 0 and rows[0]["began"] <= rows[0]["time"] and rows[0]["async"] is False
+    assert rows[0]["seconds"] >= 0 and rows[0]["began"] <= rows[0]["time"] and "async" not in rows[0]
     assert capfd.readouterr() == ("", "")  # invisible: the program's output is its own
 
 
@@ -128,3 +131,58 @@ def test_a_row_the_hook_cannot_write_is_one_line_on_stderr_and_the_save_stands(r
     assert [dcp.save({}, checkpoint_id=f"ckpt/{i}") for i in range(3)] == ["done"] * 3
     out, err = capfd.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and "fsdpctl: the start-up hook is off for checkpoint saves" in err
+
+
+def _events(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "telemetry" / "node2.jsonl").read_text().splitlines()]
+
+
+def test_an_async_save_says_its_call_the_programs_wait_and_its_write_once_it_ends(rank0):
+    written = Future()
+    dcp = SimpleNamespace(async_save=lambda state, checkpoint_id: written)
+    hook._time_checkpoints(dcp)
+    future = dcp.async_save({}, checkpoint_id="ckpt/4")
+    assert future is written and type(future) is Future  # the program's own object
+    assert [r["fsdpctl_event"] for r in _events(rank0)] == ["checkpoint_staged"]  # not saved yet: written behind
+    threading.Timer(0.2, written.set_result, args=("metadata",)).start()
+    assert future.result() == "metadata"  # the program waits on it
+    deadline = time.monotonic() + 10  # the write's row comes from the thread that ended the future, after
+    while len(_events(rank0)) < 3 and time.monotonic() < deadline:  # result() returned: in either order
+        time.sleep(0.01)
+    rows = {r["fsdpctl_event"]: r for r in _events(rank0)}
+    assert sorted(rows) == ["checkpoint_saved", "checkpoint_staged", "checkpoint_wait"]
+    staged, saved, wait = rows["checkpoint_staged"], rows["checkpoint_saved"], rows["checkpoint_wait"]
+    assert saved["written"] is True and saved["async"] is True and saved["began"] == staged["began"]
+    assert saved["seconds"] >= 0.19 and saved["call_s"] == staged["seconds"]
+    assert 0.15 <= wait["seconds"] <= saved["seconds"] + 0.05
+    assert future.result() == "metadata" and len(_events(rank0)) == 3  # a wait on a done future: nothing to say
+
+
+def test_the_hf_trainers_saves_loads_and_evaluations_are_timed_with_its_own_step(rank0, tmp_path):
+    class Trainer:
+        def __init__(self):
+            self.state = SimpleNamespace(global_step=12)
+
+        def _save_checkpoint(self, model, trial):
+            return None
+
+        def _load_from_checkpoint(self, folder, model=None):
+            raise FileNotFoundError(folder)
+
+        def evaluate(self, eval_dataset=None):
+            return {"eval_loss": 1.5}
+
+    module = ModuleType("transformers.trainer")
+    module.Trainer = Trainer
+    save = Trainer._save_checkpoint
+    hook._time_trainer(module)
+    hook._time_trainer(module)  # once, however often it is imported
+    assert Trainer._save_checkpoint.__wrapped__ is save
+    trainer = Trainer()
+    trainer._save_checkpoint(None, None)
+    assert trainer.evaluate() == {"eval_loss": 1.5}
+    with pytest.raises(FileNotFoundError):  # the Trainer's own error, and no row: nothing was loaded
+        trainer._load_from_checkpoint(str(tmp_path / "none"))
+    rows = _events(rank0)
+    assert [(r["fsdpctl_event"], r["by"], r["global_step"]) for r in rows] == [
+        ("checkpoint_saved", "hf", 12), ("evaluation", "hf", 12)]

@@ -3,7 +3,7 @@ small language model on random token sequences, a DataLoader with a DistributedS
 rank 0 printing its loss every step.
 
     torchrun --nproc-per-node 2 fsdp2_loop.py --steps 40 [--compile] [--grad-accum 2]
-        [--slow-input-rank 1 --input-delay 0.05] [--fail-at-step 5]
+        [--slow-input-rank 1 --input-delay 0.05] [--fail-at-step 5] [--save-every 20 --save-dir DIR]
 """
 
 import argparse
@@ -12,8 +12,10 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -72,6 +74,8 @@ def main():
     parser.add_argument("--slow-input-rank", type=int, default=-1)
     parser.add_argument("--input-delay", type=float, default=0.0)
     parser.add_argument("--fail-at-step", type=int, default=-1)
+    parser.add_argument("--save-every", type=int, default=0, help="a sharded DCP checkpoint every N steps (0: none)")
+    parser.add_argument("--save-dir", default=os.path.join(os.environ.get("FSDPCTL_RUN_DIR", "."), "checkpoints"))
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -106,6 +110,10 @@ def main():
         optimizer.zero_grad()
         if rank == 0:
             print(f"step {step} loss {total.item():.6f}", flush=True)
+        if args.save_every and step % args.save_every == 0:
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            dcp.save({"model": model_state, "optimizer": optimizer_state},
+                     checkpoint_id=os.path.join(args.save_dir, f"step{step}"))
         if step == args.fail_at_step:
             raise RuntimeError(f"failing on purpose at step {step}")
     dist.destroy_process_group()

@@ -78,6 +78,7 @@ for batch in DataLoader(Batches(), batch_size=4):
     if step >= STEPS:
         break
     step += 1
+    step_began = time.time()
     loss = model(batch).pow(2).mean()
     loss.backward()
     time.sleep(STEP_S)  # the step's compute
@@ -91,7 +92,7 @@ for batch in DataLoader(Batches(), batch_size=4):
         truth("slowed_wait", began, time.time(), step=step)
     optimizer.step()
     optimizer.zero_grad()
-    truth("step", time.time(), time.time(), step=step)
+    truth("step", step_began, time.time(), step=step)
     if step % SAVE_EVERY == 0:
         began = time.time()
         dcp.save({"model": model.state_dict(), "step": step},

@@ -200,6 +200,7 @@ def _install():
     if _TELEMETRY or (rank == "0" and os.environ.get("FSDPCTL_SAY_SAVES") == "1"):  # (SAY_SAVES: an elastic run)
         when_imported("torch.distributed.checkpoint", _time_checkpoints)
         when_imported("torch.distributed.checkpoint.state_dict", _time_checkpoints)
+        when_imported("transformers.trainer", _time_trainer)
     _say_ranks(rank)
     if DUMP_SIGNAL is None:
         return
@@ -285,6 +286,16 @@ def _time_checkpoints(module):
         wrap(module, _say_off)
     except Exception as exc:  # noqa: BLE001 - the program's checkpoints as they are
         _say_off("for checkpoint calls", exc)
+
+
+def _time_trainer(module):
+    """The Hugging Face Trainer's saves, loads and evaluations timed, fail open."""
+    try:
+        from fsdpctl.node.checkpoint_calls import wrap_trainer
+
+        wrap_trainer(module, _say_off)
+    except Exception as exc:  # noqa: BLE001 - the program's Trainer as it is
+        _say_off("for the Trainer's checkpoints", exc)
 
 
 _TELEMETRY = []
