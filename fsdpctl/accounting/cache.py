@@ -118,9 +118,9 @@ def _kept(path: Path, stamp: list[list[Any]]) -> Optional[Any]:
 
 
 def _keep(path: Path, stamp: list[list[Any]], counted_now: Any) -> None:
-    try:
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps({"stamp": stamp, "account": counted_now.to_json()}))
-        temporary.replace(path)
+    from ..rundir.paths import write_json_atomic
+
+    try:  # private, as every file of the run's (whatever the umask), and never read half-written
+        write_json_atomic(path, {"stamp": stamp, "account": counted_now.to_json()}, compact=True)
     except OSError:
         pass  # a run directory we may not write (another user's): counted again next time

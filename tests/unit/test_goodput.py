@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from types import SimpleNamespace
 
@@ -252,8 +254,13 @@ def test_an_ended_runs_account_is_kept_and_counted_again_only_when_its_files_cha
     rows = tmp_path / "metrics.jsonl"
     rows.write_text("".join(f'{{"kind": "train", "step": {n}, "time": {origin + 4 + n}, "step_time_s": 1.0}}\n'
                             for n in range(1, 11)))
-    first = account_of_dir(run, [rows])
-    assert first.seconds["productive"] == pytest.approx(10.0) and (run.root / KEPT_NAME).exists()
+    old_umask = os.umask(0o022)  # a notebook's usual umask: the run's files stay private all the same
+    try:
+        first = account_of_dir(run, [rows])
+    finally:
+        os.umask(old_umask)
+    assert first.seconds["productive"] == pytest.approx(10.0)
+    assert stat.S_IMODE((run.root / KEPT_NAME).stat().st_mode) == 0o600
     kept = json.loads((run.root / KEPT_NAME).read_text())
     kept["account"]["seconds"]["productive"] = 123.0  # what is kept is what is read back, rows unread
     (run.root / KEPT_NAME).write_text(json.dumps(kept))
