@@ -65,6 +65,8 @@ class RunStarted:
     attempt: int = 1
     detached: bool = False
     """It outlives the call that started it (``detach=True``, or a submission not followed)."""
+    world: Optional[int] = None
+    """Its ranks, where the plan knows them (None: counted on the nodes)."""
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Em
         from .detached import spawn_follower
 
         spawn_follower(run)
-    emit(RunStarted(run.run_id, follower.how, str(run.root), run.plan.attempt, detached))
+    emit(RunStarted(run.run_id, follower.how, str(run.root), run.plan.attempt, detached, run.plan.world_size))
     if run.plan.attempt > 1:  # the run goes on: its MLflow parent run, ended with the attempt before, runs again
         mark_parent(run.plan, "RUNNING", emit)
     return run, follower

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -22,6 +23,7 @@ from ..api.events import (
     RunEnded,
     RunStarted,
 )
+from ..rundir.folding import Folded, LineFolder, label
 from ..rundir.lines import LogLine
 from ..rundir.state import Outcome, RunState
 
@@ -31,10 +33,18 @@ PROGRESS_SECONDS = 5.0
 _LEVEL_COLOUR = {"info": None, "warning": "yellow", "error": "red", "success": "green"}
 
 
-def prefix(line: LogLine, colour: bool = True) -> str:
-    """``[host rN]`` for a rank's line (N its global rank), ``[host]`` for the node's own; coloured by node."""
-    text = f"[{line.host} r{line.rank}]" if line.rank is not None else f"[{line.host}]"
+def prefix(line: LogLine, colour: bool = True, inside: Optional[str] = None) -> str:
+    """``[host rN]`` for a rank's line (N its global rank), ``[host]`` for the node's own, ``[inside]`` for
+    a line several ranks said (``fsdpctl.rundir.folding.label``); coloured by node."""
+    text = f"[{inside}]" if inside else f"[{line.host} r{line.rank}]" if line.rank is not None else f"[{line.host}]"
     return typer.style(text, fg=COLOURS[line.node_rank % len(COLOURS)]) if colour else text
+
+
+def folder_if(dedup: bool, world: Optional[int] = None, by_lines: bool = False) -> Optional[LineFolder]:
+    """A folder of the lines several ranks print alike, when ``dedup`` (``--dedup/--no-dedup``)."""
+    if not dedup:
+        return None
+    return LineFolder.by_lines(world) if by_lines else LineFolder(world)
 
 
 def say(text: str, colour: Optional[str] = None) -> None:
@@ -46,7 +56,7 @@ class EventPrinter:
     """Renders the API's events on a terminal (or into pipes and files, without colours)."""
 
     def __init__(self, total_steps: Optional[int] = None, quiet_progress: bool = False, run_id_on_stdout: bool = False,
-                 show_line=None):
+                 show_line=None, folder: Optional[LineFolder] = None):
         self.total = total_steps
         self.quiet = quiet_progress or not sys.stderr.isatty()
         self.colour = sys.stdout.isatty()  # no escape codes into pipes and files
@@ -61,6 +71,9 @@ class EventPrinter:
         self.announced = False
         self.prefixes: dict[tuple, str] = {}
         self.write = sys.stdout.write
+        self.folder = folder  # the same line of several ranks shown once (None: every line as it came)
+        self.lock = threading.Lock()  # the lines' thread and the folder's ticker write in turn
+        self.ticking: Optional[threading.Thread] = None
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, LogLine):
@@ -79,6 +92,8 @@ class EventPrinter:
 
             print_report(event.report)
         elif isinstance(event, RunStarted):
+            if self.folder is not None and event.world:
+                self.folder.world = event.world
             self.started_run(event)
         elif isinstance(event, AttemptStarting):
             where = f" from step {event.from_step}" if event.from_step is not None else ""
@@ -102,35 +117,78 @@ class EventPrinter:
 
     def lines(self, batch: list[LogLine]) -> None:
         """A batch of lines: one write for all (the supervisor flushes after each batch)."""
+        wanted = batch if self.show_line is None else [line for line in batch if self.show_line(line)]
+        if self.folder is not None and self.folder.world != 1:  # (one rank: nothing to fold)
+            with self.lock:
+                self._show_all(self.folder.add_all(wanted))
+            self._tick()
+            return
+        self._show_lines([(line, None) for line in wanted])
+
+    def line(self, line: LogLine) -> None:
+        self.lines([line])
+
+    def _show_all(self, ready: list[Folded]) -> None:
+        self._show_lines([(f.line, label(f, self.folder.world) if len(f.ranks) > 1 else None) for f in ready])
+
+    def _show_lines(self, shown: list[tuple[LogLine, Optional[str]]]) -> None:
+        """Lines to show (each with the ranks that said it, where several did), in one write; a
+        metrics line on its own (it may print progress)."""
         out = []
-        for line in batch:
-            if self.show_line is not None and not self.show_line(line):
-                continue
-            text = line.text
-            if "step=" in text:  # a metrics line: progress, bold
+        for line, inside in shown:
+            if "step=" in line.text:
                 if out:
                     self.write("".join(out))
                     out = []
-                self.line(line)
+                self._show(line, inside)
+                continue
+            if inside:
+                out.append(prefix(line, self.colour, inside) + " " + line.text + "\n")
                 continue
             key = (line.node_rank, line.host, line.rank)
-            shown = self.prefixes.get(key)
-            if shown is None:
-                shown = self.prefixes[key] = prefix(line, self.colour) + " "
-            out.append(shown + text + "\n")
+            head = self.prefixes.get(key)
+            if head is None:
+                head = self.prefixes[key] = prefix(line, self.colour) + " "
+            out.append(head + line.text + "\n")
         if out:
             self.write("".join(out))
 
-    def line(self, line: LogLine) -> None:
-        if self.show_line is not None and not self.show_line(line):
+    def _tick(self) -> None:
+        """While lines wait for the other ranks' same line, show each once its window has passed."""
+        if self.ticking is not None and self.ticking.is_alive():
             return
+
+        def tick() -> None:
+            while True:
+                time.sleep(self.folder.window / 4)
+                with self.lock:
+                    ready = self.folder.ready()
+                    self._show_all(ready)
+                    waiting = self.folder.waiting()
+                if ready:
+                    sys.stdout.flush()
+                if not waiting:
+                    return
+
+        if self.folder.waiting() and self.folder.timed:
+            self.ticking = threading.Thread(target=tick, name="fsdpctl-log-folder", daemon=True)
+            self.ticking.start()
+
+    def finish(self) -> None:
+        """Show every line still waiting for other ranks, then flush (the run ended, or its logs were read)."""
+        if self.folder is not None:
+            with self.lock:
+                self._show_all(self.folder.drain())
+        self.flush()
+
+    def _show(self, line: LogLine, inside: Optional[str] = None) -> None:
         text = line.text
         metric = _METRIC.search(text) if "step=" in text else None
         if metric:
             self.step, self.loss, self.rate = metric.group(1), metric.group(2), metric.group(3) or self.rate
             text = typer.style(text, bold=True) if self.colour else text
         key = (line.node_rank, line.host, line.rank)
-        shown = self.prefixes.get(key)
+        shown = prefix(line, self.colour, inside) + " " if inside else self.prefixes.get(key)
         if shown is None:
             shown = self.prefixes[key] = prefix(line, self.colour) + " "
         # No flush per line: the supervisor flushes once per batch of lines (see flush).
@@ -151,7 +209,7 @@ class EventPrinter:
     def summary(self, run_id: str, outcome: Outcome, run_dir: str) -> None:
         """The last word on a followed run: success, interruption, the follower leaving, or the first
         failure in detail."""
-        self.flush()
+        self.finish()
         for note in outcome.notes:
             typer.echo(note, err=True)
         if outcome.state is RunState.INTERRUPTED:

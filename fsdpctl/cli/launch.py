@@ -37,6 +37,9 @@ def launch(
     allow_busy_gpus: Optional[bool] = typer.Option(None, "--allow-busy-gpus/--no-allow-busy-gpus", help="Start even "
                                                    "when other processes already use a GPU (the preflight then "
                                                    "only warns; default: the profile's health.allow_busy_gpus)."),
+    dedup: bool = typer.Option(True, "--dedup/--no-dedup", help="Show a line several ranks print alike once, "
+                               "with the ranks that said it ([r0-7], [all 16 ranks]); the nodes' files keep every "
+                               "line."),
     top: bool = typer.Option(False, "--top", help="Watch the run in `fsdpctl top`'s live view once it has started "
                              "(q leaves the view; the run goes on, its lines follow here)."),
 ) -> None:
@@ -50,7 +53,7 @@ def launch(
     import fsdpctl
 
     from ..rundir.timeline import note_process_start
-    from .events import EventPrinter, exit_code_of
+    from .events import EventPrinter, exit_code_of, folder_if
     from .show import print_dry_run
     from .top import watching
 
@@ -58,7 +61,7 @@ def launch(
     if flags.resume is not None:
         flags.refuse_with_resume(exclude=exclude, allow_busy_gpus=allow_busy_gpus, min_nodes=min_nodes)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
-        printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"))
+        printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"), folder=folder_if(dedup))
         with watching(printer, top) as handler:
             run.resume(steps=flags.steps, epochs=flags.epochs, detach=detach, preflight=not no_preflight,
                        fetch=tuple(fetch or ()), node_timeout=node_timeout, hang_timeout=flags.hang_timeout,
@@ -72,7 +75,7 @@ def launch(
         return
     if flags.as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
-    printer = EventPrinter(total_steps=options.workload.get("steps"))
+    printer = EventPrinter(total_steps=options.workload.get("steps"), folder=folder_if(dedup))
     with watching(printer, top) as handler:
         fsdpctl.launch(flags.profile, options=options, detach=detach, preflight=not no_preflight,
                        fetch=tuple(fetch or ()), on_event=handler, handle_signals=True)

@@ -23,11 +23,15 @@ def logs(
     grep: Optional[str] = typer.Option(None, "--grep", help="Only lines matching this regular expression."),
     attempt: Optional[int] = typer.Option(None, "--attempt", min=1, help="An earlier attempt's logs (`fsdpctl "
                                           "status` lists them); default: the newest."),
+    dedup: bool = typer.Option(True, "--dedup/--no-dedup", help="Show a line several ranks print alike once, "
+                               "with the ranks that said it ([r0-7], [all 16 ranks]); the nodes' files keep every "
+                               "line, and --no-dedup shows them as they are."),
 ) -> None:
-    """Print a run's logs, merged across nodes, each line prefixed with [host rNODE]."""
+    """Print a run's logs, merged across nodes, each line prefixed with [host rRANK]; a line several ranks
+    printed alike is shown once, with the ranks that said it."""
     import fsdpctl
 
-    from .events import EventPrinter, exit_code_of, say
+    from .events import EventPrinter, exit_code_of, folder_if, say
 
     try:
         pattern = re.compile(grep) if grep else None
@@ -39,7 +43,8 @@ def logs(
                 and (pattern is None or pattern.search(line.text) is not None))
 
     with fsdpctl.get_run(run_id) as run:
-        printer = EventPrinter(quiet_progress=True, show_line=wanted)
+        world = run.plan.world_size
+        printer = EventPrinter(quiet_progress=True, show_line=wanted, folder=folder_if(dedup, world))
         if follow:
             if attempt is not None and attempt != run.attempt:
                 run.logs(follow=True, attempt=attempt)  # refuses it, in one line
@@ -49,8 +54,9 @@ def logs(
                 raise typer.Exit(exit_code_of(printer))
             say(f"run {run.run_id} is {state}; showing its logs")
         reader = run.logs(attempt=attempt)
+        printer.folder = folder_if(dedup, world, by_lines=True)  # read back: lines, not seconds, apart
         for line in reader:
             printer.line(line)
-        printer.flush()
+        printer.finish()
         for note in reader.notes:
             typer.echo(note, err=True)

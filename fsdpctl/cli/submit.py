@@ -28,6 +28,9 @@ def submit(
                                             "keeping the bundled workload's global batch (overrides "
                                             "elastic.min_nodes; 0: end the job)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Follow the job's logs until it ends."),
+    dedup: bool = typer.Option(True, "--dedup/--no-dedup", help="Show a line several ranks print alike once, "
+                               "with the ranks that said it ([r0-7], [all 16 ranks]); the nodes' files keep every "
+                               "line."),
     top: bool = typer.Option(False, "--top", help="With --follow: watch the job in `fsdpctl top`'s live view once "
                              "it is submitted (q leaves the view; the job goes on, its lines follow here)."),
 ) -> None:
@@ -36,7 +39,7 @@ def submit(
     import fsdpctl
 
     from ..rundir.timeline import note_process_start
-    from .events import EventPrinter, exit_code_of
+    from .events import EventPrinter, exit_code_of, folder_if
     from .show import print_dry_run
     from .top import watching
 
@@ -51,7 +54,8 @@ def submit(
     if flags.resume is not None:
         flags.refuse_with_resume(**slurm_options, min_nodes=min_nodes)
         run = fsdpctl.get_run(flags.resume)  # continued through the backend it ran with
-        printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"), run_id_on_stdout=True)
+        printer = EventPrinter(total_steps=flags.steps or run.plan.train.get("steps"), run_id_on_stdout=True,
+                               folder=folder_if(dedup))
         with watching(printer, top) as handler:
             run.resume(steps=flags.steps, epochs=flags.epochs, detach=not follow, hang_timeout=flags.hang_timeout,
                        on_hang=flags.on_hang, on_event=handler, handle_signals=True)
@@ -63,7 +67,8 @@ def submit(
         return
     if flags.as_json:
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
-    printer = EventPrinter(total_steps=options.workload.get("steps"), run_id_on_stdout=True)
+    printer = EventPrinter(total_steps=options.workload.get("steps"), run_id_on_stdout=True,
+                               folder=folder_if(dedup))
     with watching(printer, top) as handler:
         fsdpctl.submit(flags.profile, options=options, follow=follow, on_event=handler, handle_signals=True)
     raise typer.Exit(exit_code_of(printer))

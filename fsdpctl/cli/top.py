@@ -247,6 +247,7 @@ class TopWhileFollowing:
         import fsdpctl
 
         run = fsdpctl.get_run(event.run_id, runs_dir=Path(event.run_dir).parent)
+        self.printer.finish()  # lines still folding are shown before the view takes the terminal
         self.showing.set()
 
         def body() -> None:

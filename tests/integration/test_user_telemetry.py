@@ -239,7 +239,22 @@ def test_a_failing_script_keeps_its_exit_and_a_failing_telemetry_changes_nothing
     assert broken.returncode == plain.returncode == 0, broken.stdout[-3000:] + broken.stderr[-3000:]
     assert printed(broken.stdout) == printed(plain.stdout) and len(printed(plain.stdout)) == 20
     off = [line for line in (broken.stdout + broken.stderr).splitlines() if "rank telemetry is off" in line]
-    assert len(off) == 2, off  # one line per rank
+    assert len(off) == 1 and off[0].startswith("[all 2 ranks] "), off  # said by each rank, shown once
+
+
+def test_a_line_both_ranks_print_is_shown_once_with_both_named_and_the_nodes_keep_every_line(lab, tmp_path, code):
+    done, run_id = launch(lab, tmp_path, code, "same_lines.py")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    wanted = [f"[all 2 ranks] loading shard {i} of 1000" for i in range(1000)]
+    shown = [line for line in done.stdout.splitlines() if "loading shard" in line]
+    assert shown == wanted, shown[:5]
+    assert sum("has its own say" in line for line in done.stdout.splitlines()) == 2  # each rank's own, apart
+    read = run(lab, tmp_path, "logs", run_id).stdout.splitlines()
+    assert [line for line in read if "loading shard" in line] == wanted
+    every = run(lab, tmp_path, "logs", run_id, "--no-dedup").stdout.splitlines()
+    assert sum("loading shard" in line for line in every) == 2000
+    for folder in (lab.root / "work" / "runs" / run_id, tmp_path / "runs" / run_id / "logs"):  # nodes', copies
+        assert [(folder / f"node{n}.log").read_text().count("loading shard") for n in (0, 1)] == [1000, 1000]
 
 
 def test_the_goodput_account_of_a_run_with_injected_faults_matches_its_own_ground_truth(lab, tmp_path, code):

@@ -1,0 +1,136 @@
+"""One line for what several ranks say: the same text from several ranks within a short window is shown
+once, with the ranks that said it (``[r0-7]``, ``[all 16 ranks]``), as torch's "No Distributed Log Spew"
+RFC and Ray's log deduplication do. Only what is shown folds: the nodes' files keep every line.
+
+A group of the same text opens at its first rank's line and takes each other rank's line of that text
+while it is open; it is shown once every rank of the world said it, or once its window has passed,
+whichever is first, in the order the groups opened (a group still open holds back the ones after
+it, for at most the window). A rank that says the text again opens a new group; a rank that says
+something else has a group of its own, shown as it was. The clock is the caller's: seconds while
+following a run, lines read while reading its files back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Optional
+
+from .lines import LogLine
+
+WINDOW_S = 0.5
+"""How long a line waits for the other ranks' same line while a run is followed."""
+MAX_OPEN = 4096
+"""At most this many lines wait at once (the memory a flood of lines may hold here); past it the
+oldest is shown without waiting longer."""
+LINES_WINDOW = 2048
+"""How many lines read back a line waits for the other ranks' same line (``logs``)."""
+
+
+class Folded:
+    """A line as shown: the first rank's ``line``, and every global rank that said its text."""
+
+    __slots__ = ("line", "ranks", "opened", "many_hosts")
+
+    def __init__(self, line: LogLine, ranks: set[int], opened: float = 0.0):
+        self.line, self.ranks, self.opened = line, ranks, opened
+        self.many_hosts = False
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """``0-3,8,10-11`` for those ranks."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = previous = ordered[0]
+    for rank in ordered[1:] + [None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ",".join(parts)
+
+
+def label(folded: Folded, world: Optional[int]) -> str:
+    """The prefix's inside: ``host rN`` for one rank, ``host r0-7`` for several on one host, ``r0-3,8-11``
+    across hosts, ``all 16 ranks`` for every rank of the world."""
+    line = folded.line
+    if len(folded.ranks) == 1:
+        return f"{line.host} r{line.rank}"
+    if world is not None and len(set(folded.ranks)) == world:
+        return f"all {world} ranks"
+    ranges = f"r{rank_ranges(folded.ranks)}"
+    return ranges if folded.many_hosts else f"{line.host} {ranges}"
+
+
+class LineFolder:
+    """Folds the lines of ranks as they come (``add``), giving back what is ready to show."""
+
+    def __init__(self, world: Optional[int] = None, window: float = WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.world, self.window, self.clock = world, window, clock
+        self.timed = clock is time.monotonic
+        """Whether the window is seconds (a run followed); else lines (``by_lines``)."""
+        self._queue: deque[Folded] = deque()
+        self._by_text: dict[str, Folded] = {}
+
+    @classmethod
+    def by_lines(cls, world: Optional[int]) -> LineFolder:
+        """A folder for lines read back from a run's files: its window is lines read, not seconds (a
+        file is read in a moment, whenever its lines were said, and one rank's burst can reach it before
+        another's): ``LINES_WINDOW``, or 64 per rank where that is more."""
+        return cls(world, window=max(LINES_WINDOW, 64 * (world or 1)), clock=itertools.count().__next__)
+
+    def add(self, line: LogLine, now: Optional[float] = None) -> list[Folded]:
+        """Take a rank's line (a line of no rank is shown at once, alone); return what is now ready."""
+        now = self.clock() if now is None else now
+        if line.rank is None:
+            return [*self.ready(now), Folded(line, set(), now)]
+        group = self._by_text.get(line.text)
+        if group is not None and now - group.opened <= self.window and line.rank not in group.ranks:
+            group.ranks.add(line.rank)
+            if line.host != group.line.host:
+                group.many_hosts = True
+        else:
+            group = self._by_text[line.text] = Folded(line, {line.rank}, now)
+            self._queue.append(group)
+        return self.ready(now)
+
+    def add_all(self, lines: list[LogLine]) -> list[Folded]:
+        """``add`` each of a batch of lines, the batch taken as one moment (a run followed)."""
+        now = self.clock()
+        out: list[Folded] = []
+        for line in lines:
+            out += self.add(line, now if self.timed else None)
+        return out
+
+    def ready(self, now: Optional[float] = None) -> list[Folded]:
+        """The groups at the front that are complete or whose window has passed (and, past
+        ``MAX_OPEN`` waiting, the oldest)."""
+        now = self.clock() if now is None else now
+        out = []
+        queue, world = self._queue, self.world
+        while queue:
+            group = queue[0]
+            if len(queue) <= MAX_OPEN and now - group.opened <= self.window and (
+                    world is None or len(group.ranks) < world):
+                break
+            out.append(self._close())
+        return out
+
+    def waiting(self) -> bool:
+        """Whether a line waits for other ranks' same line."""
+        return bool(self._queue)
+
+    def drain(self) -> list[Folded]:
+        """Every group still open, in order (the run ended, or its files were read to the end)."""
+        return [self._close() for _ in range(len(self._queue))]
+
+    def _close(self) -> Folded:
+        group = self._queue.popleft()
+        if self._by_text.get(group.line.text) is group:
+            del self._by_text[group.line.text]
+        return group

@@ -1,0 +1,90 @@
+"""One line for what several ranks say: the folder's groups, their labels, their order and their windows,
+and the CLI's printer showing them."""
+
+from __future__ import annotations
+
+from fsdpctl.cli.events import EventPrinter, folder_if
+from fsdpctl.rundir.folding import LineFolder, label, rank_ranges
+from fsdpctl.rundir.lines import LogLine
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def said(rank: int, text: str, ranks_per_node: int = 4) -> LogLine:
+    node = rank // ranks_per_node
+    return LogLine(node, f"n{node}", text, rank)
+
+
+def shown(folder: LineFolder, lines: list[LogLine]) -> list[str]:
+    out = []
+    for line in lines:
+        out += [f"[{label(f, folder.world) if len(f.ranks) > 1 else f.line.host}] {f.line.text}"
+                for f in folder.add(line)]
+    return out + [f"[{label(f, folder.world)}] {f.line.text}" for f in folder.drain()]
+
+
+def test_ranks_read_as_ranges_and_a_label_says_who_said_it():
+    assert rank_ranges([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
+    folder = LineFolder(world=16, clock=Clock())
+    for rank in (0, 1, 2, 3):
+        folder.add(said(rank, "loading"))
+    assert label(folder.drain()[0], 16) == "n0 r0-3"  # several ranks of one host
+    for rank in (0, 1, 4, 5):
+        folder.add(said(rank, "loading"))
+    assert label(folder.drain()[0], 16) == "r0-1,4-5"  # of several hosts
+    assert shown(LineFolder(world=8, clock=Clock()), [said(r, "ready") for r in range(8)]) == ["[all 8 ranks] ready"]
+
+
+def test_a_line_every_rank_said_is_shown_at_once_and_one_rank_saying_otherwise_stands_out():
+    clock = Clock()
+    folder = LineFolder(world=4, clock=clock)
+    assert folder.add(said(0, "epoch 1")) == [] and folder.add(said(1, "epoch 1")) == []
+    assert folder.add(said(2, "nan loss!")) == []  # behind the group opened before it: order kept
+    assert folder.add(said(3, "epoch 1")) == []
+    ready = folder.add(said(2, "epoch 1"))  # the fourth rank: complete and at the front, shown at once
+    assert [(f.line.text, sorted(f.ranks)) for f in ready] == [("epoch 1", [0, 1, 2, 3])]
+    clock.now = 0.6  # the odd line's window passed: shown alone, as it was
+    assert [(f.line.text, sorted(f.ranks)) for f in folder.ready()] == [("nan loss!", [2])]
+    assert not folder.waiting()
+
+
+def test_a_rank_saying_the_same_again_opens_a_new_group_and_a_window_closes_a_group():
+    clock = Clock()
+    folder = LineFolder(world=2, clock=clock)
+    folder.add(said(0, "tick"))
+    folder.add(said(0, "tick"))  # rank 0 again: its second tick is a line of its own
+    clock.now = 0.3
+    assert [sorted(f.ranks) for f in folder.add(said(1, "tick"))] == []  # joins the newest open group
+    clock.now = 0.7
+    assert [(f.line.text, sorted(f.ranks)) for f in folder.ready()] == [("tick", [0]), ("tick", [0, 1])]
+    clock.now = 1.0
+    folder.add(said(0, "late"))
+    clock.now = 1.6
+    assert folder.add(said(1, "late")) != [] and folder.drain()[0].ranks == {1}  # past the window: apart
+
+
+def test_lines_read_back_fold_across_one_ranks_burst_of_a_thousand():
+    folder = LineFolder.by_lines(world=2)
+    lines = [said(1, f"same {i}") for i in range(1000)] + [said(0, f"same {i}") for i in range(1000)]
+    out = shown(folder, lines)
+    assert out == [f"[all 2 ranks] same {i}" for i in range(1000)]
+
+
+def test_the_printer_shows_a_folded_line_once_and_every_line_with_no_dedup(capsys):
+    batch = [said(r, f"step {i} done", ranks_per_node=1) for i in range(3) for r in (0, 1)]
+    batch.append(LogLine(0, "n0", "fsdpctl: node 0 of 2", None))
+    printer = EventPrinter(quiet_progress=True, folder=folder_if(True, 2))
+    printer.lines(batch)
+    printer.finish()
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"[all 2 ranks] step {i} done" for i in range(3)] + ["[n0] fsdpctl: node 0 of 2"]
+    printer = EventPrinter(quiet_progress=True, folder=folder_if(False, 2))
+    printer.lines(batch)
+    printer.finish()
+    assert len(capsys.readouterr().out.splitlines()) == 7
