@@ -118,12 +118,13 @@ def test_a_node_that_fails_behind_a_flood_stops_the_others_at_once(lab, tmp_path
 
 def test_bad_bytes_progress_bars_and_a_20_mb_line_are_shown_and_kept(lab, tmp_path):
     profile = write_profile(lab, tmp_path)
-    result = run(lab, tmp_path, "launch", "-p", str(profile), "--code", str(project(tmp_path)), "--",
+    # every rank's own copy of each line, as it came: the lines both ranks print alike are not folded here
+    result = run(lab, tmp_path, "launch", "-p", str(profile), "--no-dedup", "--code", str(project(tmp_path)), "--",
                  "printer.py", "bad", timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     run_dir = run_dir_of(tmp_path)
-    logs = run(lab, tmp_path, "logs", run_dir.name)
+    logs = run(lab, tmp_path, "logs", run_dir.name, "--no-dedup")
     for text in (result.stdout, logs.stdout):
         for rank in (0, 1):
             mine = [line.split("] ", 1)[1] for line in text.splitlines()
