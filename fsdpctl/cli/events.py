@@ -142,16 +142,19 @@ class EventPrinter:
                     out = []
                 self._show(line, inside)
                 continue
-            if inside:
-                out.append(prefix(line, self.colour, inside) + " " + line.text + "\n")
-                continue
-            key = (line.node_rank, line.host, line.rank)
-            head = self.prefixes.get(key)
-            if head is None:
-                head = self.prefixes[key] = prefix(line, self.colour) + " "
-            out.append(head + line.text + "\n")
+            out.append(self._head(line, inside) + line.text + "\n")
         if out:
             self.write("".join(out))
+
+    def _head(self, line: LogLine, inside: Optional[str]) -> str:
+        """A line's prefix and its space: a one-rank line's kept per rank, a folded line's made anew."""
+        if inside:
+            return prefix(line, self.colour, inside) + " "
+        key = (line.node_rank, line.host, line.rank)
+        head = self.prefixes.get(key)
+        if head is None:
+            head = self.prefixes[key] = prefix(line, self.colour) + " "
+        return head
 
     def _tick(self) -> None:
         """While lines wait for the other ranks' same line, show each once its window has passed."""
@@ -187,12 +190,8 @@ class EventPrinter:
         if metric:
             self.step, self.loss, self.rate = metric.group(1), metric.group(2), metric.group(3) or self.rate
             text = typer.style(text, bold=True) if self.colour else text
-        key = (line.node_rank, line.host, line.rank)
-        shown = prefix(line, self.colour, inside) + " " if inside else self.prefixes.get(key)
-        if shown is None:
-            shown = self.prefixes[key] = prefix(line, self.colour) + " "
         # No flush per line: the supervisor flushes once per batch of lines (see flush).
-        self.write(shown + text + "\n")
+        self.write(self._head(line, inside) + text + "\n")
         if metric and not self.quiet and time.monotonic() - self.shown > PROGRESS_SECONDS:
             sys.stdout.flush()
             self.shown = time.monotonic()

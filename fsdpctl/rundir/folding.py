@@ -60,7 +60,7 @@ def label(folded: Folded, world: Optional[int]) -> str:
     line = folded.line
     if len(folded.ranks) == 1:
         return f"{line.host} r{line.rank}"
-    if world is not None and len(set(folded.ranks)) == world:
+    if world is not None and len(folded.ranks) == world:
         return f"all {world} ranks"
     ranges = f"r{rank_ranges(folded.ranks)}"
     return ranges if folded.many_hosts else f"{line.host} {ranges}"
