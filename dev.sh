@@ -32,8 +32,9 @@ case "${1:-}" in
     setup_venv
     # pytest exits 5 when it collected no test: that must fail, not pass silently.
     set +e
-    # Two workers, one module each at a time (a module's testbed is set up once); -n0 to go serially.
-    "$VENV/bin/python" -m pytest -n "${FSDPCTL_TEST_WORKERS:-2}" --dist loadscope "$@"
+    # Two workers, one module each at a time (a module's testbed is set up once), the costliest modules
+    # first (tests/conftest.py orders them); -n0 to go serially.
+    "$VENV/bin/python" -m pytest -n "${FSDPCTL_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder "$@"
     rc=$?
     set -e
     if [ "$rc" -eq 5 ]; then

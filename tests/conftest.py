@@ -36,3 +36,19 @@ def own_state_dir(tmp_path, monkeypatch):
     """fsdpctl's state on this machine (hosts excluded per profile) is each test's own: an exclusion one
     test makes never reaches another, nor the machine's real state."""
     monkeypatch.setenv("FSDPCTL_STATE_DIR", str(tmp_path / "fsdpctl-state"))
+
+
+SECONDS_PER_TEST = {"integration": 40.0, "workload": 15.0}
+"""A test's rough cost by its marker (what a CI run took, on average); any other test costs a fraction of a second."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """The costliest modules first, so that two workers end together: pytest-xdist's loadscope hands
+    modules out in this order (with --no-loadscope-reorder, as dev.sh passes it); by default it hands
+    out the modules with the most tests first, which left the slow integration modules of a few tests
+    each to the end, run by one worker while the other had nothing left."""
+    cost: dict[str, float] = {}
+    for item in items:
+        marked = [SECONDS_PER_TEST[m.name] for m in item.iter_markers() if m.name in SECONDS_PER_TEST]
+        cost[item.module.__name__] = cost.get(item.module.__name__, 0.0) + max(marked, default=0.2)
+    items.sort(key=lambda item: -cost[item.module.__name__])  # stable: a module's own order stays

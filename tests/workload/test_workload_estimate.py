@@ -51,9 +51,8 @@ def check_against_the_allocator(trainer, tmp_path, preset, name, flags):
     raise AssertionError(f"the estimate is off the allocator's peak by {', '.join(f'{o:+.1%}' for o in offs)}")
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_every_peak_of_a_second_step_lies_between_the_trace_without_gloos_copies_and_the_estimate(
-        trainer, tmp_path, preset):
+        trainer, tmp_path):
     """FSDP2, full sharding, 2 ranks, batch 8 x 128 tokens of the default 5,000-token vocabulary, run
     three times. The allocator's peak of step 2 moves with when gloo's threads let go of their copies
     of each collective's buffer: none held, the last one of each kind, or the last two. The estimate
@@ -61,9 +60,12 @@ def test_every_peak_of_a_second_step_lies_between_the_trace_without_gloos_copies
     and 117.7 MiB, small 313.1 and 349.0; the peaks seen here were tiny 110.3 to 117.7 and small 319.9
     to 349.0 (that one under the whole suite). Every peak must lie between the two, within 3%. Before a
     CPU trace held two copies of each kind, small was estimated at 335.4 MiB: 3.9% below a peak of
-    349.0; before it started with gloo's copies of a first step, tiny at 111.1: 5.0% below 116.9."""
+    349.0; before it started with gloo's copies of a first step, tiny at 111.1: 5.0% below 116.9. The
+    small preset's spread held as tiny's in every run; it is not run here any more (80 s of CI for the
+    same mechanism): its estimate's accuracy is test_workload_estimate_small.py's."""
     from fsdpctl.workload.estimate import trace
 
+    preset = "tiny"
     peaks, estimates = [], set()
     for attempt in range(3):
         result = trainer(tmp_path / f"try{attempt}", "--preset", preset, *SHAPE, "--vocab-size", "5000", nproc=2)
