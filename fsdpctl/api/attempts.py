@@ -124,24 +124,40 @@ def plan_restart(backend: Backend, run: RunDir, outcome: Outcome, last_attempt: 
                  ) -> tuple[Optional[NextAttempt], Optional[str]]:
     """After a failed attempt: the next attempt and what ended this one, or (None, why not; None
     when there is nothing to say) when the run ends here. ``last_attempt``: the highest attempt this
-    launch may start (its first one plus its restarts)."""
+    launch may start (its first one plus its restarts). With restarts allowed, run.json keeps the
+    verdict as the attempt's ``restart`` (``restart_causes``: a restart follows the failure's cause)."""
     plan = run.plan
     if outcome.state in (RunState.INTERRUPTED, RunState.STOPPED) or run.record.stopped_at:
         return None, None  # Ctrl-C, a stop signal or `fsdpctl stop`: the user ended it
+    if not plan.max_restarts and plan.attempt >= last_attempt:
+        return None, None
+    from .restart_causes import hardware_faults, judge_run
+
+    verdict = judge_run(run, outcome.first_failure, hardware_faults(run))
+    attempt, why = _restart_after(backend, run, outcome, last_attempt) if verdict.restart else (None, verdict.why)
+    if attempt is None:
+        verdict = dataclasses.replace(verdict, restart=False, why=why or verdict.why)
+    run.change(restart=verdict.to_json())
+    return attempt, why
+
+
+def _restart_after(backend: Backend, run: RunDir, outcome: Outcome, last_attempt: int
+                   ) -> tuple[Optional[NextAttempt], Optional[str]]:
+    plan = run.plan
     if plan.attempt >= last_attempt:
-        return None, (f"no restart left (--max-restarts {plan.max_restarts})" if plan.max_restarts else None)
+        return None, f"not restarted: no restart left (--max-restarts {plan.max_restarts})"
     from_step = None
     if not plan.command:
         try:
             saved = checkpoint_steps(backend, run)
         except Exception as exc:  # noqa: BLE001 - any failure to look means: do not restart blind
-            return None, f"not restarting: could not look for a checkpoint ({exc})"
+            return None, f"not restarted: could not look for a checkpoint ({exc})"
         if not saved:
-            return None, "not restarting: the run has no complete checkpoint yet (it would start from step 0)"
+            return None, "not restarted: the run has no complete checkpoint yet (it would start from step 0)"
         from_step = saved[-1]
     try:
         next_plan, scripts = plan_next_attempt(backend, run, train={})
     except UsageError as exc:
-        return None, f"not restarting: {exc.message}"
+        return None, f"not restarted: {exc.message}"
     after = outcome.first_failure.describe() if outcome.first_failure else f"exit {outcome.exit_code}"
     return NextAttempt(next_plan, scripts, from_step), after

@@ -42,6 +42,7 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     from ..rundir.paths import read_json
     from ..rundir.rundir import INPUTS
     from .attempts import plan_next_attempt
+    from .restart_causes import hardware_faults
 
     number = attempt.plan.attempt
     if not backend.takes_spares:
@@ -111,22 +112,6 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     return start_attempt(backend, plan, payload, emit, detached=False, checked=checked,
                          open_run=lambda: _begun(begin_attempt(run, plan, scripts, attempt.from_step), replacements,
                                                  resize))
-
-
-def hardware_faults(run: RunDir) -> dict[str, str]:
-    """The hardware faults each node's GPU watcher said in the attempt's log (host -> what), from
-    the node logs kept here."""
-    from ..node.gpu_watch import fault_in_log
-
-    faults = {}
-    for node in run.record.nodes:
-        try:
-            text = (run.paths.logs / f"node{node.node_rank}.log").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        if (fault := fault_in_log(text)) is not None:
-            faults[node.host] = fault
-    return faults
 
 
 def _begun(run: RunDir, replacements, resize=None) -> RunDir:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -56,8 +57,12 @@ def status(
         changes = attempt_changes(earlier.replacements, earlier.recovery, earlier.resize)
         changes = f"; {changes}" if changes else ""
         typer.echo(f"  attempt {earlier.attempt}{start}: {earlier.state}{code}{ended}{changes}")
+        if earlier.restart:
+            typer.echo(f"    {restart_text(earlier.restart)}")
     if info.replacements or info.recovery or info.resize:
         typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery, info.resize)}")
+    if info.restart:
+        typer.echo(f"  attempt {info.attempt}: {restart_text(info.restart)}")
     latest = latest_by_node(info.gpu_samples)
     for node in info.nodes:
         code = "" if node.exit_code is None else f" (exit {node.exit_code})"
@@ -86,6 +91,12 @@ def goodput_here(run: object) -> Optional[object]:
         return run.goodput(fetch=False)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - the status is what was asked for
         return None
+
+
+def restart_text(verdict: Mapping[str, Any]) -> str:
+    """run.json's ``restart`` of an attempt in a line: "restarted for a lost node (...)", "not restarted: ..."."""
+    why = str(verdict.get("why") or verdict.get("cause") or "")
+    return f"restarted for {why}" if verdict.get("restarted") else why
 
 
 def print_timings(run_id: Optional[str], attempt: Optional[int], as_json: bool) -> None:

@@ -24,6 +24,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("ssh", schema.SSHSpec),
     ("slurm", schema.SlurmSpec),
     ("elastic", schema.ElasticSpec),
+    ("restart", schema.RestartSpec),
     ("export", schema.ExportSpec),
     ("export.wandb", schema.WandbSpec),
     ("export.mlflow", schema.MlflowSpec),

@@ -202,6 +202,17 @@ def _elastic_rules(elastic: schema.ElasticSpec):
     return None
 
 
+def _restart_rules(restart: schema.RestartSpec):
+    if len(set(restart.causes)) != len(restart.causes):
+        return "causes", "names a cause twice", "name each cause once"
+    for i, code in enumerate(restart.exit_codes):
+        if not 1 <= code <= 255:
+            return f"exit_codes[{i}]", f"{code} is outside 1-255", "give a process's exit code, e.g. 75"
+    if restart.per_hour is not None and not 1 <= restart.per_hour <= 1000:
+        return "per_hour", f"{restart.per_hour} is outside 1-1000", "give restarts per hour, e.g. 3 (unset: no limit)"
+    return None
+
+
 def _elastic_fits(p: ClusterProfile):
     """``elastic`` against the nodes the profile names (a backend's own rules check its own count)."""
     from ..backends.registry import backend_class
@@ -244,5 +255,6 @@ RULES: dict[type, tuple] = {
     schema.ContainerSpec: (_container_rules,),
     schema.SlurmSpec: (_slurm_rules,),
     schema.ElasticSpec: (_elastic_rules,),
+    schema.RestartSpec: (_restart_rules,),
     ClusterProfile: (_profile_rules, _backend_rules),
 }

@@ -12,6 +12,7 @@ from typing import Any, Literal, Optional, Union
 
 from .elastic_spec import ElasticSpec  # noqa: F401 - a profile's section type
 from .export_spec import ExportSpec, MlflowSpec, WandbSpec  # noqa: F401 - a profile's section types
+from .restart_spec import RestartSpec  # noqa: F401 - a profile's section type
 
 Device = Literal["auto", "cuda", "cpu"]
 RendezvousBackend = Literal["c10d", "static"]
@@ -379,7 +380,10 @@ class ClusterProfile:
     max_restarts: int = 0
     """How often ``launch`` starts a failed run again (a rank or node failed, or it hung): it tears
     the run down, re-checks the nodes, and continues in the same run directory (the bundled workload
-    from its newest complete checkpoint; your program sees ``FSDPCTL_ATTEMPT``). 0: never."""
+    from its newest complete checkpoint; your program sees ``FSDPCTL_ATTEMPT``). 0: never. What it
+    restarts for: ``restart``."""
+    restart: RestartSpec = field(default_factory=RestartSpec)
+    """The causes ``max_restarts`` restarts for, exit codes that always restart, an hourly limit."""
     ssh: SSHSpec = field(default_factory=SSHSpec)
     """SSH connection settings."""
     slurm: Optional[SlurmSpec] = None

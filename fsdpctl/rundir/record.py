@@ -93,6 +93,8 @@ class RunRecord:
     """Where this attempt's seconds went: each phase, per node (``rundir.timeline``)."""
     resize: Optional[Resize] = None
     """This attempt runs on another number of nodes than the one before (``elastic``)."""
+    restart: Optional[Mapping[str, Any]] = None
+    """This attempt failed: why it was or was not started again (``fsdpctl.api.restart_causes.Verdict``)."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend keeps of the run (Slurm: ``job_id``, ``via``, ``slurm_output``, ``slurm_state``)."""
 
@@ -126,7 +128,7 @@ class RunRecord:
                            from_step=self.from_step, ended_by=failure.describe() if failure else None,
                            started_at=self.started_at or self.submitted_at, finished_at=self.finished_at,
                            job_id=self.job_id, nodes=self.nodes, replacements=self.replacements,
-                           recovery=self.recovery, timeline=self.timeline, resize=self.resize)
+                           recovery=self.recovery, timeline=self.timeline, resize=self.resize, restart=self.restart)
 
     def recoveries(self) -> tuple[str, ...]:
         """Each attempt's spares and what its restart cost, in a line ("attempt 2: n4 in the place of
@@ -149,6 +151,7 @@ class RunRecord:
             "first_failure": self.first_failure, "attempt": self.attempt, "from_step": self.from_step,
             "attempts": self.attempts, "job": {"job_id": self.job_id} if self.job_id else {},
             "replacements": self.replacements, "recovery": self.recovery, "resize": self.resize,
+            "restart": self.restart,
         }
         values.update(changes)
         return RunStatus(**values)
@@ -210,5 +213,5 @@ class RunRecord:
 
 # Plain optional fields, written when set.
 _OPTIONAL = ("created_at", "started_at", "submitted_at", "finished_at", "stopped_at", "resumed_at", "exit_code",
-             "from_step", "detached", "logs_complete", "timeline")
+             "from_step", "detached", "logs_complete", "timeline", "restart")
 _KNOWN = {f.name for f in dataclasses.fields(RunRecord)} - {"job"}

@@ -187,6 +187,8 @@ class AttemptInfo:
     """Where its seconds went (``rundir.timeline``)."""
     resize: Optional[Resize] = None
     """It ran on another number of nodes than the attempt before (``elastic``)."""
+    restart: Optional[Mapping[str, Any]] = None
+    """Why it was or was not started again (``fsdpctl.api.restart_causes.Verdict``)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttemptInfo:
@@ -199,7 +201,8 @@ class AttemptInfo:
                    replacements=tuple(Replacement.from_json(r) for r in data.get("replacements") or ()),
                    recovery=Recovery.from_json(data.get("recovery")),
                    timeline=data.get("timeline") if isinstance(data.get("timeline"), Mapping) else None,
-                   resize=Resize.from_json(data.get("resize")))
+                   resize=Resize.from_json(data.get("resize")),
+                   restart=data.get("restart") if isinstance(data.get("restart"), Mapping) else None)
 
     def to_json(self) -> dict[str, Any]:
         """The attempt as run.json keeps it."""
@@ -210,7 +213,8 @@ class AttemptInfo:
                 "replacements": [r.to_json() for r in self.replacements] or None,
                 "recovery": self.recovery.to_json() if self.recovery else None,
                 "timeline": dict(self.timeline) if self.timeline else None,
-                "resize": self.resize.to_json() if self.resize else None}
+                "resize": self.resize.to_json() if self.resize else None,
+                "restart": dict(self.restart) if self.restart else None}
         return {k: v for k, v in data.items() if v is not None}
 
 
@@ -236,6 +240,8 @@ class RunStatus:
     """How long the run stood still before this attempt's first step, and the steps done again."""
     resize: Optional[Resize] = None
     """This attempt runs on another number of nodes than the one before (``elastic``)."""
+    restart: Optional[Mapping[str, Any]] = None
+    """This attempt failed: why it was or was not started again (``fsdpctl.api.restart_causes.Verdict``)."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend says of its job (Slurm: ``job_id``, ``slurm_state``, ``restarts``, how often it
     requeued the job), shown in ``--json`` beside the common fields."""
@@ -259,6 +265,7 @@ class RunStatus:
             "replacements": [r.to_json() for r in self.replacements],
             "recovery": self.recovery.to_json() if self.recovery else None,
             "resize": self.resize.to_json() if self.resize else None,
+            "restart": dict(self.restart) if self.restart else None,
             "gpu_samples": list(self.gpu_samples),
         }
         data.update({k: v for k, v in self.job.items() if k not in data and v is not None})

@@ -179,6 +179,9 @@ def test_your_own_script_that_follows_the_recipe_restarts_whole_after_its_error_
     record = json.loads((run_dir / "run.json").read_text())
     assert [n["host"] for n in record["attempts"][1]["nodes"]] == [n1, n2, n4]
     assert [n["host"] for n in record["nodes"]] == [n1, n2] and record["attempt"] == 3
+    # each restart says its cause: the program's error once, then the lost node
+    assert [(a["restart"]["cause"], a["restart"]["restarted"]) for a in record["attempts"]] == [
+        ("program", True), ("lost", True)], record["attempts"]
     shrunk = (run_dir / "logs" / "merged.log").read_text()
     assert "world 2 of 3 (node count changed 1 times): 8 x 3 samples per rank, from step_0000010" in shrunk
     losses = script_losses(shrunk)

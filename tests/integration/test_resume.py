@@ -146,16 +146,40 @@ def test_max_restarts_starts_the_run_again_from_its_checkpoint_in_one_call(lab, 
     assert not processes_of(run_dir.name)
 
 
-def test_a_rank_that_fails_every_time_gets_exactly_its_restarts_then_its_exit_code(lab, tmp_path):
+def test_a_program_error_that_repeats_ends_after_one_retry_and_an_exit_code_to_restart_on_gets_every_restart(
+        lab, tmp_path):
     """A program of the user's restarts whatever its checkpoints (they are its own): FSDPCTL_ATTEMPT
-    counts the attempts, FSDPCTL_RUN_DIR stays the same."""
+    counts the attempts, FSDPCTL_RUN_DIR stays the same. Its rank 1 exits 3 after its first step,
+    every attempt: a restart cannot fix that, and the second attempt's same failure ends the run with
+    two restarts left. Given as an exit code to restart on, it gets every restart."""
     project = write_project(tmp_path / "project")
-    result = run(lab, tmp_path, "launch", "-p", str(write_profile(lab, tmp_path)), "--max-restarts", "2",
-                 "--code", str(project), "--env", "FAIL_RANK=1", "--", "train.py")
+    profile = write_profile(lab, tmp_path)
+    argv = ("launch", "-p", str(profile), "--max-restarts", "2", "--code", str(project), "--env", "FAIL_RANK=1",
+            "--", "train.py")
+    repeated = run(lab, tmp_path, *argv)
+    assert repeated.returncode == 3, repeated.stderr[-3000:]
+    host = lab.hosts["n2"].address
+    assert re.findall(r"fsdpctl: (attempt \d of \d) after rank 1 on \S+ exited 3", repeated.stderr) == [
+        "attempt 2 of 3"], repeated.stderr[-3000:]
+    said = (f"fsdpctl: not restarted: a program error (rank 1 on {host} exited 3) repeats the attempt before it at "
+            f"step 1; a restart would fail the same way")
+    assert said in repeated.stderr, repeated.stderr[-3000:]
+    record = json.loads((run_dir_of(tmp_path) / "run.json").read_text())
+    first, last = record["attempts"][0]["restart"], record["restart"]
+    assert (first["cause"], first["restarted"], first["step"]) == ("program", True, 1)
+    assert first["signature"] == last["signature"] == "exit 3: rank 1 failing on purpose"
+    assert (last["cause"], last["restarted"]) == ("program", False) and record["attempt"] == 2, record
+    status = run(lab, tmp_path, "status", record["run_id"])
+    print(f"\n--- status of a run whose error repeated ---\n{status.stdout}")
+    assert f"    restarted for a program error (rank 1 on {host} exited 3)" in status.stdout
+    assert f"  attempt 2: {said.removeprefix('fsdpctl: ')}" in status.stdout
+
+    profile.write_text(profile.read_text() + "restart:\n  exit_codes: [3]\n")
+    result = run(lab, tmp_path, *argv)
     assert result.returncode == 3, result.stderr[-3000:]
     assert re.findall(r"fsdpctl: (attempt \d of \d) after rank 1 on \S+ exited 3", result.stderr) == [
         "attempt 2 of 3", "attempt 3 of 3"], result.stderr[-3000:]
-    assert "fsdpctl: no restart left (--max-restarts 2)" in result.stderr
+    assert "fsdpctl: not restarted: no restart left (--max-restarts 2)" in result.stderr
     run_dir = run_dir_of(tmp_path)
     on_nodes = json.loads((run_dir / "plan.json").read_text())["run_dir"]
     seen = (Path(on_nodes) / "out" / "attempts.log").read_text().split("\n")
@@ -163,6 +187,7 @@ def test_a_rank_that_fails_every_time_gets_exactly_its_restarts_then_its_exit_co
         f"rank={rank} attempt={attempt} run_dir={on_nodes}" for rank in (0, 1) for attempt in (1, 2, 3))
     record = json.loads((run_dir / "run.json").read_text())
     assert [a["attempt"] for a in record["attempts"]] == [1, 2] and record["attempt"] == 3
+    assert [a["restart"]["cause"] for a in record["attempts"]] == ["exit_code", "exit_code"]
     for attempt in (1, 2):
         assert (run_dir / "attempts" / str(attempt) / "logs" / "merged.log").exists()
         assert (Path(on_nodes) / "attempts" / str(attempt) / "node1.log").exists()

@@ -144,8 +144,8 @@ FAILED = Outcome(exit_code=137, state=RunState.FAILED, first_failure=Failure(
 
 @pytest.mark.parametrize(("outcome", "record", "steps", "last", "restarts", "said"), [
     (FAILED, {}, [10], 3, True, "rank 1 on 10.0.0.2 exited 137 (SIGKILL)"),
-    (FAILED, {}, [], 3, False, "not restarting: the run has no complete checkpoint yet (it would start from step 0)"),
-    (FAILED, {}, [10], 1, False, "no restart left (--max-restarts 2)"),
+    (FAILED, {}, [], 3, False, "not restarted: the run has no complete checkpoint yet (it would start from step 0)"),
+    (FAILED, {}, [10], 1, False, "not restarted: no restart left (--max-restarts 2)"),
     (FAILED, {"stopped_at": "t"}, [10], 3, False, None),
     (Outcome(exit_code=130, state=RunState.INTERRUPTED), {}, [10], 3, False, None),
 ])
@@ -158,6 +158,13 @@ def test_restart_decisions(tmp_path, outcome, record: dict[str, Any], steps, las
     assert (attempt is not None) == restarts
     if attempt is not None:
         assert attempt.plan.attempt == 2 and attempt.from_step == 10
+    kept = json.loads((run.root / "run.json").read_text()).get("restart")
+    if said is None:  # the user ended it: nothing to judge
+        assert kept is None
+    else:  # a rank killed from outside (SIGKILL): restarted where the rest allows
+        assert kept["cause"] == "signal" and kept["restarted"] == restarts, kept
+        assert kept["why"] == ("a rank killed from outside (rank 1 on 10.0.0.2 exited 137 (SIGKILL))" if restarts
+                               else said)
 
 
 def test_the_node_side_checkpoint_listing_agrees_with_the_launcher_side(tmp_path):
