@@ -29,6 +29,9 @@ TRANSPORT = re.compile(
     re.IGNORECASE)
 """What a NCCL or gloo transport failure prints (torch's c10d, gloo's enforce lines, NCCL's own)."""
 
+RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")
+"""torchrun's prefix of a rank's line (``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``)."""
+
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
 """Signals that come from outside the program: the OOM killer, a preemption, a person."""
 
@@ -76,7 +79,7 @@ def cause_of(failure: Failure, spec: RestartSpec, hardware: Mapping[str, str]) -
 def signature_of(failure: Failure) -> str:
     """A program error as it would be seen again: its exit and its error's last line (else its last line)."""
     said = failure.error or next((line for line in reversed(failure.last_lines) if line.strip()), "")
-    return f"exit {failure.exit_code}: {said.strip()}"
+    return f"exit {failure.exit_code}: {RANK_PREFIX.sub('', said.strip())}"
 
 
 def judge(failure: Optional[Failure], spec: RestartSpec, *, hardware: Mapping[str, str], step: Optional[int],
@@ -109,6 +112,7 @@ def judge(failure: Optional[Failure], spec: RestartSpec, *, hardware: Mapping[st
 def judge_run(run: RunDir, failure: Optional[Failure], hardware: Mapping[str, str]) -> Verdict:
     """``judge`` for the run's attempt that just failed: its profile's ``restart``, its newest step,
     the attempt before it and when its earlier restarts began."""
+    from ..live.newest import newest_step
     from ..rundir.record import now
 
     record = run.record
@@ -117,35 +121,6 @@ def judge_run(run: RunDir, failure: Optional[Failure], hardware: Mapping[str, st
     return judge(failure, run.profile.restart, hardware=hardware, step=newest_step(run),
                  before=earlier[-1].restart if earlier else None,
                  restarted_at=[when for when in restarted_at if when is not None], now=_parse(now()) or datetime.now())
-
-
-def newest_step(run: RunDir) -> Optional[int]:
-    """The newest step any rank of the attempt reached, in the metrics rows of the run (the bundled
-    workload's, a program's own, fsdpctl's rank telemetry's; the nodes' files where they are readable
-    here, else the copies collected): rows of another attempt, and rows before the collector's line
-    that began this one, do not count. None when no row says one."""
-    from ..live.layout import metrics_files
-    from ..metrics.rows import ATTEMPT_MARK, parse_row
-    from ..node.events import EVENT
-
-    attempt, newest = run.record.attempt, None
-    for path in metrics_files(run.root, run.plan):
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        mine: Optional[int] = None
-        for line in text.splitlines():
-            row = parse_row(line)
-            if row is None or EVENT in row:
-                continue
-            if ATTEMPT_MARK in row:
-                mine = None  # what came before was an earlier attempt's
-            elif isinstance(row.get("step"), int) and row.get("attempt", attempt) == attempt:
-                mine = max(mine or 0, row["step"])
-        if mine is not None:
-            newest = max(newest or 0, mine)
-    return newest
 
 
 def hardware_faults(run: RunDir) -> dict[str, str]:

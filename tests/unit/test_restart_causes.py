@@ -61,7 +61,7 @@ def test_a_program_error_that_repeats_the_attempt_before_it_at_the_same_step_end
     other = exited(error="KeyError: 'x'")
     assert judge(other, DEFAULT, hardware={}, step=5, before=first.to_json(), restarted_at=[NOW], now=NOW).restart
     # with no step known on either side, the same exit and last line is the same failure
-    quiet = exited(3, lines=("loading", "rank 1 failing on purpose", ""))
+    quiet = exited(3, lines=("loading", "[rank1]:rank 1 failing on purpose", ""))
     once = judge(quiet, DEFAULT, hardware={}, step=None, before=None, restarted_at=[], now=NOW)
     assert once.signature == "exit 3: rank 1 failing on purpose"
     assert not judge(quiet, DEFAULT, hardware={}, step=None, before=once.to_json(), restarted_at=[], now=NOW).restart
