@@ -11,10 +11,14 @@ What makes it elastic:
    ``.metadata`` (the last file ``dcp.save`` writes). fsdpctl grows a short run back right after a save.
 4. It reads what fsdpctl tells every rank: ``FSDPCTL_ORIGINAL_WORLD_SIZE`` (the full-size world) and
    ``FSDPCTL_ELASTIC_ATTEMPT`` (how often the node count changed), here only to say so.
+5. On the stop signal (``FSDPCTL_STOP_SIGNAL``: ``fsdpctl stop``, or a job system's SIGTERM to the
+   launcher) every rank finishes its step, all of them save that step, and they exit 0: a resume goes
+   on from it. The handler only takes note; the ranks agree after each step, so all stop at the same one.
 """
 
 import argparse
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -66,6 +70,9 @@ def main() -> None:
     model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
+    stop = torch.zeros(1, device=device)  # 1 once this rank got the stop signal
+    signal.signal(getattr(signal, os.environ.get("FSDPCTL_STOP_SIGNAL", "SIGTERM")), lambda *_: stop.fill_(1))
+
     checkpoints = Path(os.environ.get("FSDPCTL_RUN_DIR", ".")) / "checkpoints"
     step, latest = 0, newest_checkpoint(checkpoints)
     if latest is not None:
@@ -97,9 +104,15 @@ def main() -> None:
         if rank == 0:
             print(f"step={step} loss={total.item() / world:.6f}", flush=True)
         time.sleep(args.pause)
-        if step % args.save_every == 0 and step < args.steps:
+        asked = stop.clone()
+        dist.all_reduce(asked)  # did any rank get the stop signal? then all of them save this step and leave
+        if (step % args.save_every == 0 or asked.item()) and step < args.steps:
             model_state, optim_state = get_state_dict(model, optimizer)
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(checkpoints / f"step_{step:07d}"))
+        if asked.item():
+            if rank == 0:
+                print(f"stopped after step {step}, saved", flush=True)
+            break
     dist.destroy_process_group()
 
 

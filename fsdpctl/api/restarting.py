@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
-from ..rundir.state import NodeState
+from ..rundir.state import NodeState, RunState
 from .elastic import change_of
 from .events import AttemptStarting, Emitter, Fetched
 from .following import check, follow, start_attempt
@@ -182,6 +182,8 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
         if clock is not None:
             clock.restarted(run, attempt.from_step)
         outcome, grow = following(run, follower)
+    if outcome.state is RunState.INTERRUPTED:  # a person's or a job system's signal: the ranks had time to save
+        run.change(stop_checkpoint=backend.stop_checkpoint(run))
     for path in fetch:
         emit(Fetched(backend.fetch(run, path)))
     return run, outcome

@@ -295,10 +295,21 @@ class Run:
         return StackReport(self.run_id, self.backend.stacks(self._dir, flight=flight, py_spy=py_spy, native=native))
 
     # ---- acting on it ----------------------------------------------------------------------------
-    def stop(self) -> dict[str, str]:
-        """End every process of the run on every node (TERM, a grace period, KILL; Slurm: scancel) and
-        record it as stopped; per host, what remains (empty: nothing)."""
-        return self.backend.stop(self._dir)
+    def stop(self, grace: Optional[int] = None, signal: Optional[str] = None) -> dict[str, str]:
+        """End every process of the run on every node and record it as stopped; per host, what remains
+        (empty: nothing). Every rank gets ``signal`` first (a name: ``TERM``, ``USR1``, ``HUP``,
+        ``INT``) and ``grace`` seconds to save and exit by itself, then TERM and KILL end what is left
+        (default: the profile's ``stop_signal`` and ``stop_grace``; Slurm: ``scancel --signal``, then
+        ``scancel``). The bundled workload saves a checkpoint on it and exits 0."""
+        from ..errors import UsageError
+        from ..profiles.schema import STOP_SIGNALS
+
+        if signal is not None and signal.upper().removeprefix("SIG") not in STOP_SIGNALS:
+            raise UsageError(f"--signal: {signal!r} is not a stop signal", f"give one of {', '.join(STOP_SIGNALS)}")
+        if grace is not None and not 0 <= grace <= 86400:
+            raise UsageError(f"--grace: {grace} is outside 0-86400",
+                             "give the seconds the ranks have to save, e.g. 120")
+        return self.backend.stop(self._dir, grace, signal.upper().removeprefix("SIG") if signal else None)
 
     def fetch(self, path: str = ".") -> dict[str, list[str]]:
         """Copy ``path`` (under ``$FSDPCTL_RUN_DIR`` on the nodes; default: all the run wrote) into

@@ -185,13 +185,33 @@ class Backend(ABC):
         """Bring ``path`` (under the run directory on the nodes) here; per node, the local files."""
 
     @abstractmethod
-    def stop(self, run: RunDir) -> dict[str, str]:
-        """End every process of the run and record it as stopped; per host, what is left (empty: nothing)."""
+    def stop(self, run: RunDir, grace: Optional[int] = None, stop_signal: Optional[str] = None) -> dict[str, str]:
+        """End every process of the run and record it as stopped; per host, what is left (empty:
+        nothing). The ranks get ``stop_signal`` (a name: ``TERM``, ``USR1``) first and ``grace``
+        seconds to exit by themselves (default: the profile's ``stop_signal`` and ``stop_grace``)."""
 
     @abstractmethod
     def ask(self, run: RunDir, command: str) -> str:
         """The output of a read-only shell ``command`` run in the run's directory on its nodes (the
         first node that answers; HostError when none does)."""
+
+    def stop_checkpoint(self, run: RunDir) -> Optional[int]:
+        """The step of the complete checkpoint a stopped run of the bundled workload left at its last
+        step (its ranks saved on the stop signal, or had just saved): ``status`` says "stopped after its
+        checkpoint of step N". None for a program of the user's (its checkpoints are its own), when the
+        newest checkpoint is older than the newest step the rows say (the stop came before a save), or
+        when no node answers."""
+        if run.plan.command:
+            return None
+        from ..live.newest import newest_step
+        from ..workload.layout import complete_steps_command, parse_steps
+
+        try:
+            saved = parse_steps(self.ask(run, complete_steps_command(".")))
+        except Exception:  # noqa: BLE001 - a node that does not answer: nothing is said of a checkpoint
+            return None
+        step = newest_step(run)
+        return saved[-1] if saved and step is not None and saved[-1] >= step else None
 
     # ---- what a backend may do ---------------------------------------------------------------------
     def doctor(self, request: DoctorRequest, on_host: Callable[[HostReport], None] | None = None) -> DoctorReport:

@@ -45,7 +45,8 @@ def status(
     if info.attempt > 1:
         start = f" from step {info.from_step}" if info.from_step is not None else ""
         which = f" (attempt {info.attempt}{start})"
-    typer.echo(f"{info.run_id}: {info.state}{which}{progress}")
+    saved = f" after its checkpoint of step {info.stop_checkpoint}" if info.stop_checkpoint is not None else ""
+    typer.echo(f"{info.run_id}: {info.state}{saved}{which}{progress}")
     if counted is not None:
         from fsdpctl.accounting.render import one_line
 
@@ -121,16 +122,26 @@ def loss_text(loss: object) -> str:
     return f"{loss:.4f}" if isinstance(loss, (int, float)) and not isinstance(loss, bool) else str(loss)
 
 
-def stop(run_id: str = typer.Argument(..., help="Run id (or a unique prefix).", autocompletion=run_completion)) -> None:
-    """End every process of a run on every node (TERM, grace period, KILL)."""
+def stop(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix).", autocompletion=run_completion),
+    grace: Optional[int] = typer.Option(None, "--grace", min=0, max=86400, help="Seconds every rank has to save and "
+                                        "exit by itself after the stop signal, before what is left is killed "
+                                        "(default: the profile's stop_grace, 10)."),
+    stop_signal: Optional[str] = typer.Option(None, "--signal", help="The signal every rank gets first: TERM, INT, HUP "
+                                              "or USR1 (default: the profile's stop_signal, TERM)."),
+) -> None:
+    """End every process of a run on every node: the stop signal to every rank at once, the grace for
+    them to save and exit, then TERM and KILL. The bundled workload saves a checkpoint on it."""
     import fsdpctl
 
     with fsdpctl.get_run(run_id) as run:
-        remaining = run.stop()
+        remaining = run.stop(grace, stop_signal)
+        saved = run.status().stop_checkpoint
     left = {host: pids for host, pids in remaining.items() if pids}
     for host, pids in remaining.items():
         typer.echo(f"  {host}: {'stopped' if not pids else 'LEFT: ' + pids}", err=True)
-    typer.echo(f"fsdpctl: run {run.run_id} stopped" if not left else f"fsdpctl: run {run.run_id}: "
+    after = f" after its checkpoint of step {saved}" if saved is not None else ""
+    typer.echo(f"fsdpctl: run {run.run_id} stopped{after}" if not left else f"fsdpctl: run {run.run_id}: "
                f"processes remain on {', '.join(left)}", err=True)
     raise typer.Exit(1 if left else 0)
 

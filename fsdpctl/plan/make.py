@@ -116,6 +116,7 @@ def _env(profile: ClusterProfile, debug: bool, run_id: str, chdir: str, attempt:
     env.update({k: v for k, v in profile.env.items() if k != "PYTHONPATH"})  # may override the defaults
     env["FSDPCTL_RUN_ID"] = run_id
     env["FSDPCTL_ATTEMPT"] = str(attempt)
+    env["FSDPCTL_STOP_SIGNAL"] = f"SIG{profile.stop_signal}"
     return env
 
 
@@ -294,6 +295,7 @@ def make_plan(
         node_timeout=overrides.node_timeout or profile.node_timeout,
         hang_timeout=(overrides.hang_timeout if overrides.hang_timeout is not None else profile.hang_timeout) or None,
         on_hang=overrides.on_hang or profile.on_hang, attempt=overrides.attempt,
+        stop_signal=profile.stop_signal, stop_grace=profile.stop_grace,
         gpu_health=profile.health.preflight, gpu_sample_seconds=profile.health.sample_seconds,
         allow_busy_gpus=bool(overrides.allow_busy_gpus if overrides.allow_busy_gpus is not None
                              else profile.health.allow_busy_gpus),

@@ -306,6 +306,10 @@ class LaunchPlan:
     ``FSDPCTL_ATTEMPT``."""
     max_restarts: int = 0
     """How often a foreground launch starts the run again after a failure."""
+    stop_signal: str = "TERM"
+    """What a stop delivers to every rank first (the profile's ``stop_signal``), by name."""
+    stop_grace: int = 10
+    """Seconds a stop waits for the ranks to exit by themselves before it kills what is left."""
     gpu_health: bool = True
     """The preflight asks every GPU for faults and other processes (the profile's ``health.preflight``)."""
     allow_busy_gpus: bool = False

@@ -1,9 +1,14 @@
-"""A profile's ``restart`` section: what a failed run is started again for (with ``max_restarts``)."""
+"""A profile's ``restart`` section: what a failed run is started again for (with ``max_restarts``);
+and the signals a stop may give the ranks (``stop_signal``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
+
+StopSignal = Literal["TERM", "INT", "HUP", "USR1"]
+"""What a stop may give every rank first (a profile's ``stop_signal``, ``fsdpctl stop --signal``)."""
+STOP_SIGNALS: tuple[str, ...] = get_args(StopSignal)
 
 Cause = Literal["lost", "hang", "transport", "hardware", "signal", "program"]
 CAUSES: tuple[Cause, ...] = ("lost", "hang", "transport", "hardware", "signal", "program")

@@ -161,6 +161,8 @@ def _profile_rules(p: ClusterProfile):
         return "hang_timeout", f"{p.hang_timeout} is outside 5-604800", "give seconds, e.g. 600 (0 or unset: off)"
     if p.on_hang not in ("stop", "keep"):
         return "on_hang", f"{p.on_hang!r} is not stop or keep", "give on_hang: stop (end the run) or keep"
+    if not 1 <= p.stop_grace <= 86400:
+        return "stop_grace", f"{p.stop_grace} is outside 1-86400", "give seconds to save and exit, e.g. 120"
     if not 0 <= p.max_restarts <= 100:
         return "max_restarts", f"{p.max_restarts} is outside 0-100", "give how many restarts to allow, e.g. 3"
     if p.gpu_memory is not None and not schema.SIZE_PATTERN.match(p.gpu_memory.strip()):

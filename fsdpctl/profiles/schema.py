@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union
 
 from .elastic_spec import ElasticSpec  # noqa: F401 - a profile's section type
 from .export_spec import ExportSpec, MlflowSpec, WandbSpec  # noqa: F401 - a profile's section types
-from .restart_spec import RestartSpec  # noqa: F401 - a profile's section type
+from .restart_spec import STOP_SIGNALS, RestartSpec, StopSignal  # noqa: F401 - a profile's section type
 
 Device = Literal["auto", "cuda", "cpu"]
 RendezvousBackend = Literal["c10d", "static"]
@@ -374,14 +374,19 @@ class ClusterProfile:
     healthy run (compilation, an evaluation, a checkpoint, the time between logged steps)."""
     on_hang: str = "stop"
     """What a hang does: ``stop`` (end the run, exit 124) or ``keep`` (report it and let it run)."""
+    stop_signal: StopSignal = "TERM"
+    """What a stop (``fsdpctl stop``; Ctrl-C, SIGTERM or SIGHUP to the launcher) gives every rank at once,
+    then ``stop_grace`` to save and exit before the rest is killed. Your program reads it in
+    ``FSDPCTL_STOP_SIGNAL``; the bundled workload saves a checkpoint on it and exits."""
+    stop_grace: int = 10
+    """Seconds the ranks have to exit by themselves after ``stop_signal`` (``stop --grace`` over it)."""
     elastic: Optional[ElasticSpec] = None
     """Go on with fewer nodes when a node is to blame and no spare is left (see its fields); needs
     ``max_restarts`` on ssh (a shrink is a restart). Slurm: the next step in the same allocation."""
     max_restarts: int = 0
     """How often ``launch`` starts a failed run again (a rank or node failed, or it hung): it tears
     the run down, re-checks the nodes, and continues in the same run directory (the bundled workload
-    from its newest complete checkpoint; your program sees ``FSDPCTL_ATTEMPT``). 0: never. What it
-    restarts for: ``restart``."""
+    from its newest complete checkpoint; your program sees ``FSDPCTL_ATTEMPT``). 0: never."""
     restart: RestartSpec = field(default_factory=RestartSpec)
     """The causes ``max_restarts`` restarts for, exit codes that always restart, an hourly limit."""
     ssh: SSHSpec = field(default_factory=SSHSpec)

@@ -95,6 +95,8 @@ class RunRecord:
     """This attempt runs on another number of nodes than the one before (``elastic``)."""
     restart: Optional[Mapping[str, Any]] = None
     """This attempt failed: why it was or was not started again (``fsdpctl.api.restart_causes.Verdict``)."""
+    stop_checkpoint: Optional[int] = None
+    """Stopped: the step of the checkpoint the bundled workload saved at its end (``fsdpctl.api.stopping``)."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend keeps of the run (Slurm: ``job_id``, ``via``, ``slurm_output``, ``slurm_state``)."""
 
@@ -151,7 +153,7 @@ class RunRecord:
             "first_failure": self.first_failure, "attempt": self.attempt, "from_step": self.from_step,
             "attempts": self.attempts, "job": {"job_id": self.job_id} if self.job_id else {},
             "replacements": self.replacements, "recovery": self.recovery, "resize": self.resize,
-            "restart": self.restart,
+            "restart": self.restart, "stop_checkpoint": self.stop_checkpoint,
         }
         values.update(changes)
         return RunStatus(**values)
@@ -213,5 +215,5 @@ class RunRecord:
 
 # Plain optional fields, written when set.
 _OPTIONAL = ("created_at", "started_at", "submitted_at", "finished_at", "stopped_at", "resumed_at", "exit_code",
-             "from_step", "detached", "logs_complete", "timeline", "restart")
+             "from_step", "detached", "logs_complete", "timeline", "restart", "stop_checkpoint")
 _KNOWN = {f.name for f in dataclasses.fields(RunRecord)} - {"job"}

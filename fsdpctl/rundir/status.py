@@ -242,6 +242,8 @@ class RunStatus:
     """This attempt runs on another number of nodes than the one before (``elastic``)."""
     restart: Optional[Mapping[str, Any]] = None
     """This attempt failed: why it was or was not started again (``fsdpctl.api.restart_causes.Verdict``)."""
+    stop_checkpoint: Optional[int] = None
+    """Stopped: the step of the checkpoint the bundled workload saved at its end."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend says of its job (Slurm: ``job_id``, ``slurm_state``, ``restarts``, how often it
     requeued the job), shown in ``--json`` beside the common fields."""
@@ -266,6 +268,7 @@ class RunStatus:
             "recovery": self.recovery.to_json() if self.recovery else None,
             "resize": self.resize.to_json() if self.resize else None,
             "restart": dict(self.restart) if self.restart else None,
+            "stop_checkpoint": self.stop_checkpoint,
             "gpu_samples": list(self.gpu_samples),
         }
         data.update({k: v for k, v in self.job.items() if k not in data and v is not None})

@@ -15,6 +15,10 @@ from typing import Any, Literal, Optional, get_args, get_origin
 
 REQUEUE_MARKER = "requeue-requested"
 """Left in run_dir by a run that saved on SIGUSR2: the job's script (or submitit task) requeues it."""
+STOP_MARKER = ".fsdpctl-stop"
+"""Left in ``$FSDPCTL_RUN_DIR`` by fsdpctl before it gives the ranks their stop signal (``fsdpctl
+stop``, a launcher's Ctrl-C or SIGTERM): a rank that then saves and exits does so with 0, the stop
+being asked for; the node agent removes it when the next attempt starts."""
 ESTIMATE_SETTINGS = ("preset", "fsdp", "sharding", "mixed_precision", "activation_checkpointing", "cpu_offload",
                      "batch_size", "seq_len", "vocab_size", "model_vocab_size", "auto_wrap")
 """The workload settings that shape a training step's memory: what an estimate is asked with."""
@@ -124,7 +128,9 @@ class TrainConfig:
     resume_if_present: bool = False
     """Continue from the newest complete checkpoint if run_dir has one, else start afresh (a requeued job)."""
     checkpoint_on_signal: bool = False
-    """On SIGUSR2/SIGTERM every rank stops after the same step and saves; SIGUSR2 exits 0 with a requeue marker."""
+    """On SIGUSR2/SIGTERM every rank stops after the same step and saves; SIGUSR2 exits 0 with a requeue marker.
+    Launched by fsdpctl with checkpoints on, the profile's stop signal (``FSDPCTL_STOP_SIGNAL``) does
+    the same, whatever this says."""
     export_full: Optional[str] = None
     """At the end, write a consolidated state dict loadable into a plain GPT."""
 

@@ -19,21 +19,49 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint as ckpt
-from .config import REQUEUE_MARKER
+from .config import REQUEUE_MARKER, STOP_MARKER
 
 _WATCHED = (signal.SIGUSR2, signal.SIGTERM)
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
+"""What a profile's ``stop_signal`` may name (``FSDPCTL_STOP_SIGNAL``)."""
+
+
+def stop_marker(run_dir: Path) -> Path:
+    """Where fsdpctl marks a stop it asked for (``STOP_MARKER``), seen from a rank."""
+    return Path(os.environ.get("FSDPCTL_RUN_DIR") or run_dir) / STOP_MARKER
+
+
+def stop_signals_for(cfg) -> StopSignals | None:
+    """The handlers a run takes: with ``checkpoint_on_signal``, SIGUSR2 and SIGTERM (Slurm's warning
+    and its end), whoever sends them. Launched by fsdpctl with checkpoints on, SIGTERM and the
+    profile's stop signal (``FSDPCTL_STOP_SIGNAL``), acted on when fsdpctl asked for the stop (its
+    ``STOP_MARKER`` in the run directory); unasked, as that signal's default would, at once (a hang
+    or a failed peer ends the ranks without a save). None: no handler, the signals' defaults."""
+    if cfg.checkpoint_on_signal:
+        return StopSignals(_WATCHED)
+    named = os.environ.get("FSDPCTL_STOP_SIGNAL", "")
+    if not named or cfg.no_checkpoint:
+        return None
+    extra = (getattr(signal, named),) if named in STOP_SIGNALS and named != "SIGTERM" else ()
+    return StopSignals((signal.SIGTERM, *extra), asked=stop_marker(Path(cfg.run_dir).expanduser()))
 
 
 class StopSignals:
-    """Installs handlers for SIGUSR2 and SIGTERM that only take note (nothing unsafe in a handler)."""
+    """Installs handlers for ``watched`` that only take note (nothing unsafe in a handler). With
+    ``asked`` (a path), a signal that comes while it does not exist ends the rank at once, as the
+    signal's default action would."""
 
-    def __init__(self) -> None:
-        self.seen: dict[int, bool] = {sig: False for sig in _WATCHED}
+    def __init__(self, watched: tuple[signal.Signals, ...], asked: Path | None = None) -> None:
+        self.watched = watched
+        self.asked = asked
+        self.seen: dict[int, bool] = {sig: False for sig in self.watched}
         self.group = None
-        for sig in _WATCHED:
+        for sig in self.watched:
             signal.signal(sig, self._note)
 
     def _note(self, signum: int, frame) -> None:
+        if self.asked is not None and not self.asked.exists():
+            os._exit(128 + signum)  # not fsdpctl's orderly stop: end as the default action would
         self.seen[signum] = True
 
     def use_cpu_group(self, device: torch.device) -> None:
@@ -44,9 +72,9 @@ class StopSignals:
 
     def agreed(self) -> list[signal.Signals]:
         """The signals any rank has seen (a collective: every rank must call it at the same point)."""
-        flags = torch.tensor([int(self.seen[sig]) for sig in _WATCHED], dtype=torch.int32)
+        flags = torch.tensor([int(self.seen[sig]) for sig in self.watched], dtype=torch.int32)
         dist.all_reduce(flags, group=self.group)
-        return [sig for sig, count in zip(_WATCHED, flags.tolist(), strict=True) if count]
+        return [sig for sig, count in zip(self.watched, flags.tolist(), strict=True) if count]
 
 
 def write_requeue_marker(run_dir: Path, step: int, checkpoint: str | None) -> None:
@@ -65,10 +93,11 @@ def stop_on_signal(received: list[signal.Signals], step: int, steps_this_run: in
                    run_dir: Path, rt, log) -> None:
     """Every rank agreed a stop signal came: save this step (unless just saved) and leave.
 
-    After SIGUSR2 (the time limit is near) exit 0 with the requeue marker; after SIGTERM alone
-    exit 143, as a terminated process would: whoever sent it is ending the job anyway. A SIGUSR2
-    before this run trained a single step asks for no requeue (exit 1): another attempt would
-    stop at the same point again, forever."""
+    After SIGUSR2 (the time limit is near) exit 0 with the requeue marker. After another signal exit
+    0 when fsdpctl asked for the stop (``STOP_MARKER``: ``fsdpctl stop``, a launcher's Ctrl-C or
+    SIGTERM), else 128 + its number, as a terminated process would: whoever sent it is ending the
+    job anyway. A SIGUSR2 before this run trained a single step asks for no requeue (exit 1):
+    another attempt would stop at the same point again, forever."""
     if step != last_saved:
         save(step)
     checkpoint = ckpt.latest_checkpoint(run_dir)
@@ -84,5 +113,8 @@ def stop_on_signal(received: list[signal.Signals], step: int, steps_this_run: in
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    code = 0 if requeue else 1 if signal.SIGUSR2 in received else 128 + signal.SIGTERM
+    if requeue or signal.SIGUSR2 in received:
+        code = 0 if requeue else 1
+    else:
+        code = 0 if stop_marker(run_dir).exists() else 128 + received[0]
     os._exit(code)  # no interpreter shutdown after gloo (see train.run)

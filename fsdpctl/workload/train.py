@@ -34,7 +34,7 @@ from .metrics import Meter, RunLog, peak_memory_mb
 from .model import GPTConfig, count_params, default_batch_size, flops_per_token, preset_config, set_timer
 from .parallelize import PeerFailed, Runtime
 from .sampler import Sampler
-from .signals import StopSignals, clear_requeue_marker, stop_on_signal
+from .signals import StopSignals, clear_requeue_marker, stop_on_signal, stop_signals_for
 from .timing import RankTimer, RankWindows
 from .trackers import Trackers
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = parse_args(argv)
         # As early as possible: a signal during start-up (imports, data, resume) is kept for step 1.
-        stop_signals = StopSignals() if cfg.checkpoint_on_signal else None
+        stop_signals = stop_signals_for(cfg)
         _, world, _, local_world = par.env_ranks()
         device_type = par.resolve_device_type(cfg)
         cfg = with_device_defaults(cfg, device_type)

@@ -119,9 +119,9 @@ class FakeBackend(Backend):
         return {"the run directory on this machine": files_under(Path(run.plan.run_dir).expanduser() / path,
                                                                  skip=STAGED)}
 
-    def stop(self, run) -> dict[str, str]:
+    def stop(self, run, grace=None, stop_signal=None) -> dict[str, str]:
         record = run.record
-        left = _end_nodes([n.pid for n in record.nodes if n.pid], GRACE_SECONDS)
+        left = _end_nodes([n.pid for n in record.nodes if n.pid], GRACE_SECONDS if grace is None else grace)
         nodes = tuple(n.replace(state=NodeState.STOPPED) if n.state is NodeState.RUNNING else n for n in record.nodes)
         run.change(state=RunState.STOPPED, nodes=nodes, stopped_at=now())
         return {n.host: " ".join(str(pid) for pid in left if pid == n.pid) for n in record.nodes}

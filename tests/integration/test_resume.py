@@ -32,6 +32,9 @@ from tests.integration.user_project import write_project
 
 pytestmark = pytest.mark.integration
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic"
+"""README's elastic recipe, whole (tests/integration/test_elastic.py runs it through a shrink)."""
+
 # Steps of ~0.5 s here: the kill after step 15 lands well before step 20's checkpoint.
 WORKLOAD = ("--set", "checkpoint_interval=10", "--set", "log_interval=1", "--batch-size", "8", "--set",
             "seq_len=128")
@@ -191,6 +194,57 @@ def test_a_program_error_that_repeats_ends_after_one_retry_and_an_exit_code_to_r
     for attempt in (1, 2):
         assert (run_dir / "attempts" / str(attempt) / "logs" / "merged.log").exists()
         assert (Path(on_nodes) / "attempts" / str(attempt) / "node1.log").exists()
+    assert not processes_of(run_dir.name)
+
+
+def test_stop_with_a_grace_leaves_a_checkpoint_of_the_last_step_that_resume_goes_on_from(lab, tmp_path):
+    """The profile's stop signal (SIGUSR1 here: torchrun must not get it) reaches every rank at once;
+    the bundled workload saves the step it stands at and exits 0; the launcher that follows the run
+    ends with the run stopped; a resume goes on from that step. README's elastic recipe saves on the
+    signal too. (A rank that ignores the signal, killed after the grace: tests/unit/test_stop_grace.py.)"""
+    profile = write_profile(lab, tmp_path, steps=40)
+    profile.write_text(profile.read_text() + "stop_signal: USR1\nstop_grace: 60\n")
+    launcher = start(lab, tmp_path, "launch", "-p", str(profile), *WORKLOAD)
+    run_dir = run_dir_of(tmp_path)
+    wait_for_line(run_dir / "logs" / "merged.log", r"step=13 loss=")
+    stopped = run(lab, tmp_path, "stop", run_dir.name, timeout=120)
+    print(f"\n--- fsdpctl stop (SIGUSR1, grace 60 s) ---\n{stopped.stderr}")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    step = int(re.search(rf"run {run_dir.name} stopped after its checkpoint of step (\d+)", stopped.stderr).group(1))
+    assert 13 <= step < 20, stopped.stderr  # the step it stood at, not the last interval's (10)
+    code, _, err = launcher.finish(timeout=120)
+    assert code == 128 + signal.SIGUSR1, err[-3000:]
+    merged = (run_dir / "logs" / "merged.log").read_text()
+    assert f"SIGUSR1 received: stopped after step {step}, checkpoint step_{step:07d}" in merged
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "stopped" and record["stop_checkpoint"] == step, record
+    on_nodes = Path(record["run_dir_on_nodes"])
+    assert [(on_nodes / f"node{r}.exit").read_text().strip() for r in (0, 1)] == ["0", "0"]  # saved and left
+    said = run(lab, tmp_path, "status", run_dir.name)
+    assert said.stdout.startswith(f"{run_dir.name}: stopped after its checkpoint of step {step}"), said.stdout
+
+    resumed = run(lab, tmp_path, "launch", "--resume", run_dir.name, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"attempt 2 from step {step}" in resumed.stderr, resumed.stderr[-3000:]
+    losses, _ = metrics(run_dir)
+    assert sorted(losses) == list(range(1, 41))
+
+    # README's elastic recipe: a program of the user's that saves on the stop signal, with SIGTERM
+    profile.write_text(profile.read_text().replace("stop_signal: USR1\n", ""))
+    before = run_dir
+    launched = run(lab, tmp_path, "launch", "-p", str(profile), "--detach", "--code", str(EXAMPLE), "--",
+                   "train.py", "--steps", "500", "--pause", "0.2")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    run_dir = new_run_dir(tmp_path, before)
+    on_nodes = Path(json.loads((run_dir / "plan.json").read_text())["run_dir"])
+    wait_for_line(on_nodes / "node0.log", r"step=3 loss=")
+    stopped = run(lab, tmp_path, "stop", run_dir.name, "--grace", "60", timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    said = re.search(r"stopped after step (\d+), saved", (on_nodes / "node0.log").read_text())
+    assert said, (on_nodes / "node0.log").read_text()[-2000:]
+    assert (on_nodes / "checkpoints" / f"step_{int(said.group(1)):07d}" / ".metadata").exists()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "stopped" and {n.get("exit_code") for n in record["nodes"]} <= {0, None}, record
     assert not processes_of(run_dir.name)
 
 

@@ -23,7 +23,7 @@ from fsdpctl.plan.types import NodeSpec
 from fsdpctl.rundir.outcome import NODE_LOST_EXIT
 from fsdpctl.rundir.state import Failure, NodeState
 
-PLAN = SimpleNamespace(run_dir="/r", run_id="r")  # what the supervisor reads of a plan
+PLAN = SimpleNamespace(run_dir="/r", run_id="r", stop_signal="TERM")  # what the supervisor reads of a plan
 
 
 JOURNAL: list = []
@@ -197,14 +197,14 @@ def test_a_hang_the_handler_ends_stops_every_node_and_exits_124(tmp_path):
     from fsdpctl.backends.hang_watch import HangVerdict
 
     agents = [ScriptedAgent(), ScriptedAgent()]
-    for agent in agents:  # the real agent's stop: TERM, and the node ends
-        agent.send = lambda data, agent=agent: (agent.received.append(data), data == b"stop\n" and agent.end(143))
+    for agent in agents:  # the real agent's halt: TERM (hung ranks get no time to save), and the node ends
+        agent.send = lambda data, agent=agent: (agent.received.append(data), data == b"halt\n" and agent.end(143))
     calls = []
     failure = Failure(kind="hang", detail="no progress", rank=1, host="n1", node_rank=0, exit_code=124)
     result, runs = watched(tmp_path, agents, lambda silent: (calls.append(silent), HangVerdict(True, failure))[1])
     assert len(calls) == 1 and calls[0] > 0.6
     assert result.exit_code == 124 and result.hung and result.first_failure is failure
-    assert all(b"stop\n" in agent.received for agent in agents)
+    assert all(agent.received == [b"halt\n"] for agent in agents)
     assert {r.state for r in runs} == {"failed"}
 
 

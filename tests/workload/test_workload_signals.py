@@ -46,12 +46,12 @@ def steps_logged(run_dir: Path) -> list[int]:
     return [row["step"] for row in rows if row["kind"] == "train"]
 
 
-def start(trainer, run_dir: Path, *flags: str) -> subprocess.Popen:
-    argv = [*BASE_FLAGS, "--cache-dir", str(trainer.cache_dir), "--run-dir", str(run_dir), *FLAGS, *flags]
+def start(trainer, run_dir: Path, *flags: str, flags_of_run=FLAGS, env=None) -> subprocess.Popen:
+    argv = [*BASE_FLAGS, "--cache-dir", str(trainer.cache_dir), "--run-dir", str(run_dir), *flags_of_run, *flags]
     run_dir.mkdir(parents=True, exist_ok=True)
     out = (run_dir / "out.txt").open("w")
-    return subprocess.Popen([*torchrun_cmd(2), *argv], cwd=REPO, env=child_env(run_dir), stdout=out,
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen([*torchrun_cmd(2), *argv], cwd=REPO, env={**child_env(run_dir), **(env or {})},
+                            stdout=out, stderr=subprocess.STDOUT)
 
 
 def signal_one_rank_mid_run(proc: subprocess.Popen, run_dir: Path, signum: int) -> None:
@@ -105,6 +105,19 @@ def test_sigterm_saves_and_exits_as_terminated_without_requeue(trainer, tmp_path
     assert (run_dir / "checkpoints" / f"step_{stopped:07d}" / ".metadata").is_file()
     assert not (run_dir / "requeue-requested").exists()
     assert "SIGTERM received: stopped after step" in (run_dir / "out.txt").read_text()
+
+
+def test_under_fsdpctl_a_signal_it_did_not_ask_for_ends_the_rank_at_once_without_a_save(trainer, tmp_path):
+    """Launched by fsdpctl (``FSDPCTL_STOP_SIGNAL``), the ranks save on a stop only when fsdpctl marked it
+    asked for (``fsdpctl stop``, the launcher's Ctrl-C or SIGTERM: the integration tests); a SIGTERM
+    without the mark (a hang or a failed peer being ended, a stop to grow) ends the rank at once, as
+    it did before the ranks had a handler for it."""
+    run_dir = tmp_path / "run"
+    proc = start(trainer, run_dir, flags_of_run=[*ADAMW, "--fsdp", "2"], env={"FSDPCTL_STOP_SIGNAL": "SIGUSR1"})
+    signal_one_rank_mid_run(proc, run_dir, signal.SIGTERM)
+    assert proc.wait(timeout=120) != 0
+    out = (run_dir / "out.txt").read_text()
+    assert "received: stopped after step" not in out and not list(run_dir.glob("checkpoints/step_*")), out[-3000:]
 
 
 def test_resume_if_present_starts_afresh_in_an_empty_run_dir(trainer, tmp_path):

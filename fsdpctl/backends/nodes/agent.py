@@ -63,11 +63,17 @@ GO = "go"
 """launcher -> agent: ``go <node timeout>`` starts the node."""
 HEARTBEAT = "hb"
 STOP = "stop"
-"""launcher -> agent: TERM, a grace period, KILL."""
+"""launcher -> agent: an orderly stop: the profile's stop signal to the ranks, its grace for them to save
+and exit by themselves, then TERM, KILL (the agent's ``stop`` argument)."""
+HALT = "halt"
+"""launcher -> agent: TERM, a short grace, KILL (a hang: ranks stuck in a collective never get to a
+signal handler, so no time is given to save)."""
 KILL = "kill"
 """launcher -> agent: KILL now."""
 FAIL = "fail"
 """launcher -> agent: another node failed: TERM, a short grace period, KILL."""
+STOP_MARKER = ".fsdpctl-stop"
+"""Written in the run directory before an orderly stop signals the ranks (``fsdpctl.workload.config``)."""
 GRACE_SECONDS = 10.0
 PEER_FAILED_GRACE_SECONDS = 2.0
 """Between TERM and KILL when another node failed: ranks waiting on a collective with a peer that is
@@ -235,9 +241,61 @@ def run_processes(run_id, node_rank=None, attempt=None):
     return found
 
 
-def end_run(run_id, grace, node_rank=None, attempt=None, cleanup=None):
-    """TERM every process of the run (of its node ``node_rank`` in ``attempt``), KILL what is left
-    after ``grace`` seconds, run ``cleanup`` (shell removing its containers); the pids left."""
+def _is_rank(pid):
+    """A process torchrun started, or one of its children: ``LOCAL_RANK`` is in its environment."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            return any(entry.startswith(b"LOCAL_RANK=") for entry in handle.read().split(b"\0"))
+    except OSError:
+        return False
+
+
+def rank_roots(pids):
+    """The ranks among ``pids``: processes torchrun started whose parent is not one (a rank's own
+    children, data loader workers, are left to the rank)."""
+    def parent(pid):
+        try:
+            with open("/proc/%d/status" % pid) as handle:
+                for line in handle:
+                    if line.startswith("PPid:"):
+                        return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
+    ranks = [pid for pid in pids if _is_rank(pid)]
+    return [pid for pid in ranks if parent(pid) not in ranks]
+
+
+def end_run(run_id, grace, node_rank=None, attempt=None, cleanup=None, first=None, marker=STOP_MARKER):
+    """End every process of the run (of its node ``node_rank`` in ``attempt``); the pids left.
+
+    With ``first`` (a signal number: the profile's stop signal), ``marker`` is written (the ranks
+    read that the stop was asked for), the ranks get the signal first, at once, and ``grace``
+    seconds to exit by themselves (a checkpoint's time), and the run's other processes (torchrun)
+    with them; then TERM to what is left, 2 s, KILL.
+    Without, TERM to every process, ``grace`` seconds, KILL. Then ``cleanup`` (shell removing its
+    containers)."""
+    if first is not None and grace > 0:
+        try:
+            open(marker, "w").close()
+        except OSError:
+            pass  # the ranks then exit as a signal from anyone else would have them
+        roots = rank_roots(run_processes(run_id, node_rank, attempt))
+        for pid in roots:
+            try:
+                os.kill(pid, first)
+            except OSError:
+                pass
+        # the ranks save and leave; torchrun then sees them done and ends too (what the ranks leave behind,
+        # a data loader worker that outlives its rank, is not waited for)
+        deadline = time.time() + grace
+        while roots and time.time() < deadline:
+            left = run_processes(run_id, node_rank, attempt)
+            if not [pid for pid in left if pid in roots or not _is_rank(pid)]:
+                break
+            time.sleep(0.1)
+        grace = min(grace, 2.0)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in run_processes(run_id, node_rank, attempt):
             try:
@@ -249,6 +307,13 @@ def end_run(run_id, grace, node_rank=None, attempt=None, cleanup=None):
             time.sleep(0.1)
     run_quietly(["bash", "-c", cleanup or "true"], 90)  # noqa: F821 - comes with the probe's source
     return run_processes(run_id, node_rank, attempt)
+
+
+def stop_with(spec):
+    """(the signal, the grace) of a stop the launcher asks for: the profile's ``[name, seconds]``."""
+    if not spec:
+        return None, GRACE_SECONDS
+    return getattr(signal, spec[0], signal.SIGTERM), float(spec[1])
 
 
 def say(text):
@@ -291,12 +356,17 @@ def agent(args):
         return 3
     if args.get("archive"):
         keep_apart(args["archive"])
+    try:
+        os.remove(STOP_MARKER)  # an earlier attempt's stop: this one was not asked to stop
+    except OSError:
+        pass
     sys.stdout.write("%s %d\n" % (AGENT_STARTED, start(args["rank"], secrets)))
     sys.stdout.flush()
     node_timeout = float(word[1]) if len(word) > 1 else 0.0
     if node_timeout > 0:
         return Watch(args["run_id"], args["rank"], node_timeout, inp, args.get("attempt"),  # noqa: F821
-                     args.get("cleanup"), side_files(args.get("side"))).run()  # noqa: F821 - agent_watch's
+                     args.get("cleanup"), side_files(args.get("side")),  # noqa: F821 - agent_watch's
+                     stop_with(args.get("stop"))).run()
     return 0
 
 

@@ -19,6 +19,7 @@ try:  # on the node this file follows the agent's source, which defines these
         EXIT,
         FAIL,
         GRACE_SECONDS,
+        HALT,
         KILL,
         LINE,
         ORPHAN_GRACE_SECONDS,
@@ -45,9 +46,11 @@ class Watch:
     that a node ended, and fails fast. After ``!exit`` the rest of the log follows, then the agent
     closes its output: the launcher's end of the log."""
 
-    def __init__(self, run_id, rank, node_timeout, inp, attempt=None, cleanup=None, side=None):
+    def __init__(self, run_id, rank, node_timeout, inp, attempt=None, cleanup=None, side=None,
+                 stop=(None, GRACE_SECONDS)):
         self.run_id, self.rank, self.timeout, self.inp = run_id, rank, node_timeout, inp
         self.attempt, self.cleanup = attempt, cleanup
+        self.stop_signal, self.stop_grace = stop  # what the launcher's stop gives the ranks first, and for how long
         self.side = side  # the side files (SideFiles), or None
         self.next_side = 0.0
         self.control = []  # messages that go before any log data still waiting
@@ -100,10 +103,10 @@ class Watch:
             self.side_queued += len(frame)
         return bool(frames)
 
-    def end(self, why, grace=GRACE_SECONDS):
+    def end(self, why, grace=GRACE_SECONDS, first=None):
         if self.ending is None:
             self.ending = why
-            left = end_run(self.run_id, grace, self.rank, self.attempt, self.cleanup)
+            left = end_run(self.run_id, grace, self.rank, self.attempt, self.cleanup, first)
             self.ended_at = time.time()
             self.say("%s %s%s" % (STOPPED, why, " left: %s" % left if left else ""))
 
@@ -151,8 +154,10 @@ class Watch:
                 self.end("the launcher is gone", ORPHAN_GRACE_SECONDS)
             self.last_heard = time.time()
             for word in data.decode("utf-8", "replace").split():
-                if word in (STOP, KILL, FAIL):
-                    grace = {STOP: GRACE_SECONDS, FAIL: PEER_FAILED_GRACE_SECONDS, KILL: 0.0}[word]
+                if word == STOP:  # the ranks get the profile's stop signal and its grace to save and exit
+                    self.end("asked by the launcher", self.stop_grace, self.stop_signal)
+                elif word in (HALT, KILL, FAIL):
+                    grace = {HALT: PEER_FAILED_GRACE_SECONDS, FAIL: PEER_FAILED_GRACE_SECONDS, KILL: 0.0}[word]
                     self.end("asked by the launcher" if word != FAIL else "another node failed", grace)
         if writable:
             self.write()

@@ -280,18 +280,28 @@ class NodesBackend(Backend):
 
         return dict(self._parallel(one, list(run.plan.nodes)))
 
-    def stop(self, run: RunDir) -> dict[str, str]:
-        """End every process of the run on every node and record it as stopped."""
-        container = run.plan.container
-        remaining = stop_run(run.run_id, [self.connection(n) for n in run.plan.nodes],
-                             runtime=container.runtime if container else None)
+    def stop(self, run: RunDir, grace: Optional[int] = None, stop_signal: Optional[str] = None) -> dict[str, str]:
+        """End every process of the run on every node and record it as stopped: the ranks get the stop
+        signal first and the grace to save and exit by themselves (``kill_command``). The stop is
+        recorded before the signal goes: a launcher that follows the run records its end as stopped,
+        not as a success or a failure of its own."""
+        plan, record = run.plan, run.record
+        container = plan.container
+        live = not record.state.is_over
+        if live:
+            run.change(stopped_at=now())
+        remaining = stop_run(run.run_id, [self.connection(n) for n in plan.nodes],
+                             plan.stop_grace if grace is None else grace, container.runtime if container else None,
+                             stop_signal or plan.stop_signal, plan.run_dir)
         record = run.record
-        if record.state.is_over:  # it had ended already: what ended it stays its record
+        if not live or (record.state.is_over and record.state is not RunState.STOPPED):
+            # it had ended already, by itself: what ended it stays its record
             run.change(remaining=remaining)
             return remaining
         nodes = tuple(n.replace(state=NodeState.STOPPED) if n.state in (NodeState.RUNNING, NodeState.STARTING) else n
                       for n in record.nodes)
-        run.change(state=RunState.STOPPED, nodes=nodes, stopped_at=now(), remaining=remaining)
+        run.change(state=RunState.STOPPED, nodes=nodes, stopped_at=record.stopped_at or now(), remaining=remaining,
+                   stop_checkpoint=self.stop_checkpoint(run))
         return remaining
 
     def trace_node(self) -> Optional[TraceNode]:

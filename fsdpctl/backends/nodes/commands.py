@@ -30,7 +30,7 @@ from typing import Any, Union
 from ...container.runtime import cleanup_command
 from ...hostcheck.probe import probe_source
 from ...shell import command_line, marked, quote_path
-from .agent import AGENT_REFUSED, AGENT_STARTED
+from .agent import AGENT_REFUSED, AGENT_STARTED, STOP_MARKER
 
 __all__ = ["AGENT_REFUSED", "AGENT_STARTED", "agent_command"]
 
@@ -153,15 +153,36 @@ def parse_poll(text: str) -> Exited | Running | Gone:
     return Running() if words[:1] == ["running"] else Gone()
 
 
-def kill_command(run_id: str, grace: float, runtime: str | None = None) -> str:
+def kill_command(run_id: str, grace: float, runtime: str | None = None, first: str | None = None,
+                 run_dir: str | None = None) -> str:
     """Signal every process of the run (by its FSDPCTL_RUN_ID), TERM then KILL; print what remained.
-    ``runtime``: the run's containers (docker, podman) are then removed too, by their run label."""
+    ``runtime``: the run's containers (docker, podman) are then removed too, by their run label.
+    ``first``: a signal's name that the ranks alone get first (processes with ``LOCAL_RANK`` whose
+    parent has none: not torchrun, nor a rank's own children), with ``grace`` seconds to exit by
+    themselves (and torchrun with them); then TERM to what is left, 2 s, KILL (the agent's ``end_run``
+    does the same). Before it, ``STOP_MARKER`` is left in ``run_dir``: the ranks read that the stop was
+    asked for."""
     # One grep over every process's environment, not one per process: on a loaded node a grep per
     # process took seconds a round, and the rounds of the grace below ran far past it.
     find = (f'ps=$(grep -lsxzF "FSDPCTL_RUN_ID={run_id}" /proc/[0-9]*/environ 2>/dev/null | '
             "sed -n 's,^/proc/\\([0-9]*\\)/environ$,\\1,p' | tr '\\n' ' '); ps=${ps% }")
     steps = max(1, int(grace * 10))
-    return (f"{find}; [ -n \"$ps\" ] && kill -TERM $ps 2>/dev/null; "
+    ranks = ""
+    if first:
+        is_rank = "grep -qszE '^LOCAL_RANK=' /proc/$1/environ"
+        marker = f"touch {quote_path(run_dir)}/{STOP_MARKER} 2>/dev/null; " if run_dir else ""
+        ranks = (f"{marker}is_rank() {{ {is_rank}; }}; roots=; for p in $ps; do is_rank $p || continue; "
+                 "pp=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status 2>/dev/null); "
+                 "is_rank \"${pp:-0}\" || roots=\"$roots $p\"; done; "
+                 f"[ -n \"$roots\" ] && kill -{shlex.quote(first)} $roots 2>/dev/null; "
+                 # the ranks save and leave; torchrun then sees them done and ends too (not waited for:
+                 # what a rank leaves behind, a data loader worker that outlives it)
+                 f"[ -n \"$roots\" ] && for _ in $(seq {steps}); do {find}; left=; for p in $ps; do "
+                 "if is_rank $p; then case \" $roots \" in *\" $p \"*) left=1;; esac; else left=1; fi; done; "
+                 "[ -z \"$left\" ] && break; sleep 0.1; done; "
+                 f"{find}; ")
+        steps = min(steps, 20)
+    return (f"{find}; {ranks}[ -n \"$ps\" ] && kill -TERM $ps 2>/dev/null; "
             f"for _ in $(seq {steps}); do {find}; [ -z \"$ps\" ] && break; sleep 0.1; done; "
             f"[ -n \"$ps\" ] && kill -KILL $ps 2>/dev/null; sleep 0.2; {find}; "
             f"{cleanup_command(runtime, run_id) + '; ' if runtime else ''}echo \"remaining:$ps\"")

@@ -24,7 +24,19 @@ from ...node.side_files import parse_header as parse_side_header
 from ...rundir.state import NodeState
 from ...shell import OUTPUT_MARK, after_mark, marked
 from ..transport import Stream
-from .agent import ALIVE, EXIT, FAIL, HEARTBEAT, KILL, LINE, PEER_FAILED_GRACE_SECONDS, STOP, STOPPED, heartbeat_seconds
+from .agent import (
+    ALIVE,
+    EXIT,
+    FAIL,
+    HALT,
+    HEARTBEAT,
+    KILL,
+    LINE,
+    PEER_FAILED_GRACE_SECONDS,
+    STOP,
+    STOPPED,
+    heartbeat_seconds,
+)
 from .commands import (
     Answer,
     Data,
@@ -60,6 +72,9 @@ class Listener(Protocol):
     run_id: str
     container_runtime: str | None
     grace: float
+    """Seconds an orderly stop waits for the ranks to exit after ``stop_signal`` (the profile's ``stop_grace``)."""
+    stop_signal: str
+    """The signal's name an orderly stop gives the ranks first (the profile's ``stop_signal``)."""
     finished: threading.Event
 
     def put(self, run: NodeRun, message: Message) -> None:
@@ -82,9 +97,11 @@ class Feed(Protocol):
     def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
         """Answers found by looking now (a node silent for too long)."""
 
-    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False) -> None:
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False,
+             save: bool = False) -> None:
         """End these nodes' processes: TERM, a grace period, KILL (``hurry``: KILL now; ``peer_failed``:
-        another node failed, a short grace)."""
+        another node failed, a short grace; ``save``: an orderly stop, the ranks get the stop signal
+        first and ``sup.grace`` to exit by themselves)."""
 
     def close(self) -> None:
         """Release what the feed holds."""
@@ -191,8 +208,9 @@ class AgentFeed:
                                        f"timeout is {self.node_timeout:g} s)")))
         return lost
 
-    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False) -> None:
-        word = KILL if hurry else FAIL if peer_failed else STOP
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False,
+             save: bool = False) -> None:
+        word = KILL if hurry else FAIL if peer_failed else STOP if save else HALT
         for run in runs:
             if run.session is not None:
                 try:
@@ -283,9 +301,12 @@ class TailFeed:
     def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
         return []
 
-    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False) -> None:
-        grace = 0.0 if hurry else PEER_FAILED_GRACE_SECONDS if peer_failed else sup.grace
-        stop_run(sup.run_id, [r.transport for r in runs], grace, sup.container_runtime)
+    def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False,
+             save: bool = False) -> None:
+        save = save and not (hurry or peer_failed)
+        grace = 0.0 if hurry else sup.grace if save else PEER_FAILED_GRACE_SECONDS
+        stop_run(sup.run_id, [r.transport for r in runs], grace, sup.container_runtime,
+                 sup.stop_signal if save else None, sup.run_dir)
 
     def close(self) -> None:
         for stream in self.side_streams:

@@ -79,7 +79,8 @@ class NodesFollower:
         # The values are in this environment (they were read from it at launch; a follower in another
         # shell may have them too); the nodes mask their logs themselves as well.
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
-        result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, write_local=owner or collector is not None,
+        result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, grace=plan.stop_grace,
+                            write_local=owner or collector is not None,
                             stop_on_interrupt=owner, mask=masker.text if masker else None, watch=watch, signals=signals,
                             leave=None if owner else leave, collector=collector,
                             **self._timeline(collector)).run()
@@ -129,11 +130,15 @@ class NodesFollower:
             failure = in_shutdown(failure, plan.run_dir, plan.attempt,
                                   lambda path: read_node_text(failing.transport, path))
         state, record = result.settled.state, run.record
+        exit_code = result.exit_code
+        if record.stopped_at and state in (RunState.SUCCEEDED, RunState.FAILED, RunState.UNKNOWN):
+            # `fsdpctl stop` asked for it: its ranks saved and left (0), or were killed; not a success
+            state, exit_code = RunState.STOPPED, exit_code or 128 + getattr(signal, f"SIG{plan.stop_signal}")
         if result.hung and not owner and not record.detached:
             # The launcher that owns it does the same; this follower only reports.
             return Outcome(exit_code=result.exit_code, state=RunState.FAILED, first_failure=failure)
         lost = any(r.state == NodeState.LOST or r.streaming for r in node_runs)  # a stream cut short
-        recorded = {"finished_at": now(), "exit_code": result.exit_code, "first_failure": failure}
+        recorded = {"finished_at": now(), "exit_code": exit_code, "first_failure": failure}
         notes: list[str] = []
         if owner:
             if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
@@ -152,7 +157,7 @@ class NodesFollower:
         if result.interrupted:
             by = signal.Signals(result.signal).name if result.signal else "a signal"
             message = f"run {plan.run_id} interrupted by {by}; every process of it was stopped"
-        return Outcome(exit_code=result.exit_code, state=state, first_failure=failure, message=message,
+        return Outcome(exit_code=exit_code, state=state, first_failure=failure, message=message,
                        interrupted_by=result.signal, notes=tuple(notes))
 
 

@@ -111,12 +111,15 @@ def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any
 
 
 def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_SECONDS,
-             runtime: str | None = None) -> dict[str, str]:
+             runtime: str | None = None, first: str | None = None, run_dir: str | None = None) -> dict[str, str]:
     """End every process of ``run_id`` on every node (and remove its containers, with the ``runtime``
-    they run in); returns what each host reported remaining."""
+    they run in); returns what each host reported remaining. ``first``: a signal's name (``TERM``,
+    ``USR1``) every rank gets first, with ``grace`` seconds to exit by themselves, the stop marked in
+    ``run_dir`` (``kill_command``)."""
     def kill(transport: Transport) -> str:
         try:
-            _, out, _ = transport.run(marked(kill_command(run_id, grace, runtime)), grace + COMMAND_TIMEOUT)
+            _, out, _ = transport.run(marked(kill_command(run_id, grace, runtime, first, run_dir)),
+                                      grace + (2.0 if first else 0.0) + COMMAND_TIMEOUT)
             return after_mark(out).strip().rsplit("remaining:", 1)[-1].strip()
         except HostError as exc:
             return f"unreachable: {exc.detail}"

@@ -52,6 +52,7 @@ class NodeStarter:
                 "secret_bytes": len(secrets), "probe": probe,
                 # the others' probes may be pulling the image: wait as long as the slowest may take
                 "go_timeout": probe_timeout(self.plan.container, GO_TIMEOUT)}
+        args["stop"] = [f"SIG{self.plan.stop_signal}", self.plan.stop_grace]  # what a stop gives the ranks
         if self.plan.container is not None:  # its containers are removed whenever this agent ends the node
             args["cleanup"] = cleanup_command(self.plan.container.runtime, self.plan.run_id, rank)
         if self.plan.attempt > 1:  # the last attempt's node files move aside when this one starts

@@ -31,6 +31,7 @@ from ...rundir.timeline import LineMoments, Timeline
 from ..base import LineSink
 from ..hang_watch import HangWatch
 from ..signals import Interrupted, on_stop_signals
+from .agent import PEER_FAILED_GRACE_SECONDS
 from .commands import Answer, Data, Exited, Gone, Lost, Message, Note, Running, SideData, SideEnded, StreamEnded
 from .feeds import Feed
 from .runs import GRACE_SECONDS, KEEP_LINES, NodeRun, RunResult, first_failure_of
@@ -59,6 +60,7 @@ class Supervisor:
                  leave: threading.Event | None = None, collector: Collector | None = None,
                  timeline: Timeline | None = None, save_timeline: Callable[[Timeline], None] | None = None):
         self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
+        self.stop_signal = plan.stop_signal
         batch = getattr(sink, "lines", None)  # a sink that takes a batch at once (see api.events)
         self.sink_lines = batch if callable(batch) else (lambda lines: [sink(line) for line in lines])
         self.run_dir, self.run_id = plan.run_dir, plan.run_id
@@ -257,12 +259,14 @@ class Supervisor:
             self._stop_all(None)
 
     def _stop_all(self, signum: int | None) -> None:
-        """An orderly stop of every node: TERM, the grace period (unless a second signal), KILL."""
+        """An orderly stop of every node: the profile's stop signal to every rank, its grace period to
+        exit by themselves (unless a second signal), then TERM and KILL."""
         self.stopping = True
         running = [r for r in self.runs if r.state == NodeState.RUNNING]
         hurried = self.hurry.is_set()
-        self.feed.stop(self, running, hurry=hurried)
-        deadline = time.monotonic() + self.grace + 5.0
+        save = signum is not None  # a person's or a job system's signal: time to save; a hang: none
+        self.feed.stop(self, running, hurry=hurried, save=save)
+        deadline = time.monotonic() + (self.grace if save else PEER_FAILED_GRACE_SECONDS) + 5.0
         while any(r.state == NodeState.RUNNING for r in running) and time.monotonic() < deadline:
             try:
                 self._step()

@@ -6,12 +6,13 @@ every node appends to ``node<R>.log``. ``doctor`` probes nodes allocated with ``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from ...bundle import Payload
-from ...errors import HostError, UsageError
+from ...errors import FsdpctlError, HostError, UsageError
 from ...hostcheck.checks import DoctorReport, HostReport
 from ...metrics.gpu_samples import newest_samples, newest_text
 from ...node.stacks import BEGIN as STACKS_BEGIN
@@ -195,15 +196,38 @@ class SlurmBackend(Backend):
         where they are."""
         return {"the shared run directory": files_under(Path(run.plan.run_dir).expanduser() / path, skip=STAGED)}
 
-    def stop(self, run: RunDir) -> dict[str, str]:
-        """``scancel``: Slurm ends every step on every node. Refused (UsageError) for a run that has
-        no job: nothing of it runs."""
-        record = run.record
+    def stop(self, run: RunDir, grace: Optional[int] = None, stop_signal: Optional[str] = None) -> dict[str, str]:
+        """``scancel --signal`` (the profile's stop signal, to every process of the job's steps: the
+        ranks save and leave), up to the grace for the job to end, then ``scancel``: Slurm ends every
+        step on every node. The stop is marked in the shared run directory first, as over SSH.
+        Refused (UsageError) for a run that has no job: nothing of it runs."""
+        from ...workload.config import STOP_MARKER
+        record, plan = run.record, run.plan
         if record.job_id is None:
             why = f" ({record.first_failure.describe()})" if record.first_failure else ""
             raise UsageError(f"run {run.run_id}: nothing to stop: it has no Slurm job{why}",
                              f"`fsdpctl status {run.run_id}` says how it stands")
         job_id = record.job_id
-        client.cancel(job_id)
-        run.change(state=RunState.STOPPED, stopped_at=now())
+        grace = plan.stop_grace if grace is None else grace
+        live = not record.state.is_over
+        if live:
+            run.change(stopped_at=now())
+        if live and grace > 0 and client.queue_states([job_id]).get(job_id) == "RUNNING":
+            try:
+                (Path(plan.run_dir).expanduser() / STOP_MARKER).touch()
+            except OSError:
+                pass  # not shared here: the ranks exit as on anyone's signal
+            client.signal_steps(job_id, stop_signal or plan.stop_signal)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and client.queue_states([job_id]).get(job_id) in ("RUNNING",
+                                                                                                 "COMPLETING"):
+                time.sleep(0.5)
+        try:
+            client.cancel(job_id)
+        except FsdpctlError:
+            if not client.job_state(job_id).finished:
+                raise
+            # its ranks saved and left within the grace: the job had ended, nothing was left to cancel
+        run.change(state=RunState.STOPPED, stopped_at=run.record.stopped_at or now(),
+                   stop_checkpoint=self.stop_checkpoint(run) if live else None)
         return {f"Slurm job {job_id}": ""}

@@ -123,6 +123,12 @@ def queue_states(job_ids: Sequence[str], timeout: float = TIMEOUT) -> dict[str, 
     return {fields[0]: fields[1] for fields in listed if len(fields) == 2 and fields[0] in job_ids}
 
 
+def signal_steps(job_id: str, name: str) -> None:
+    """``scancel --signal=NAME``: every process of the job's steps gets it (the batch script does not);
+    the job goes on. A job that ended meanwhile is no error."""
+    run_client(["scancel", f"--signal={name}", job_id])
+
+
 def cancel(job_id: str) -> None:
     """``scancel`` the job (every step on every node)."""
     done = run_client(["scancel", job_id])

@@ -152,8 +152,8 @@ def record_end(run: RunDir, state: client.JobState, *, unless_ended: bool = Fals
     and what spares changed. ``unless_ended``: leave a record that says the run ended already (its
     follower, or ``stop``, wrote it: they know more), or that is now of another job (a newer attempt)."""
     outcome_state, code = states.ending(state.state, state.exit_code)
-    if outcome_state is RunState.CANCELLED and run.record.stopped_at:
-        outcome_state = RunState.STOPPED  # fsdpctl stop cancelled it
+    if run.record.stopped_at and outcome_state in (RunState.CANCELLED, RunState.SUCCEEDED, RunState.FAILED):
+        outcome_state = RunState.STOPPED  # fsdpctl stop ended it (its ranks saved and left, or scancel did)
     failure = None
     if outcome_state is RunState.FAILED:
         failure = failure_in_logs(run)

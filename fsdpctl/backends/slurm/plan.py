@@ -219,7 +219,11 @@ def make_slurm_plan(profile: ClusterProfile, overrides: Overrides, run_id: str, 
         raise UsageError(f"{source or profile.name}: elastic.min_nodes: submitit starts the step on every node it "
                          "allocates, so it cannot go on with fewer", "submit with --via sbatch, or without elastic")
     # submitit always asks for SIGUSR2 ahead of the time limit (--signal=USR2@...), requeue or not.
-    ignore = "trap '' USR2 && " if requeue or via == "submitit" else ""
+    # The same for the profile's stop signal (`fsdpctl stop` sends it to every process of the steps),
+    # unless it is TERM: torchrun's own handler hands that on to the ranks and waits for them.
+    ignored = (["USR2"] if requeue or via == "submitit" else []) + ([profile.stop_signal]
+                                                                   if profile.stop_signal != "TERM" else [])
+    ignore = f"trap '' {' '.join(ignored)} && " if ignored else ""
     enter = "" if chdir == "." else f"cd {quote_path(chdir)} || exit 1; "  # the user's code: ranks start there
     # An elastic job's step may run on fewer nodes than the plan's, and says how often that changed.
     of, changes = ("$SLURM_STEP_NUM_NODES", ", node count changed $FSDPCTL_ELASTIC_ATTEMPT time(s)") if min_nodes \

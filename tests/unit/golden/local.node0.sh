@@ -20,6 +20,7 @@ export NCCL_IB_DISABLE=1
 export NCCL_NET=Socket
 export FSDPCTL_RUN_ID=local-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
+export FSDPCTL_STOP_SIGNAL=SIGTERM
 export FSDPCTL_NODE_RANK=0
 export FSDPCTL_HOST=localhost  # how fsdpctl names this node (per-rank timings say it)
 # Every GPU sampled beside the ranks (nothing on a node without nvidia-smi); a fault is said at once in this log.

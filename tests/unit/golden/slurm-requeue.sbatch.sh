@@ -31,6 +31,7 @@ export NCCL_IB_DISABLE=1
 export NCCL_NET=Socket
 export FSDPCTL_RUN_ID=slurm-requeue-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
+export FSDPCTL_STOP_SIGNAL=SIGTERM
 mkdir -p "$FSDPCTL_RUN_DIR"
 # The head node's address, as the other nodes reach it (a host name may resolve differently there).
 # `sed -n 1p` rather than `head`: head exits early and pipefail would turn scontrol's SIGPIPE into a failure.

@@ -29,6 +29,7 @@ export NCCL_IB_DISABLE=1
 export NCCL_NET=Socket
 export FSDPCTL_RUN_ID=slurm-user-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
+export FSDPCTL_STOP_SIGNAL=SIGTERM
 export FSDPCTL_TELEMETRY=1
 export FSDPCTL_SECRET_NAMES=HF_TOKEN
 : "${HF_TOKEN?fsdpctl: the secret HF_TOKEN is not in this environment; sbatch hands over the submitting environment}"

@@ -21,6 +21,7 @@ export NCCL_NET=Socket
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export FSDPCTL_RUN_ID=two-node-20261121-120000-abcd
 export FSDPCTL_ATTEMPT=1
+export FSDPCTL_STOP_SIGNAL=SIGTERM
 export FSDPCTL_NODE_RANK=0
 export FSDPCTL_HOST=node1  # how fsdpctl names this node (per-rank timings say it)
 # Every GPU sampled beside the ranks (nothing on a node without nvidia-smi); a fault is said at once in this log.
