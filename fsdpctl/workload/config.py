@@ -128,9 +128,7 @@ class TrainConfig:
     resume_if_present: bool = False
     """Continue from the newest complete checkpoint if run_dir has one, else start afresh (a requeued job)."""
     checkpoint_on_signal: bool = False
-    """On SIGUSR2/SIGTERM every rank stops after the same step and saves; SIGUSR2 exits 0 with a requeue marker.
-    Launched by fsdpctl with checkpoints on, the profile's stop signal (``FSDPCTL_STOP_SIGNAL``) does
-    the same, whatever this says."""
+    """On SIGUSR2/SIGTERM every rank stops after the same step and saves; SIGUSR2 exits 0 with a requeue marker."""
     export_full: Optional[str] = None
     """At the end, write a consolidated state dict loadable into a plain GPT."""
 

@@ -202,7 +202,7 @@ def test_stop_with_a_grace_leaves_a_checkpoint_of_the_last_step_that_resume_goes
     the bundled workload saves the step it stands at and exits 0; the launcher that follows the run
     ends with the run stopped; a resume goes on from that step. README's elastic recipe saves on the
     signal too. (A rank that ignores the signal, killed after the grace: tests/unit/test_stop_grace.py.)"""
-    profile = write_profile(lab, tmp_path, steps=40)
+    profile = write_profile(lab, tmp_path, steps=26)
     profile.write_text(profile.read_text() + "stop_signal: USR1\nstop_grace: 60\n")
     launcher = start(lab, tmp_path, "launch", "-p", str(profile), *WORKLOAD)
     run_dir = run_dir_of(tmp_path)
@@ -227,7 +227,7 @@ def test_stop_with_a_grace_leaves_a_checkpoint_of_the_last_step_that_resume_goes
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"attempt 2 from step {step}" in resumed.stderr, resumed.stderr[-3000:]
     losses, _ = metrics(run_dir)
-    assert sorted(losses) == list(range(1, 41))
+    assert sorted(losses) == list(range(1, 27))
 
     # README's elastic recipe: a program of the user's that saves on the stop signal, with SIGTERM
     profile.write_text(profile.read_text().replace("stop_signal: USR1\n", ""))
