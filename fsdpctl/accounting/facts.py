@@ -217,7 +217,9 @@ def run_facts(record: Any, plan: Any, root: Path, rows: list[dict[str, Any]], sp
                for a in record.attempts]
     every = [*earlier, (record.attempt, record.timeline, record.started_at, record.finished_at, record.state,
                         record.from_step, record.replacements)]
-    per_node = int(plan.nproc_per_node or 1)
+    # Ranks per node: uneven nodes ("2+1") and GPU-counted ones ("gpu") count by the world they made.
+    nproc = str(plan.nproc_per_node or 1)
+    per_node = int(nproc) if nproc.isdigit() else (plan.world_size or plan.num_nodes) / max(1, plan.num_nodes)
     full = int(getattr(plan, "full_nodes", None) or plan.num_nodes)
     attempts: list[AttemptFacts] = []
     queued_total = 0.0
@@ -234,7 +236,7 @@ def run_facts(record: Any, plan: Any, root: Path, rows: list[dict[str, Any]], sp
         if not over and number == record.attempt:
             end = max(end or begin, time.time())  # a live attempt: to now
         attempts.append(AttemptFacts(number=number, begin=begin, end=end if end is not None else begin,
-                                     ranks=nodes * per_node, held=held,
+                                     ranks=round(nodes * per_node), held=held,
                                      failed=over and str(state) not in ("succeeded",),
                                      failed_at=min(exits.values()) if exits else None,
                                      node_exits=[(at, per_node) for at in exits.values()]))

@@ -117,27 +117,29 @@ def estimate(profile: Optional[ProfileLike] = None, *, preset: Optional[str] = N
              "batch_size": batch_size, "seq_len": seq_len}
     request = _request(train if train is not None else prof.train if prof is not None else {}, given,
                        model=model, wrap=wrap, input_shape=input_shape, input_dtype=input_dtype)
+    world = _uneven_world(prof, nproc_per_node) if nodes is None else None
     nodes, nproc = _layout(prof, nodes, nproc_per_node)
-    request.update(world=nodes * nproc, local_world=nproc, device="cpu" if prof and prof.device == "cpu" else "cuda")
+    world = world or nodes * nproc
+    request.update(world=world, local_world=nproc, device="cpu" if prof and prof.device == "cpu" else "cuda")
     capacity = _capacity(gpu_mem, prof)
     margins = margins or Margins()
     traces = _Tracer(prof, timeout, emit)
     try:
-        return _estimate(request, nodes, nproc, capacity, margins, choices, traces, emit, started)
+        return _estimate(request, nodes, nproc, world, capacity, margins, choices, traces, emit, started)
     finally:
         traces.close()
 
 
-def _estimate(request: dict[str, Any], nodes: int, nproc: int, capacity: Optional[int], margins: Margins,
-              choices: bool, traces: _Tracer, emit: Emitter, started: float) -> EstimateReport:
+def _estimate(request: dict[str, Any], nodes: int, nproc: int, world: int, capacity: Optional[int],
+              margins: Margins, choices: bool, traces: _Tracer, emit: Emitter, started: float) -> EstimateReport:
     asked = _choice(request)
     if not choices or capacity is None:
         asked = replace(asked, result=traces.run([request])[0])
-        return EstimateReport(asked, request, nodes * nproc, nodes, nproc, capacity, margins, where=traces.where,
+        return EstimateReport(asked, request, world, nodes, nproc, capacity, margins, where=traces.where,
                               seconds=time.monotonic() - started)
     table = grid(multi_node=nodes > 1)
-    traced = _distinct(table, asked, nodes * nproc)
-    emit.notice(f"estimate: tracing {len(traced)} choices ({nodes * nproc} ranks) on {traces.where_now()}")
+    traced = _distinct(table, asked, world)
+    emit.notice(f"estimate: tracing {len(traced)} choices ({world} ranks) on {traces.where_now()}")
     results = traces.run([{**request, "sharding": c.sharding, "activation_checkpointing": c.activation_checkpointing,
                            "cpu_offload": False} for c in traced])
     by_key = {c.key: replace(c, result=r) for c, r in zip(traced, results, strict=True)}
@@ -157,11 +159,11 @@ def _estimate(request: dict[str, Any], nodes: int, nproc: int, capacity: Optiona
         asked = by_key[asked.key]
     else:
         asked = replace(asked, result=traces.run([request])[0])
-    best = pick(filled, capacity, margins, nodes * nproc)
+    best = pick(filled, capacity, margins, world)
     max_batch, max_result = None, {}
     if best is not None and not best.cpu_offload:  # an offload choice is derived, not traced
-        max_batch, max_result = _largest_batch(best, request, traces, capacity, margins, nodes * nproc)
-    return EstimateReport(asked, request, nodes * nproc, nodes, nproc, capacity, margins, filled, best, max_batch,
+        max_batch, max_result = _largest_batch(best, request, traces, capacity, margins, world)
+    return EstimateReport(asked, request, world, nodes, nproc, capacity, margins, filled, best, max_batch,
                           max_result, traces.where, time.monotonic() - started)
 
 
@@ -197,6 +199,19 @@ def _request(train: Mapping[str, Any], given: dict[str, Any], *, model: Optional
 def _choice(request: dict[str, Any]) -> Choice:
     return Choice(request.get("sharding") or "full", bool(request.get("activation_checkpointing")),
                   bool(request.get("cpu_offload")))
+
+
+def _uneven_world(prof, nproc: Optional[int]) -> Optional[int]:
+    """The ranks of a profile whose hosts run different numbers of them (``hosts[].nproc``, chosen
+    GPUs): their sum; None when every node runs the same (or ``nproc`` is given for all)."""
+    if prof is None or nproc is not None:
+        return None
+    own = [h.nproc or len(h.chosen_gpus) or None for h in prof.hosts]
+    if not any(own):
+        return None
+    rest = prof.nproc_per_node if isinstance(prof.nproc_per_node, int) else None
+    counts = [mine or rest or h.gpu_count for mine, h in zip(own, prof.hosts, strict=True)]
+    return sum(counts) if all(counts) else None
 
 
 def _layout(prof, nodes: Optional[int], nproc: Optional[int]) -> tuple[int, int]:
@@ -332,9 +347,12 @@ def memory_warning(prepared) -> Optional[str]:
     if prof.gpu_memory is None or prof.device == "cpu" or (plan.command and not job.model):
         return None
     nproc = int(plan.nproc_per_node) if str(plan.nproc_per_node).isdigit() else None
+    uneven = "+" in str(plan.nproc_per_node)  # the placed hosts' own counts give the world
+    loaded = replace(prepared.loaded, profile=prepared.placed_profile) if uneven and prepared.placed_profile \
+        else prepared.loaded
     train = {"batch_size": plan.train.get("batch_size")} if job.model else plan.train
     try:
-        report = estimate(prepared.loaded, choices=False, nodes=plan.num_nodes, nproc_per_node=nproc,
+        report = estimate(loaded, choices=False, nodes=None if uneven else plan.num_nodes, nproc_per_node=nproc,
                           model=job.model, wrap=job.wrap, input_shape=job.input_shape or None, train=train)
     except UsageError as exc:
         return f"memory not checked: {exc.message}"

@@ -152,7 +152,7 @@ class Backend(ABC):
     @classmethod
     def layout(cls, profile: ClusterProfile) -> tuple[Optional[int], Optional[int]]:
         """How many nodes a run of ``profile`` gets and how many GPUs each has (None: not known)."""
-        counts = {h.gpus for h in profile.hosts if h.gpus}
+        counts = {h.gpu_count for h in profile.hosts if h.gpu_count}
         return max(1, len(profile.hosts)), (min(counts) if counts else None)
 
     # ---- what every backend must do ---------------------------------------------------------------

@@ -29,7 +29,8 @@ def launch(
                                                "the profile's max_restarts, 0). Not with --detach."),
     exclude: Optional[list[str]] = typer.Option(None, "--exclude", autocompletion=host_completion,
                                                 help="Leave this host of the profile out of "
-                                                "this launch; a spare takes its place (repeatable)."),
+                                                "this launch; a spare takes its place. HOST:3 leaves out one GPU "
+                                                "of it (repeatable)."),
     min_nodes: Optional[int] = typer.Option(None, "--min-nodes", min=0, help="Elastic: when a node is to blame and no "
                                             "spare is left, go on with the nodes left, down to N (the bundled "
                                             "workload keeps its global batch); grow back when the host is "

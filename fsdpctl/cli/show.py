@@ -25,7 +25,8 @@ def plan_summary(plan: LaunchPlan) -> str:
                                       *(f"{name}=<secret>" for name in plan.secrets)]),
     ]
     for node in plan.nodes:
-        lines.append(f"# node {node.node_rank}: {node.host} ({node.address}), {node.nproc} process(es)")
+        on = f" on GPUs {','.join(map(str, node.gpus))}" if node.gpus else ""
+        lines.append(f"# node {node.node_rank}: {node.host} ({node.address}), {node.nproc} process(es){on}")
     if plan.command:
         lines.append(f"# every rank runs: {shlex.join(plan.command)}  (in {plan.chdir} of the run directory)"
                      if not plan.chdir.startswith(("/", "~")) else

@@ -152,9 +152,11 @@ def _gib(value: int) -> str:
 # ---- per-host checks --------------------------------------------------------------------------
 
 def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int],
-               requirements: Sequence[str] = (), interface: Optional[str] = None) -> list[Check]:
+               requirements: Sequence[str] = (), interface: Optional[str] = None,
+               gpus: Sequence[int] = ()) -> list[Check]:
     """The verdicts on one host's probe facts; ``requirements``: what the job needs installed;
-    ``interface``: the host's own card (``hosts[].interface``), default the profile's. The
+    ``interface``: the host's own card (``hosts[].interface``), default the profile's; ``gpus``: the
+    ones its ranks use (``hosts[].gpus``; empty: every GPU). The
     hardware's (``facts["health"]``) are ``health.judge_health``'s; with a container, the image's
     Python answers for the Python's checks (the container's own are ``container.judge``'s)."""
     if facts.get("container") is not None and not facts["python"].get("version"):
@@ -178,7 +180,7 @@ def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[i
         checks.append(Check("torch-import", "fail", f"import torch failed: {deep['import_error']}",
                             "fix the torch installation on this host"))
     checks += _package_checks(facts, requirements)
-    checks += _gpu_checks(profile, facts, nproc)
+    checks += _gpu_checks(profile, facts, nproc, gpus)
     checks += _network_checks(profile, facts, interface or profile.network.interface)
     checks += _storage_checks(facts)
     checks += _stack_checks(facts)
@@ -203,12 +205,21 @@ def _package_checks(facts: dict[str, Any], requirements: Sequence[str]) -> list[
     return [Check("packages", "pass", shown)] if shown else []
 
 
-def _gpu_checks(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int]) -> list[Check]:
+def _gpu_checks(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[int],
+                chosen: Sequence[int] = ()) -> list[Check]:
     if profile.device == "cpu":
         return []
     gpus = facts.get("gpus") or {}
     deep = facts.get("deep") or {}
-    count = deep["device_count"] if "device_count" in deep else gpus.get("count", 0)
+    count = gpus.get("count", 0) if chosen else deep["device_count"] if "device_count" in deep else gpus.get("count", 0)
+    if chosen:  # (torch's own count, in the deep probe, sees the GPUs before CUDA_VISIBLE_DEVICES)
+        absent = [g for g in chosen if g >= count]
+        if absent:
+            return [Check("gpus", "fail", f"GPU {absent[0]} is chosen (gpus {list(chosen)}) and this host has "
+                          f"{count} GPU(s)", f"choose among 0-{count - 1} in hosts[].gpus" if count else
+                          "no NVIDIA GPU visible here: check nvidia-smi on this host")]
+        return [Check("gpus", "pass", f"GPUs {', '.join(map(str, chosen))} of {count}, driver "
+                      f"{gpus.get('driver') or 'unknown'}")]
     need = nproc if nproc is not None else 1
     if count >= need and count > 0:
         return [Check("gpus", "pass", f"{count} GPU(s), driver {gpus.get('driver') or 'unknown'}")]

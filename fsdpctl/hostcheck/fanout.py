@@ -47,6 +47,10 @@ class HostJob:
     args: dict[str, Any]
     requirements: tuple[str, ...] = ()
     """What the job needs installed (the probe is only asked for the names)."""
+    nproc: Optional[int] = None
+    """Its own process count, where nodes differ (None: the run's)."""
+    gpus: tuple[int, ...] = ()
+    """The GPUs its ranks use, by index (empty: every GPU)."""
 
 
 def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str]) -> dict[str, Any]:
@@ -80,6 +84,10 @@ class NodeProbe:
     node_rank: int
     transport: Any
     interface: Optional[str] = None
+    nproc: Optional[int] = None
+    """Its own process count, where nodes differ (None: the run's)."""
+    gpus: tuple[int, ...] = ()
+    """The GPUs its ranks use, by index (empty: every GPU): only these are judged."""
 
 
 def make_jobs(profile: ClusterProfile, nodes: Sequence[NodeProbe], master_rank: int, master_addr: str,
@@ -99,7 +107,7 @@ def make_jobs(profile: ClusterProfile, nodes: Sequence[NodeProbe], master_rank: 
                 args["listen"] = {"port": port, "expect": others, "window": window}
             else:
                 args["connect"] = {"addr": master_addr, "port": port, "window": window}
-        jobs.append(HostJob(node.node_rank, node.transport, args, tuple(requirements)))
+        jobs.append(HostJob(node.node_rank, node.transport, args, tuple(requirements), node.nproc, node.gpus))
     return jobs
 
 
@@ -137,8 +145,9 @@ def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfil
             report.checks = [Check("reachable", "pass", "connected"),
                              *(container_checks(facts["container"], profile.network.ib) if "container" in facts
                                else ()),
-                             *judge_host(profile, facts, nproc, job.requirements, job.args.get("interface")),
-                             *judge_health(profile.device, facts, job.args.get("health"))]
+                             *judge_host(profile, facts, job.nproc or nproc, job.requirements,
+                                         job.args.get("interface"), job.gpus),
+                             *judge_health(profile.device, facts, job.args.get("health"), job.gpus)]
     except HostError as exc:
         report.checks = [Check(_CAUSE_CHECK.get(exc.cause, "reachable"), "fail", exc.detail, exc.hint)]
     except ProbeOutputError as exc:

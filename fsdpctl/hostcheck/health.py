@@ -206,12 +206,22 @@ def ib_findings(ports: Optional[Mapping[str, Any]]) -> list[Check]:
     return out or [Check("ib-health", "pass", f"{len(ports)} port(s), no error counted")]
 
 
-def judge_health(device: str, facts: Mapping[str, Any], asked: Optional[Mapping[str, Any]]) -> list[Check]:
+def judge_health(device: str, facts: Mapping[str, Any], asked: Optional[Mapping[str, Any]],
+                 chosen: Sequence[int] = ()) -> list[Check]:
     """The hardware verdicts on one host's probe facts, when its probe was ``asked`` (``xid`` set:
-    doctor --health, not the preflight's GPU part alone; ``allow_busy``: other processes only warn)."""
+    doctor --health, not the preflight's GPU part alone; ``allow_busy``: other processes only warn).
+    ``chosen``: the GPUs the run uses (``hosts[].gpus``; empty: all): the others are not judged."""
     if not asked or "health" not in facts:
         return []
-    return health_checks(facts["health"], device, bool(asked.get("allow_busy")), full=bool(asked.get("xid")))
+    health = facts["health"]
+    if chosen and isinstance(health.get("gpus"), Mapping) and "gpus" in health["gpus"]:
+        rows = [g for g in health["gpus"]["gpus"] or [] if str(g.get("index")) in {str(c) for c in chosen}]
+        health = {**health, "gpus": {**health["gpus"], "gpus": rows}}
+        xid = health.get("xid")
+        if isinstance(xid, Mapping) and xid.get("events"):  # another GPU's faults are not this run's
+            buses = {_bus_key(g.get("pci.bus_id")) for g in rows}
+            health["xid"] = {**xid, "events": [e for e in xid["events"] if _bus_key(e.get("pci")) in buses]}
+    return health_checks(health, device, bool(asked.get("allow_busy")), full=bool(asked.get("xid")))
 
 
 def health_checks(health: Mapping[str, Any], device: str, allow_busy: bool = False,

@@ -83,15 +83,25 @@ def _mhz(value):
     return "?" if value is None else "%.0f" % value
 
 
-def new_xids(seen, where):
-    """XIDs that are hardware faults, appearing in the kernel log since the watch began."""
+def bus_key(text):
+    """(domain, bus, device) from nvidia-smi's ``00000000:3B:00.0`` or an XID's ``0000:3b:00``."""
+    parts = str(text or "").replace(".", ":").split(":")
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+    except (ValueError, IndexError):
+        return None
+
+
+def new_xids(seen, where, buses=None):
+    """XIDs that are hardware faults, appearing in the kernel log since the watch began (``buses``: only
+    on the GPUs at these bus keys, the run's own)."""
     found = health_probe.xid_errors()
     events = found.get("events", []) if found.get("readable") else []
     count = found.get("count", 0) if found.get("readable") else seen
     fresh = events[len(events) - (count - seen):] if count > seen else []
     lines = []
     for event in fresh:
-        if event["code"] not in PROGRAM_XIDS:
+        if event["code"] not in PROGRAM_XIDS and (buses is None or bus_key(event["pci"]) in buses):
             lines.append("%s XID %d on PCI %s of %s: %s" % (HARDWARE_FAULT, event["code"], event["pci"], where,
                                                         event["text"] or "see NVIDIA's XID catalog"))
     return count, lines
@@ -127,8 +137,8 @@ def alive(pid, started=None):
     return started is None or started_at(pid) == started
 
 
-def watch(out, every, parent, node, host):
-    """Sample until ``parent`` is gone."""
+def watch(out, every, parent, node, host, only=None):
+    """Sample until ``parent`` is gone; ``only``: the indices of the run's own GPUs (None: every GPU)."""
     where = host or "node %s" % node
     xids = health_probe.xid_errors()
     seen = xids.get("count", 0) if xids.get("readable") else 0
@@ -138,8 +148,8 @@ def watch(out, every, parent, node, host):
     while alive(parent, started) and known is not None:
         rows = health_probe.query("gpu", SAMPLE_FIELDS, known)
         if "rows" in rows:
-            gpus = [sample_gpu(r) for r in rows["rows"]]
-            seen, faults = new_xids(seen, where)
+            gpus = [g for g in map(sample_gpu, rows["rows"]) if only is None or str(g["index"]) in only]
+            seen, faults = new_xids(seen, where, None if only is None else {bus_key(g["bus_id"]) for g in gpus})
             for line in changes(before, gpus, where) + faults:
                 print(line, flush=True)
             before = gpus
@@ -157,12 +167,13 @@ def main(argv=None):
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--node", type=int, default=0)
     parser.add_argument("--host", default="")
+    parser.add_argument("--gpus", default="", help="the run's own GPUs, by index (2,4); default: every GPU")
     args = parser.parse_args(argv)
     if shutil.which("nvidia-smi") is None or args.every <= 0:
         return 0
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     try:
-        watch(args.out, args.every, args.parent, args.node, args.host)
+        watch(args.out, args.every, args.parent, args.node, args.host, set(args.gpus.split(",")) if args.gpus else None)
     except KeyboardInterrupt:
         pass
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import shlex
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from .. import __version__
@@ -22,7 +23,7 @@ from ..workload import REQUIREMENTS
 from ..workload import config as train_config
 from .elastic import elastic_env, elastic_settings
 from .export import export_plan
-from .types import ContainerPlan, LaunchPlan, NodeSpec, Overrides, Placement, Placer, PlanContext
+from .types import ContainerPlan, LaunchPlan, NodeSpec, NodeTarget, Overrides, Placement, Placer, PlanContext
 
 WORKLOAD_MODULE = "fsdpctl.workload.train"
 SHIPPED_PACKAGE_DIR = "pkg"
@@ -145,9 +146,14 @@ def interface_env(name: str) -> dict[str, str]:
     return {"NCCL_SOCKET_IFNAME": f"={name}", "GLOO_SOCKET_IFNAME": name}
 
 
-def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[int]) -> str:
+def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[int],
+                target: Optional[NodeTarget] = None) -> str:
+    """A node's processes: ``--nproc-per-node``, else its host's own ``nproc`` or chosen GPUs, else the
+    profile's ``nproc_per_node``, else its GPU count (``gpu``: torchrun counts them at start)."""
     if overrides.nproc_per_node is not None:
         return str(overrides.nproc_per_node)
+    if target is not None and (target.nproc or target.chosen_gpus):
+        return str(target.nproc or len(target.chosen_gpus))
     if isinstance(profile.nproc_per_node, int):
         return str(profile.nproc_per_node)
     if gpus is not None:
@@ -224,13 +230,24 @@ def _nodes(plan: LaunchPlan, profile: ClusterProfile, overrides: Overrides, plac
            ) -> tuple[NodeSpec, ...]:
     nodes = []
     for rank, target in enumerate(placement.nodes):
-        nproc = _node_nproc(profile, overrides, target.gpus)
+        nproc = _node_nproc(profile, overrides, target.gpus, target)
+        env = interface_env(target.interface) if target.interface else {}
+        env.update(chosen_gpus_env(target.chosen_gpus, plan.env))
         nodes.append(NodeSpec(
             node_rank=rank, host=target.host, address=target.address, nproc=nproc,
             script_path=join_path(plan.run_dir, f"node{rank}.sh"),
             torchrun_args=torchrun_args(plan, node_rank=str(rank), nproc=nproc, local_addr=target.bind),
-            env=interface_env(target.interface) if target.interface else {}, interface=target.interface))
+            env=env, interface=target.interface, gpus=target.chosen_gpus))
     return tuple(nodes)
+
+
+def chosen_gpus_env(gpus: tuple[int, ...], env: Mapping[str, str]) -> dict[str, str]:
+    """A node's chosen GPUs for its ranks: ``CUDA_VISIBLE_DEVICES`` in nvidia-smi's numbering, which the
+    profile, doctor's checks and the health samples use (CUDA's own order puts the fastest first)."""
+    if not gpus:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+            **({} if "CUDA_DEVICE_ORDER" in env else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})}
 
 
 def container_plan(profile: ClusterProfile, image: str | None = None) -> ContainerPlan | None:
@@ -306,4 +323,15 @@ def make_plan(
     nodes = _nodes(plan, profile, overrides, placement)
     counts = [n.nproc for n in nodes] or [nproc] * plan.num_nodes
     world_size = sum(int(c) for c in counts) if all(c.isdigit() for c in counts) else None
-    return placer.finish_plan(profile, overrides, dataclasses.replace(plan, nodes=nodes, world_size=world_size))
+    if len(set(counts)) > 1:  # uneven nodes: "2+1" says each one's share
+        nproc = "+".join(counts)
+        _refuse_uneven(train)
+    return placer.finish_plan(profile, overrides, dataclasses.replace(plan, nodes=nodes, world_size=world_size,
+                                                                      nproc_per_node=nproc))
+
+
+def _refuse_uneven(train: Mapping[str, Any]) -> None:
+    """Hybrid sharding meshes the ranks as nodes x ranks per node, which uneven nodes do not make."""
+    if train.get("sharding") == "hybrid":
+        raise UsageError("--sharding hybrid: the nodes run different numbers of ranks (hosts[].nproc or gpus)",
+                         "use --sharding full or grad-op, or give every node the same number of ranks")

@@ -166,6 +166,8 @@ class NodeSpec:
     """Variables of this node only, after the plan's (its own interface name)."""
     interface: Optional[str] = None
     """Its own card's name, when it differs from the profile's."""
+    gpus: tuple[int, ...] = ()
+    """The GPUs its ranks use (``CUDA_VISIBLE_DEVICES``), by nvidia-smi's index; empty: every GPU."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +184,10 @@ class NodeTarget:
     """Its GPU count, when the profile says."""
     interface: Optional[str] = None
     """Its own card's name, when it differs from the profile's."""
+    nproc: Optional[int] = None
+    """Its own process count (``hosts[].nproc``), over the profile's ``nproc_per_node``."""
+    chosen_gpus: tuple[int, ...] = ()
+    """The GPUs its ranks use, by index (``hosts[].gpus`` as a list); empty: every GPU."""
 
 
 @dataclass(frozen=True, kw_only=True)

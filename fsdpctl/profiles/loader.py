@@ -119,6 +119,9 @@ class _Reader:
         return reader[annotation](node, field)
 
     def read_union(self, node: yaml.Node, options: list[Any], field: str) -> Any:
+        listed = next((o for o in options if get_origin(o) is tuple), None)
+        if listed is not None and isinstance(node, yaml.SequenceNode):
+            return self.read(node, listed, field)
         value = self.scalar(node, field)
         for option in options:
             if get_origin(option) is Literal and value in get_args(option) and isinstance(value, str):

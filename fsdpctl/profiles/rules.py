@@ -22,12 +22,30 @@ def _host_rules(host: HostSpec):
                 "give the IP the other nodes reach this host at, e.g. 10.0.0.2")
     if host.user is not None and not schema.USER_PATTERN.match(host.user):
         return "user", f"{host.user!r} is not a valid user name", "use a plain login name"
-    if host.gpus is not None and host.gpus < 0:
-        return "gpus", f"{host.gpus} is negative", "give 0 or more"
+    if gpus_problem := _gpus_rules(host):
+        return gpus_problem
     if host.interface is not None and not schema.IFNAME_PATTERN.match(host.interface):
         return ("interface", f"{host.interface!r} is not a network interface name",
                 "give the name `ip link` shows on that host, e.g. enp3s0 (at most 15 characters)")
     return _port_problem("port", host.port)
+
+
+def _gpus_rules(host: HostSpec):
+    if isinstance(host.gpus, int) and host.gpus < 0:
+        return "gpus", f"{host.gpus} is negative", "give 0 or more, or the GPUs' indices: [0, 1]"
+    if isinstance(host.gpus, tuple):
+        if not host.gpus:
+            return "gpus", "is an empty list", "give the indices of the GPUs to use, e.g. [0, 1], or leave the host out"
+        if any(index < 0 for index in host.gpus):
+            return "gpus", f"{list(host.gpus)} holds a negative index", "give indices as nvidia-smi numbers them"
+        if len(set(host.gpus)) != len(host.gpus):
+            return "gpus", f"{list(host.gpus)} names a GPU twice", "name each GPU once"
+    if host.nproc is not None and host.nproc < 1:
+        return "nproc", f"{host.nproc} is not positive", "give 1 or more"
+    if isinstance(host.gpus, tuple) and host.nproc is not None and host.nproc > len(host.gpus):
+        return ("nproc", f"{host.nproc} ranks on the {len(host.gpus)} GPU(s) of gpus {list(host.gpus)}",
+                f"give nproc {len(host.gpus)} or less, or name more GPUs")
+    return None
 
 
 def _network_rules(net: schema.NetworkSpec):
@@ -130,6 +148,18 @@ def _secrets_problem(secrets: tuple[str, ...], env: dict[str, str]):
     return None
 
 
+def _chosen_gpus_problem(p: ClusterProfile):
+    """GPUs chosen by index need GPUs, and own CUDA_VISIBLE_DEVICES."""
+    chosen = [(f"{part}[{i}].gpus", h) for part, hosts in (("hosts", p.hosts), ("spares", p.spares))
+              for i, h in enumerate(hosts) if isinstance(h.gpus, tuple)]
+    if chosen and p.device == "cpu":
+        return chosen[0][0], "names GPUs but device is cpu", "give the host's nproc instead, or drop device: cpu"
+    if chosen and "CUDA_VISIBLE_DEVICES" in p.env:
+        return ("env.CUDA_VISIBLE_DEVICES", f"is set, and {chosen[0][0]} chooses the GPUs too",
+                "choose them in hosts[].gpus only")
+    return None
+
+
 def _profile_rules(p: ClusterProfile):
     if not schema.NAME_PATTERN.match(p.name):
         return "name", f"{p.name!r} cannot be used in a run id", "use letters, digits, '.', '_' and '-'"
@@ -145,9 +175,11 @@ def _profile_rules(p: ClusterProfile):
         return "rendezvous.host", f"{p.rendezvous.host!r} is not one of hosts", "name one of: " + ", ".join(names)
     if isinstance(p.nproc_per_node, int) and p.nproc_per_node < 1:
         return "nproc_per_node", f"{p.nproc_per_node} is not positive", "give 1 or more, or auto"
-    if p.nproc_per_node == "auto" and p.device == "cpu":
+    if p.nproc_per_node == "auto" and p.device == "cpu" and not (p.hosts and all(h.nproc for h in p.hosts)):
         return ("nproc_per_node", "auto counts GPUs but device is cpu",
                 "give the number of processes per node, e.g. nproc_per_node: 2")
+    if problem := _chosen_gpus_problem(p):
+        return problem
     for i, line in enumerate(p.setup):
         if "\n" in line or "\0" in line:
             return f"setup[{i}]", "contains a newline or NUL", "write one command per list item"

@@ -95,11 +95,26 @@ class HostSpec:
     """SSH port for this host; overrides ``ssh.port``."""
     user: Optional[str] = None
     """SSH user for this host; overrides ``ssh.user``."""
-    gpus: Optional[int] = None
-    """GPUs on this host, when ``nproc_per_node: auto`` should not count them at run time."""
+    gpus: Optional[Union[int, tuple[int, ...]]] = None
+    """This host's GPUs: a count (for ``nproc_per_node: auto``, instead of counting them at run time), or
+    the indices its ranks use, as ``nvidia-smi`` numbers them (``[2, 4]``: one rank each, and
+    ``CUDA_VISIBLE_DEVICES=2,4``); ``launch --exclude HOST:3`` leaves one out of either."""
+    nproc: Optional[int] = None
+    """Processes on this host, over ``nproc_per_node``: hosts with different GPU counts (8 and 2), or 2
+    ranks on one CPU host and 1 on another. Global ranks are numbered across the nodes in order."""
     interface: Optional[str] = None
     """This host's own name for the card that connects the nodes, where names differ between hosts
     (overrides ``network.interface`` on this host)."""
+
+    @property
+    def gpu_count(self) -> Optional[int]:
+        """Its GPUs as the profile counts them: the count given, or how many it chose (None: unsaid)."""
+        return len(self.gpus) if isinstance(self.gpus, tuple) else self.gpus
+
+    @property
+    def chosen_gpus(self) -> tuple[int, ...]:
+        """The GPUs its ranks use, by index (empty: every GPU it has)."""
+        return self.gpus if isinstance(self.gpus, tuple) else ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,11 +58,15 @@ def test_a_git_project_runs_on_two_nodes_with_its_arguments_verbatim(lab, tmp_pa
     assert not processes_of(run_id)
 
 
-def test_the_module_form_fetch_and_the_dry_run(lab, tmp_path, project):
+def test_the_module_form_fetch_and_the_dry_run_on_uneven_nodes(lab, tmp_path, project):
+    """Two ranks on n1 and one on n2 (hosts[].nproc): world size 3, global ranks across both nodes."""
     profile = write_profile(lab, tmp_path)
+    n1 = f"port: {lab.hosts['n1'].port}\n"
+    profile.write_text(profile.read_text().replace(n1, n1 + "    nproc: 2\n", 1))
     dry = run(lab, tmp_path, "launch", "-p", str(profile), "--code", str(project), "--dry-run",
               "--", "-m", "proj.train", "--lr", "0.1")
     assert dry.returncode == 0, dry.stderr
+    assert "2 node(s) x 2+1 process(es), world size 3" in dry.stdout
     assert "# every rank runs: -m proj.train --lr 0.1  (in code of the run directory)" in dry.stdout
     assert "# code: 6 files, " in dry.stdout and "what git would commit" in dry.stdout
     assert "--tee 3 -m proj.train --lr 0.1" in dry.stdout and not (tmp_path / "runs").exists()
@@ -75,6 +79,11 @@ def test_the_module_form_fetch_and_the_dry_run(lab, tmp_path, project):
     assert json.loads((run_dir / "fetched" / "node1" / "out" / "rank1.json").read_text())["argv"] == ["--lr", "0.1"]
     again = run(lab, tmp_path, "fetch", run_dir.name, "out/rank0.json")
     assert again.returncode == 0 and "rank0.json" in again.stderr
+    got = records(lab, run_dir.name)
+    assert sorted(got) == [0, 1, 2] and {r["world"] for r in got.values()} == {3}
+    by_host = {host: sorted((r["local_rank"], r["local_world"]) for r in got.values() if r["host"] == host)
+               for host in ("n1", "n2")}
+    assert by_host == {"n1": [(0, 2), (1, 2)], "n2": [(0, 1)]}
 
 
 def test_no_code_runs_in_place_on_shared_storage(lab, tmp_path, project):

@@ -65,6 +65,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     secret = os.environ.get("USER_SECRET")
     record = {"argv": sys.argv[1:], "cwd": os.getcwd(), "host": socket.gethostname(), "world": world,
+              "local_rank": int(os.environ["LOCAL_RANK"]), "local_world": int(os.environ["LOCAL_WORLD_SIZE"]),
               "run_id": os.environ.get("FSDPCTL_RUN_ID"), "extra": os.environ.get("EXTRA"),
               "secret_sha256": hashlib.sha256(secret.encode()).hexdigest() if secret is not None else None}
     with open(os.path.join(out, "rank%d.json" % rank), "w") as handle:

@@ -193,3 +193,20 @@ def test_infiniband_rates_are_compared_across_hosts():
         host("n1", "400 Gb/sec (4X NDR)"), host("n2", "400 Gb/sec (4X NDR)"), host("n3", "200 Gb/sec (4X HDR)")])}
     assert entries["ib_rate"].status == "fail"
     assert entries["ib_rate"].detail == "differs on n3=200 Gb/sec (4X HDR) (others: 400 Gb/sec (4X NDR))"
+
+
+def test_only_the_runs_own_gpus_are_judged(node):
+    """hosts[].gpus: [0] on a shared box: another user's process and an XID on GPU 1 are not this run's."""
+    from fsdpctl.hostcheck.health import judge_health
+
+    scenario, _ = node
+    fake_gpu.write_scenario(scenario, [fake_gpu.gpu(0x3B), fake_gpu.gpu(0x5E, **{"memory.used": 30000})],
+                            apps=[{"pid": 4242, "process_name": "python", "used_memory": 30000,
+                                   "gpu_bus_id": "00000000:5E:00.0", "gpu_uuid": "GPU-fake-5e"}],
+                            dmesg=["[ 812.1] NVRM: Xid (PCI:0000:5e:00): 79, pid=1234, GPU has fallen off the bus."])
+    facts = {"health": health_probe.health(FULL)}
+    asked = {**FULL, "allow_busy": False}
+    assert bad(judge_health("cuda", facts, asked, chosen=(0,))) == []
+    assert [(n, s, g) for n, s, g, _ in bad(judge_health("cuda", facts, asked, chosen=(1,)))] == [
+        ("gpu-busy", "fail", 1), ("xid", "fail", 1)]
+    assert len(bad(judge_health("cuda", facts, asked))) == 2  # no choice: every GPU

@@ -30,11 +30,13 @@ class LocalBackend(NodesBackend):
         """This machine, with the Python running fsdpctl (which has the workload's packages) and a
         relative workdir anchored where fsdpctl runs; torchrun picks a free port itself."""
         workdir = profile.workdir
+        host = profile.hosts[0] if profile.hosts else None  # its GPUs and processes, when the profile says
+        own = {"gpus": host.gpu_count, "nproc": host.nproc, "chosen_gpus": host.chosen_gpus} if host else {}
         if not workdir.startswith(("/", "~")):
             workdir = join_path(context.local_cwd, workdir)
         return Placement(backend=cls.name, num_nodes=1, master_host="localhost", master_addr="127.0.0.1",
                          python=profile.python or context.local_python, workdir=workdir, rdzv_backend="standalone",
-                         nodes=(NodeTarget(host="localhost", address="127.0.0.1"),))
+                         nodes=(NodeTarget(host="localhost", address="127.0.0.1", **own),))
 
     @classmethod
     def layout(cls, profile: ClusterProfile) -> tuple[int | None, int | None]:

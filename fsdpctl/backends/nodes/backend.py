@@ -106,7 +106,8 @@ class NodesBackend(Backend):
         """Probe every node (default: the profile's, as a run would be placed) and diff them."""
         if nodes is None or master is None or python is None:
             placed = self.placement(self.profile, Overrides(), PlanContext.here("doctor"))
-            nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
+            nodes = [NodeProbe(rank, self.connection(t), t.interface, t.nproc or len(t.chosen_gpus) or None,
+                               t.chosen_gpus) for rank, t in enumerate(placed.nodes)]
             master = (next(i for i, t in enumerate(placed.nodes) if t.host == placed.master_host), placed.master_addr)
             python = host_python(self.profile, placed.python)
         raise_open_files(len(nodes))
@@ -124,7 +125,8 @@ class NodesBackend(Backend):
         alone = dataclasses.replace(self.profile, hosts=tuple(hosts), spares=(),
                                     rendezvous=dataclasses.replace(self.profile.rendezvous, host=None))
         placed = self.placement(alone, Overrides(), PlanContext.here("check"))
-        nodes = [NodeProbe(rank, self.connection(t), t.interface) for rank, t in enumerate(placed.nodes)]
+        nodes = [NodeProbe(rank, self.connection(t), t.interface, t.nproc or len(t.chosen_gpus) or None,
+                           t.chosen_gpus) for rank, t in enumerate(placed.nodes)]
         health = self.profile.health  # a spare, or an excluded host put back, has its GPUs asked too
         request = DoctorRequest(port=0, timeout=probe_timeout(container_plan(self.profile), PREFLIGHT_TIMEOUT),
                                 port_check=False,
@@ -143,7 +145,8 @@ class NodesBackend(Backend):
                                 extra={**health_args(False, plan.allow_busy_gpus, plan.gpu_health),
                                        **container_args(plan)})
         starter = NodeStarter(plan, payload, self.connection, plan.host_python)
-        nodes = [NodeProbe(n.node_rank, self.connection(n), n.interface) for n in plan.nodes]
+        nodes = [NodeProbe(n.node_rank, self.connection(n), n.interface, int(n.nproc) if n.nproc.isdigit() else None,
+                           n.gpus) for n in plan.nodes]
         master = next(n.node_rank for n in plan.nodes if n.host == plan.master_host)
         report = self.doctor(request, on_host, runner=starter.probe_runner(), nodes=nodes,
                              master=(master, plan.master_addr), python=plan.host_python,

@@ -32,8 +32,9 @@ class SSHBackend(NodesBackend):
         if not profile.hosts:
             raise UsageError(f"profile {profile.name}: has no hosts", "list the nodes under hosts:")
         nodes = tuple(NodeTarget(host=h.host, address=h.address or h.host,
-                                 bind=h.address or (h.host if is_ip(h.host) else None), gpus=h.gpus,
-                                 interface=h.interface) for h in profile.hosts)
+                                 bind=h.address or (h.host if is_ip(h.host) else None), gpus=h.gpu_count,
+                                 interface=h.interface, nproc=h.nproc, chosen_gpus=h.chosen_gpus)
+                      for h in profile.hosts)
         master = next((n for n in nodes if n.host == profile.rendezvous.host), nodes[0])
         if profile.rendezvous.backend == "static" and master is not nodes[0]:
             # Static rendezvous: node rank 0 serves the store at --master-addr, so the rendezvous
