@@ -136,6 +136,7 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     from ..backends import backend_for
     from ..rundir.rundir import create_run
     from .estimate import memory_warning
+    from .notifying import notifier_for
     from .parent_run import mark_parent, with_parent_run
     from .restarting import run_attempt
 
@@ -147,6 +148,10 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     # The last step before anything starts (the scripts the preflight stages must carry its id).
     prepared = with_parent_run(prepared, emit)
     loaded, plan = prepared.loaded, prepared.plan
+    # Its targets checked now, detached or not (the follower left behind sends a detached run's notices).
+    notifier = notifier_for(loaded.profile.notify, emit)
+    if notifier is not None and not detach:
+        emit = notifier
     backend = backend_for(loaded.profile, plan.backend)
     opened: list[RunDir] = []
 
@@ -168,6 +173,8 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
         raise
     finally:
         backend.close()  # the Run opens its connections again when asked
+        if notifier is not None:
+            notifier.close()
     return Run(run_dir, backend)
 
 

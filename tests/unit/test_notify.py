@@ -17,7 +17,7 @@ from fsdpctl.notify.message import message, plain
 from fsdpctl.notify.sender import Sender
 from fsdpctl.notify.targets import AppriseTarget, CommandTarget, SendFailed, check_targets, targets_for
 from fsdpctl.profiles.loader import parse_profile
-from fsdpctl.profiles.notify_spec import NEEDS_A_PERSON, NotifySpec
+from fsdpctl.profiles.notify_spec import NEEDS_A_PERSON, NOTIFY_EVENTS, NotifySpec
 from tests.testbed.webhook import Receiver
 
 pytest.importorskip("apprise")
@@ -134,3 +134,60 @@ def test_the_command_target_gets_the_notice_as_json_on_stdin_and_its_event_in_th
 
 def test_plain_keeps_one_printable_line():
     assert plain("a\nb\x07c") == "a b?c" and len(plain("x" * 1000)) == 300
+
+
+class Kept:
+    """A target that keeps what it is sent (the seam between the notifier and the wire)."""
+
+    name = "kept"
+
+    def __init__(self):
+        self.notices = []
+
+    def send(self, notice, timeout):
+        self.notices.append(notice)
+
+
+def a_run(nodes: int, attempt: int = 1):
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(num_nodes=nodes, attempt=attempt, profile_name="lab", run_id="lab-1",
+                           nodes=[SimpleNamespace(host=f"n{i + 1}") for i in range(nodes)])
+    record = SimpleNamespace(started_at=None, created_at=None, attempt=attempt, notes=())
+    return SimpleNamespace(plan=plan, record=record, root="/runs/lab-1", run_id="lab-1")
+
+
+def test_the_notifier_names_each_event_from_the_api_s_events_and_the_training_rows():
+    from fsdpctl.api.events import AttemptStarting, Emitter, HangSuspected, RunEnded
+    from fsdpctl.api.notifying import Notifier
+    from fsdpctl.rundir.state import Failure, Outcome, RunState
+
+    kept, heard = Kept(), []
+    notifier = Notifier(Emitter(heard.append), NotifySpec(command=("x",), events=NOTIFY_EVENTS), [kept])
+    notifier.attempt_started(a_run(3), "started on 3 node(s)")
+    now = time.time()
+    notifier.row("train", {"step": 1, "loss": 8.3, "time": now, "tokens_per_s": 1000.0})
+    notifier.row("train", {"step": 2, "loss": 8.1, "time": now, "straggler": "straggler: rank 2 computed 1.5x",
+                           "straggler_at": {"rank": 2, "node": 2, "host": "n3"}})
+    notifier.row("train", {"step": 3, "loss": 8.0, "time": now, "straggler": "straggler: rank 2 computed 1.5x",
+                           "straggler_at": {"rank": 2, "node": 2, "host": "n3"}})
+    notifier(HangSuspected("lab-1", 300.0, "rank 2 in all_reduce", True))
+    failure = Failure(kind="exit", host="n3", node_rank=2, exit_code=137, rank=2, signal=9)
+    notifier(RunEnded("lab-1", Outcome(exit_code=137, state=RunState.FAILED, first_failure=failure), "/runs/lab-1"))
+    notifier(AttemptStarting("lab-1", 2, 3, 10, "rank 2 on n3 exited 137 (SIGKILL)"))
+    notifier.attempt_started(a_run(2, attempt=2))
+    notifier(AttemptStarting("lab-1", 3, 4, 20, "growing back to 3 nodes"))
+    notifier.attempt_started(a_run(3, attempt=3))
+    notifier.row("train", {"step": 40, "loss": 5.9, "time": time.time(), "tokens_per_s": 2000.0})
+    notifier(RunEnded("lab-1", Outcome(exit_code=0, state=RunState.SUCCEEDED), "/runs/lab-1"))
+    notifier.close()
+    events = [n.event for n in kept.notices]
+    assert events == ["started", "first_step", "straggler", "hang", "failed", "shrunk", "grown", "first_step",
+                      "finished"], events
+    by = {n.event: n for n in kept.notices}
+    assert by["straggler"].title == "fsdpctl: run lab-1 has a straggler: rank 2 on n3"
+    assert "first failure: rank 2 on n3 exited 137 (SIGKILL)" in by["failed"].body
+    assert "nodes: 3 -> 2" in by["shrunk"].body
+    assert by["grown"].title == "fsdpctl: run lab-1 grown to 3 nodes: attempt 3"
+    assert "steps: 40" in by["finished"].body and by["finished"].level == "success"
+    assert len(heard) == 5, "every event reaches the emitter it wraps"
