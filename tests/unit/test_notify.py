@@ -191,3 +191,22 @@ def test_the_notifier_names_each_event_from_the_api_s_events_and_the_training_ro
     assert by["grown"].title == "fsdpctl: run lab-1 grown to 3 nodes: attempt 3"
     assert "steps: 40" in by["finished"].body and by["finished"].level == "success"
     assert len(heard) == 5, "every event reaches the emitter it wraps"
+
+
+def test_notify_test_says_per_target_what_came_back_and_exits_1_when_one_failed(tmp_path):
+    from tests.conftest import REPO, run_cli
+
+    profile = tmp_path / "lab.yaml"
+    with Receiver() as receiver:
+        profile.write_text(f"name: lab\nbackend: local\nnotify:\n  urls: [\"json://127.0.0.1:{free_port()}/x\"]\n"
+                           f"  secrets: [LAB_HOOK]\n  timeout: 2\n")
+        env = {"LAB_HOOK": f"json://127.0.0.1:{receiver.port}/hook/tok-5e5e5e", "PYTHONPATH": str(REPO)}
+        done = run_cli("notify", "--test", "-p", str(profile), env=env)
+        [body] = receiver.wait_for(1)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1 and lines[0].startswith("urls[0] json://127.0.0.1:") and "failed: " in lines[0]
+    assert lines[1] == "secret LAB_HOOK: ok" and "tok-5e5e5e" not in done.stdout + done.stderr
+    assert body["title"] == "fsdpctl: test notice (profile lab)" and receiver.paths == ["/hook/tok-5e5e5e"]
+    missing = run_cli("notify", "--test", "-p", str(profile), env={"LAB_HOOK": ""})
+    assert missing.returncode == 2
+    assert "error: notify.secrets: LAB_HOOK is not set in this environment" in missing.stderr
