@@ -68,10 +68,10 @@ def _notifier(run, log: FollowerLog):
     launcher left this process; None without one (or, said in the log, when its targets fail)."""
     from ..errors import FsdpctlError
     from .events import Emitter
-    from .notifying import notifier_for
+    from .notifying import notifier_for, notify_spec_of
 
     try:
-        return notifier_for(run.profile.notify, Emitter(log), run)
+        return notifier_for(notify_spec_of(run), Emitter(log), run)
     except FsdpctlError as exc:
         log.write(f"no notices: {exc.message}")
         return None

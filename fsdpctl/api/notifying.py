@@ -200,6 +200,18 @@ def notifier_for(spec: Optional[NotifySpec], inner: Emitter, run: Optional[RunDi
     return Notifier(inner, spec, check_targets(spec), run)
 
 
+def notify_spec_of(run: RunDir) -> Optional[NotifySpec]:
+    """The run's ``notify`` section: its job file's (kept in inputs.json), else its profile's."""
+    from ..profiles.notify_spec import NotifySpec
+    from ..rundir.paths import read_json
+    from ..rundir.rundir import INPUTS
+
+    given = (read_json(run.root / INPUTS) or {}).get("notify")
+    if not isinstance(given, dict):
+        return run.profile.notify
+    return NotifySpec(**{name: tuple(value) if isinstance(value, list) else value for name, value in given.items()})
+
+
 def send_test(profile: str | LoadedProfile) -> list[tuple[str, Optional[str]]]:
     """``fsdpctl notify --test``: one test notice to every target of the profile's ``notify``,
     sent now, once each (no retries); per target, its name and None when it went, else why not."""

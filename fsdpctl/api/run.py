@@ -353,11 +353,11 @@ class Run:
         from .attempts import plan_resume
         from .events import Emitter
         from .following import start_attempt
-        from .notifying import notifier_for
+        from .notifying import notifier_for, notify_spec_of
         from .restarting import follow_with_restarts
 
         JobOptions(node_timeout=node_timeout, hang_timeout=hang_timeout, on_hang=on_hang, max_restarts=max_restarts)
-        notifier = None if detach else notifier_for(self._dir.profile.notify, Emitter(on_event))
+        notifier = None if detach else notifier_for(notify_spec_of(self._dir), Emitter(on_event))
         emit = notifier or Emitter(on_event)  # a detached attempt's follower process sends its notices
         backend = self.backend
         with attempt_lock(self._dir):  # one next attempt at a time: a second resume waits for none

@@ -274,6 +274,8 @@ class JobSpec:
     when a foreground launch ends."""
     container: Optional[str] = None
     """The image the ranks run in on every node (over the profile's ``container.image``)."""
+    notify: Optional[NotifySpec] = None
+    """Notices of this job's runs, in the place of the profile's ``notify`` (see its fields)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -210,3 +210,24 @@ def test_notify_test_says_per_target_what_came_back_and_exits_1_when_one_failed(
     missing = run_cli("notify", "--test", "-p", str(profile), env={"LAB_HOOK": ""})
     assert missing.returncode == 2
     assert "error: notify.secrets: LAB_HOOK is not set in this environment" in missing.stderr
+
+
+def test_a_job_file_s_notify_takes_the_profile_s_place_and_its_follower_reads_it_back(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import fsdpctl
+    from fsdpctl.api.notifying import notify_spec_of
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    profile = tmp_path / "lab.yaml"
+    profile.write_text("name: lab\nbackend: local\nnproc_per_node: 1\nnotify:\n  urls: [json://a/b]\n")
+    job = tmp_path / "nightly.yaml"
+    job.write_text("name: nightly\ncommand: [train.py]\nnotify:\n  command: [/bin/true]\n  events: [failed]\n")
+    prepared = fsdpctl.prepare(str(profile), job=str(job), runs_dir=tmp_path / "runs")
+    assert prepared.loaded.profile.notify == NotifySpec(command=("/bin/true",), events=("failed",))
+    (tmp_path / "inputs.json").write_text(json.dumps(prepared.inputs))
+    run = SimpleNamespace(root=tmp_path, profile=parse_profile(profile.read_text(), "lab.yaml"))
+    assert notify_spec_of(run) == prepared.loaded.profile.notify
+    (tmp_path / "inputs.json").write_text("{}")
+    assert notify_spec_of(run) == NotifySpec(urls=("json://a/b",))
