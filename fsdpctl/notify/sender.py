@@ -2,7 +2,8 @@
 queue, so a dead or slow target delays neither the run nor the other targets. ``put`` never blocks
 (a full queue drops its oldest notice, counted); a failed try is tried again after 1 s, 2 s, 4 s;
 a notice still not sent is given up and reported through ``on_given_up`` once per target (later
-ones are only counted). ``close`` gives what is queued a few seconds at most, then lets go."""
+ones are only counted). ``close`` gives what is queued a few seconds at most (none to a target that
+already gave a notice up), then lets go."""
 
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ class Sender:
             lane.put(notice)
 
     def close(self, within: float = CLOSE_SECONDS) -> None:
-        """Let the queued notices go for at most ``within`` seconds in all, then let go of what is left
-        (noted, once per target, as not sent)."""
+        """Let the queued notices go for at most ``within`` seconds in all (a target that already gave
+        one up is not waited for), then let go of what is left (noted, once per target, as not sent)."""
         if self.closed:
             return
         self.closed = True
@@ -120,7 +121,8 @@ class Sender:
             lane.put(None)
         deadline = time.monotonic() + within
         for lane in self.lanes:
-            lane.thread.join(max(0.0, deadline - time.monotonic()))
+            if not lane.noted:  # a target that already gave a notice up is not waited for again
+                lane.thread.join(max(0.0, deadline - time.monotonic()))
         for lane in self.lanes:
             if lane.thread.is_alive():
                 lane.abandon.set()
