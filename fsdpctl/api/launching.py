@@ -145,13 +145,13 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     memory = memory_warning(prepared)
     if memory is not None:
         emit.notice(f"warning: {memory}", "warning")
+    # Notice targets that cannot work stop the launch here, detached or not (a detached run's notices
+    # are its follower's to send), before the MLflow parent run is made.
+    notifier = notifier_for(prepared.loaded.profile.notify, emit, send=not detach)
+    emit = notifier or emit
     # The last step before anything starts (the scripts the preflight stages must carry its id).
     prepared = with_parent_run(prepared, emit)
     loaded, plan = prepared.loaded, prepared.plan
-    # Its targets checked now, detached or not (the follower left behind sends a detached run's notices).
-    notifier = notifier_for(loaded.profile.notify, emit)
-    if notifier is not None and not detach:
-        emit = notifier
     backend = backend_for(loaded.profile, plan.backend)
     opened: list[RunDir] = []
 

@@ -137,9 +137,8 @@ class Notifier(Emitter):
         row = self.last_row or {}
         record = self.run.record if self.run is not None else None
         began = epoch(record.created_at) if record is not None else None
-        speed = row.get("tokens_per_s")
-        return {"steps": row.get("step"), "loss": row.get("loss"),
-                "tokens_per_s": round(speed) if isinstance(speed, (int, float)) else None,
+        return {"steps": row.get("step"), "loss": _rounded(row.get("loss"), 4),
+                "tokens_per_s": _rounded(row.get("tokens_per_s"), 0),
                 "attempts": record.attempt if record is not None else None,
                 "duration": f"{time.time() - began:.0f} s" if began is not None else None}
 
@@ -153,8 +152,9 @@ class Notifier(Emitter):
         self.last_row = row
         if not self.stepped:
             self.stepped = True
-            self.send("first_step", f"made its first step ({step})", {"step": step, "loss": row.get("loss"),
-                                                                      "tokens_per_s": row.get("tokens_per_s")})
+            self.send("first_step", f"made its first step ({step})", {
+                "step": step, "loss": _rounded(row.get("loss"), 4),
+                "tokens_per_s": _rounded(row.get("tokens_per_s"), 0)})
         where = row.get("straggler_at") or {}
         if row.get("straggler") and isinstance(where, Mapping):
             key = (self.run.plan.attempt if self.run else 0, where.get("rank"))
@@ -189,15 +189,24 @@ class Notifier(Emitter):
         self.sender.close()
 
 
-def notifier_for(spec: Optional[NotifySpec], inner: Emitter, run: Optional[RunDir] = None) -> Optional[Notifier]:
-    """A Notifier around ``inner`` for the profile's ``notify`` section (None: it has none). Its
-    targets are checked first: a secret not set, apprise missing or a URL it cannot send to is a
-    UsageError, in one line."""
+def _rounded(value: Any, digits: int) -> Any:
+    """A figure as a person reads it (a row's float has 16 digits); anything else as it is."""
+    if isinstance(value, float):
+        return round(value) if digits == 0 else round(value, digits)
+    return value
+
+
+def notifier_for(spec: Optional[NotifySpec], inner: Emitter, run: Optional[RunDir] = None, *,
+                 send: bool = True) -> Optional[Notifier]:
+    """A Notifier around ``inner`` for the profile's ``notify`` section (None: it has none, or
+    ``send`` is off). Its targets are checked first, either way: a secret not set, apprise missing or
+    a URL it cannot send to is a UsageError, in one line."""
     if spec is None:
         return None
     from ..notify.targets import check_targets
 
-    return Notifier(inner, spec, check_targets(spec), run)
+    targets = check_targets(spec)
+    return Notifier(inner, spec, targets, run) if send else None
 
 
 def notify_spec_of(run: RunDir) -> Optional[NotifySpec]:
