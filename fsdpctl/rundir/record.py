@@ -156,7 +156,7 @@ class RunRecord:
             "first_failure": self.first_failure, "attempt": self.attempt, "from_step": self.from_step,
             "attempts": self.attempts, "job": {"job_id": self.job_id} if self.job_id else {},
             "replacements": self.replacements, "recovery": self.recovery, "resize": self.resize,
-            "restart": self.restart, "stop_checkpoint": self.stop_checkpoint,
+            "restart": self.restart, "stop_checkpoint": self.stop_checkpoint, "notes": self.notes,
         }
         values.update(changes)
         return RunStatus(**values)

@@ -201,6 +201,7 @@ def test_max_restarts_starts_the_run_again_from_its_checkpoint_in_one_call(lab, 
     assert (bodies[1]["type"], bodies[3]["type"]) == ("failure", "success")
     [note] = record["notes"]
     assert note.startswith(f"notify: a started notice to urls[0] json://{lab.unused_address()}:18080 was not sent")
+    assert f"  note: {note}" in run(lab, tmp_path, "status", run_dir.name).stdout
     holding = [str(p) for p in tmp_path.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert not holding, f"the secret URL's token was written to {holding}"
 
