@@ -20,7 +20,7 @@ PUBLIC_NAMES = (
     "RunInfo", "RunStarted", "RunState", "RunStatus", "StackReport", "UsageError", "WaitTimeout", "doctor",
     "get_run", "launch", "load_profile", "prepare", "runs", "submit", "init_profile", "InitResult", "InitRefused",
     "estimate", "EstimateReport", "report", "Report", "hosts", "HostInfo", "watch", "Snapshot", "goodput",
-    "GoodputReport",
+    "GoodputReport", "HangSuspected",
 )
 """What ``fsdpctl.api`` offers as ``fsdpctl.<name>``."""
 

@@ -159,6 +159,8 @@ class Job:
     input_shape: tuple[Union[int, str], ...] = ()
     container: Optional[str] = None
     """The image the ranks run in (``--container``, else the job file's)."""
+    notify: Optional[Any] = None
+    """The job file's ``notify`` section (a NotifySpec), in the place of the profile's."""
 
 
 def parse_env_items(items: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -276,4 +278,4 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
                spares=spec.spares if spec else None,
                fetch=spec.fetch if spec else (), model=flags.model, wrap=flags.wrap,
                container=flags.container or (spec.container if spec else None),
-               input_shape=tuple(flags.input_shape))
+               input_shape=tuple(flags.input_shape), notify=spec.notify if spec else None)

@@ -51,11 +51,30 @@ def follow_in_background(root: Path) -> int:
     log = FollowerLog(live_dir(root) / LOG)
     log.write(f"following run {run.run_id} (pid {os.getpid()})")
     backend = backend_for_run(run)
+    emit, notifier = Emitter(log), _notifier(run, log)
     try:
-        follow_from_outside(backend, run, Emitter(log), signals=False, collect=True)
+        if notifier is not None:
+            notifier.attempt_started(run, "detached; followed in the background")
+        follow_from_outside(backend, run, notifier or emit, signals=False, collect=True)
     finally:
         backend.close()
+        if notifier is not None:
+            notifier.close()
     return 0
+
+
+def _notifier(run, log: FollowerLog):
+    """The notices of the profile's ``notify`` section, the secret URLs from the environment the
+    launcher left this process; None without one (or, said in the log, when its targets fail)."""
+    from ..errors import FsdpctlError
+    from .events import Emitter
+    from .notifying import notifier_for, notify_spec_of
+
+    try:
+        return notifier_for(notify_spec_of(run), Emitter(log), run)
+    except FsdpctlError as exc:
+        log.write(f"no notices: {exc.message}")
+        return None
 
 
 if __name__ == "__main__":

@@ -92,6 +92,17 @@ class RunEnded:
 
 
 @dataclass(frozen=True)
+class HangSuspected:
+    """The hang watchdog saw no progress for ``silent_s`` seconds; the stacks were read (``odd``: what
+    they say, in a line), and the run is ended (``stopping``) or left to go on."""
+
+    run_id: str
+    silent_s: float
+    odd: str
+    stopping: bool
+
+
+@dataclass(frozen=True)
 class Fetched:
     """Files brought back from the nodes: per node, the local files (empty: no such path there)."""
 
@@ -99,7 +110,7 @@ class Fetched:
 
 
 Event = Union[LogLine, Notice, HostChecked, PreflightStarted, PreflightFailed, RunStarted, AttemptStarting,
-              RunEnded, Fetched]
+              RunEnded, HangSuspected, Fetched]
 EventHandler = Callable[[Event], None]
 
 

@@ -13,6 +13,7 @@ from ..errors import PreflightError
 from ..rundir.state import Outcome
 from .events import (
     Emitter,
+    HangSuspected,
     HostChecked,
     PreflightFailed,
     PreflightStarted,
@@ -23,7 +24,7 @@ from .parent_run import end_status, mark_parent
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Follower, Preflight
-    from ..backends.hang_watch import HangWatch
+    from ..backends.hang_watch import HangVerdict, HangWatch
     from ..bundle import Payload
     from ..plan.types import LaunchPlan
     from ..rundir.rundir import RunDir
@@ -95,6 +96,8 @@ def follow(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, 
     from ..diagnose.hang import flight_after_failure, watch_for
 
     watch = watch_for(backend, run, act=act, echo=emit.notice)
+    if watch is not None:
+        watch.on_hang = _told(watch.on_hang, run.run_id, emit)
     if wrap_watch is not None:
         watch = wrap_watch(watch)
     outcome = follower.follow(emit, watch=watch, signals=signals, leave=leave)
@@ -107,6 +110,16 @@ def follow(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, 
     if outcome.interrupted_by is not None and not signals:
         raise KeyboardInterrupt
     return outcome
+
+
+def _told(on_hang: Callable[[float], HangVerdict], run_id: str, emit: Emitter) -> Callable[[float], HangVerdict]:
+    """The watchdog's handler, its verdict also said as a ``HangSuspected`` event."""
+
+    def judged(silent: float) -> HangVerdict:
+        verdict = on_hang(silent)
+        emit(HangSuspected(run_id, silent, verdict.failure.describe(), verdict.stop))
+        return verdict
+    return judged
 
 
 def follow_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals: bool,

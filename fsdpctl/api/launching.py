@@ -136,6 +136,7 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     from ..backends import backend_for
     from ..rundir.rundir import create_run
     from .estimate import memory_warning
+    from .notifying import notifier_for
     from .parent_run import mark_parent, with_parent_run
     from .restarting import run_attempt
 
@@ -144,6 +145,10 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
     memory = memory_warning(prepared)
     if memory is not None:
         emit.notice(f"warning: {memory}", "warning")
+    # Notice targets that cannot work stop the launch here, detached or not (a detached run's notices
+    # are its follower's to send), before the MLflow parent run is made.
+    notifier = notifier_for(prepared.loaded.profile.notify, emit, send=not detach)
+    emit = notifier or emit
     # The last step before anything starts (the scripts the preflight stages must carry its id).
     prepared = with_parent_run(prepared, emit)
     loaded, plan = prepared.loaded, prepared.plan
@@ -168,6 +173,8 @@ def start_prepared(prepared: Prepared, emit: Emitter, *, preflight: bool, detach
         raise
     finally:
         backend.close()  # the Run opens its connections again when asked
+        if notifier is not None:
+            notifier.close()
     return Run(run_dir, backend)
 
 

@@ -3,6 +3,7 @@ scripts rendered, nothing touched yet (``--dry-run`` stops here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,8 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         tokens_per_step=options.tokens_per_step, flops_per_token=options.flops_per_token,
         min_nodes=options.min_nodes, backend_options=backend_options(placer, options, job))
     loaded = with_container(loaded, job.container)  # the backend's probes ask inside the same image
+    if job.notify is not None:  # the job file's notices in the place of the profile's
+        loaded = dataclasses.replace(loaded, profile=dataclasses.replace(loaded.profile, notify=job.notify))
     if placer.queued and overrides.max_restarts:
         raise UsageError(f"--max-restarts: {placer.name} requeues a job itself", "use requeue=True (--requeue) instead")
     from ..hostpool.placing import place_hosts
@@ -231,6 +234,8 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
 
     warnings += tuple(f"{said}; the run goes on without it" for said in missing_writers(plan.export or {}))
     inputs = {**plan_inputs(loaded), "overrides": overrides_to_json(overrides), "exclude": list(options.exclude)}
+    if job.notify is not None:  # a detached run's follower and a resume read it back (notify_spec_of)
+        inputs["notify"] = dataclasses.asdict(job.notify)
     if placed is None:
         return Prepared(loaded, plan, placer.scripts(plan), job, inputs, warnings)
     warnings += tuple(f"{r.by} runs in the place of {r.host}, excluded: {r.why}" for r in placed.replacements)

@@ -61,8 +61,12 @@ class RecoveryClock(Emitter):
         self.inner.flush()
 
     def listen(self, collector: Collector) -> None:
-        """Take the training rows of the attempt ``collector`` reads (``fsdpctl.live.collector.listen``)."""
+        """Take the training rows of the attempt ``collector`` reads (``fsdpctl.live.collector.listen``),
+        and hand the collector to the emitter it wraps (a ``Notifier`` listens too)."""
         collector.on_rows(self.row)
+        hear = getattr(self.inner, "listen", None)
+        if callable(hear):
+            hear(collector)
 
     def restarted(self, run: RunDir, from_step: Optional[int]) -> None:
         """The next attempt (``run``) started from ``from_step``: its first training row records the

@@ -353,10 +353,12 @@ class Run:
         from .attempts import plan_resume
         from .events import Emitter
         from .following import start_attempt
+        from .notifying import notifier_for, notify_spec_of
         from .restarting import follow_with_restarts
 
         JobOptions(node_timeout=node_timeout, hang_timeout=hang_timeout, on_hang=on_hang, max_restarts=max_restarts)
-        emit = Emitter(on_event)
+        notifier = None if detach else notifier_for(notify_spec_of(self._dir), Emitter(on_event))
+        emit = notifier or Emitter(on_event)  # a detached attempt's follower process sends its notices
         backend = self.backend
         with attempt_lock(self._dir):  # one next attempt at a time: a second resume waits for none
             attempt = plan_resume(backend, self._dir, steps=steps, epochs=epochs, node_timeout=node_timeout,
@@ -374,5 +376,10 @@ class Run:
         assert started is not None  # a first preflight raises rather than return nothing
         self._dir, follower = started
         if not detach:
-            self._dir, _ = follow_with_restarts(backend, self._dir, follower, emit, signals=handle_signals, fetch=fetch)
+            try:
+                self._dir, _ = follow_with_restarts(backend, self._dir, follower, emit, signals=handle_signals,
+                                                    fetch=fetch)
+            finally:
+                if notifier is not None:
+                    notifier.close()
         return self

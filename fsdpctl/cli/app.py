@@ -18,6 +18,7 @@ from . import (
     init,
     launch,
     logs,
+    notify,
     profiles,
     render,
     report,
@@ -69,6 +70,7 @@ app.command(name="runs")(status.runs)
 app.command(name="render")(render.render)
 app.command(name="profiles")(profiles.profiles)
 app.command(name="hosts")(hosts.hosts)
+app.command(name="notify")(notify.notify)
 
 
 def report_error(exc: FsdpctlError) -> None:

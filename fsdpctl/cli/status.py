@@ -64,6 +64,8 @@ def status(
         typer.echo(f"  attempt {info.attempt}: {attempt_changes(info.replacements, info.recovery, info.resize)}")
     if info.restart:
         typer.echo(f"  attempt {info.attempt}: {restart_text(info.restart)}")
+    for note in info.notes:
+        typer.echo(f"  note: {note}")
     latest = latest_by_node(info.gpu_samples)
     for node in info.nodes:
         code = "" if node.exit_code is None else f" (exit {node.exit_code})"

@@ -28,6 +28,7 @@ SECTIONS: list[tuple[str, type]] = [
     ("export", schema.ExportSpec),
     ("export.wandb", schema.WandbSpec),
     ("export.mlflow", schema.MlflowSpec),
+    ("notify", schema.NotifySpec),
 ]
 JOB_SECTION = ("job files", schema.JobSpec)
 

@@ -247,6 +247,25 @@ def _restart_rules(restart: schema.RestartSpec):
     return None
 
 
+def _notify_rules(notify: schema.NotifySpec):
+    for i, url in enumerate(notify.urls):
+        scheme, sep, rest = url.partition("://")
+        if not sep or not scheme.isalnum() or not rest or any(c.isspace() for c in url):
+            return f"urls[{i}]", f"{url!r} is not an apprise URL", "give e.g. json://host:8080/hook or ntfy://ntfy.sh/topic"
+    for i, name in enumerate(notify.secrets):
+        if problem := schema.env_name_problem(name):
+            return f"secrets[{i}]", f"{name!r} {problem[0]}", problem[1]
+    if notify.command and not notify.command[0].strip():
+        return "command[0]", "is empty", "name the program, e.g. [/usr/local/bin/page-oncall]"
+    if len(set(notify.events)) != len(notify.events):
+        return "events", "names an event twice", "name each event once"
+    if not 1 <= notify.timeout <= 300:
+        return "timeout", f"{notify.timeout} is outside 1-300", "give the seconds one try may take, e.g. 10"
+    if not (notify.urls or notify.secrets or notify.command):
+        return "urls", "no target: no urls, secrets or command", "add urls: [json://host:8080/hook] (or secrets)"
+    return None
+
+
 def _elastic_fits(p: ClusterProfile):
     """``elastic`` against the nodes the profile names (a backend's own rules check its own count)."""
     from ..backends.registry import backend_class
@@ -290,5 +309,6 @@ RULES: dict[type, tuple] = {
     schema.SlurmSpec: (_slurm_rules,),
     schema.ElasticSpec: (_elastic_rules,),
     schema.RestartSpec: (_restart_rules,),
+    schema.NotifySpec: (_notify_rules,),
     ClusterProfile: (_profile_rules, _backend_rules),
 }

@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 from .container_spec import ContainerSpec  # noqa: F401 - a profile's section type
 from .elastic_spec import ElasticSpec  # noqa: F401 - a profile's section type
 from .export_spec import ExportSpec, MlflowSpec, WandbSpec  # noqa: F401 - a profile's section types
+from .notify_spec import NotifySpec  # noqa: F401 - a profile's section type
 from .restart_spec import STOP_SIGNALS, RestartSpec, StopSignal  # noqa: F401 - a profile's section type
 
 Device = Literal["auto", "cuda", "cpu"]
@@ -288,6 +289,8 @@ class JobSpec:
     when a foreground launch ends."""
     container: Optional[str] = None
     """The image the ranks run in on every node (over the profile's ``container.image``)."""
+    notify: Optional[NotifySpec] = None
+    """Notices of this job's runs, in the place of the profile's ``notify`` (see its fields)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -373,3 +376,5 @@ class ClusterProfile:
     ``batch_size``, ``fsdp``); command-line flags override them."""
     export: ExportSpec = field(default_factory=ExportSpec)
     """Where every run's numbers go live: TensorBoard, a Prometheus textfile, W&B, MLflow."""
+    notify: Optional[NotifySpec] = None
+    """Notices to people when a run starts, fails, restarts, finishes or hangs (see its fields)."""

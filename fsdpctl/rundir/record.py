@@ -97,6 +97,8 @@ class RunRecord:
     """This attempt failed: why it was or was not started again (``fsdpctl.api.restart_causes.Verdict``)."""
     stop_checkpoint: Optional[int] = None
     """Stopped: the step of the checkpoint the bundled workload saved at its end (``fsdpctl.api.stopping``)."""
+    notes: tuple[str, ...] = ()
+    """What went wrong beside the run, one line each, kept across attempts (a notice not sent)."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend keeps of the run (Slurm: ``job_id``, ``via``, ``slurm_output``, ``slurm_state``)."""
 
@@ -121,7 +123,8 @@ class RunRecord:
         return RunRecord(run_id=self.run_id, profile=self.profile, backend=self.backend, attempt=attempt,
                          run_dir_on_nodes=self.run_dir_on_nodes, num_nodes=self.num_nodes,
                          world_size=self.world_size, secrets=self.secrets, created_at=self.created_at,
-                         attempts=(*self.attempts, self.summary()), from_step=from_step, resumed_at=when)
+                         attempts=(*self.attempts, self.summary()), from_step=from_step, resumed_at=when,
+                         notes=self.notes)
 
     def summary(self) -> AttemptInfo:
         """This attempt as the next one's history keeps it."""
@@ -153,7 +156,7 @@ class RunRecord:
             "first_failure": self.first_failure, "attempt": self.attempt, "from_step": self.from_step,
             "attempts": self.attempts, "job": {"job_id": self.job_id} if self.job_id else {},
             "replacements": self.replacements, "recovery": self.recovery, "resize": self.resize,
-            "restart": self.restart, "stop_checkpoint": self.stop_checkpoint,
+            "restart": self.restart, "stop_checkpoint": self.stop_checkpoint, "notes": self.notes,
         }
         values.update(changes)
         return RunStatus(**values)
@@ -186,6 +189,8 @@ class RunRecord:
             data["recovery"] = self.recovery.to_json()
         if self.resize is not None:
             data["resize"] = self.resize.to_json()
+        if self.notes:
+            data["notes"] = list(self.notes)
         data.update({k: v for k, v in self.job.items() if k not in data})
         return data
 
@@ -208,6 +213,7 @@ class RunRecord:
             attempts=tuple(AttemptInfo.from_json(a) for a in data.get("attempts") or ()),
             replacements=tuple(Replacement.from_json(r) for r in data.get("replacements") or ()),
             recovery=Recovery.from_json(data.get("recovery")), resize=Resize.from_json(data.get("resize")),
+            notes=tuple(str(n) for n in data.get("notes") or ()),
             job={k: v for k, v in data.items() if k not in _KNOWN}, detached=bool(data.get("detached")),
             logs_complete=bool(data.get("logs_complete")), **values,
         )

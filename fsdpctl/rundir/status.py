@@ -244,6 +244,8 @@ class RunStatus:
     """This attempt failed: why it was or was not started again (``fsdpctl.api.restart_causes.Verdict``)."""
     stop_checkpoint: Optional[int] = None
     """Stopped: the step of the checkpoint the bundled workload saved at its end."""
+    notes: tuple[str, ...] = ()
+    """What went wrong beside the run, one line each (a notice not sent)."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """What the backend says of its job (Slurm: ``job_id``, ``slurm_state``, ``restarts``, how often it
     requeued the job), shown in ``--json`` beside the common fields."""
@@ -268,7 +270,7 @@ class RunStatus:
             "recovery": self.recovery.to_json() if self.recovery else None,
             "resize": self.resize.to_json() if self.resize else None,
             "restart": dict(self.restart) if self.restart else None,
-            "stop_checkpoint": self.stop_checkpoint,
+            "stop_checkpoint": self.stop_checkpoint, "notes": list(self.notes),
             "gpu_samples": list(self.gpu_samples),
         }
         data.update({k: v for k, v in self.job.items() if k not in data and v is not None})

@@ -42,10 +42,12 @@ def script(tmp_path: Path, body: str) -> Path:
     return path
 
 
-def argv_env(lab, tmp_path: Path, body: str) -> tuple[list[str], dict[str, str]]:
-    argv, env = fsdpctl(lab, tmp_path)
+def argv_env(lab, tmp_path: Path, body: str, env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The script's command line and environment (``env``: variables over fsdpctl's tests' own, such
+    as a secret that must reach the script only through its environment)."""
+    argv, base = fsdpctl(lab, tmp_path)
     python_at = argv.index(sys.executable)
-    return [*argv[:python_at], sys.executable, str(script(tmp_path, body))], env
+    return [*argv[:python_at], sys.executable, str(script(tmp_path, body))], {**base, **(env or {})}
 
 
 def reports(stdout: str) -> list[Any]:
@@ -62,8 +64,8 @@ def api(lab, tmp_path: Path, body: str, timeout: float = 300) -> tuple[list[Any]
 class Background:
     """A script of the API running in the background; its output goes to files."""
 
-    def __init__(self, lab, tmp_path: Path, body: str):
-        argv, env = argv_env(lab, tmp_path, body)
+    def __init__(self, lab, tmp_path: Path, body: str, env: dict[str, str] | None = None):
+        argv, env = argv_env(lab, tmp_path, body, env)
         self.out_path = tmp_path / f"api-out-{time.monotonic_ns()}"
         self.err_path = self.out_path.with_suffix(".err")
         with self.out_path.open("w") as out, self.err_path.open("w") as err:

@@ -4,6 +4,7 @@ link taken down between namespaces. Every test ends with no process of its run l
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -11,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_launch import processes_of, run, run_dir_of, start, wait_for_line, write_profile
+from tests.integration.test_launch import (
+    fsdpctl,
+    processes_of,
+    run,
+    run_dir_of,
+    start,
+    wait_for_line,
+    write_profile,
+)
+from tests.integration.test_resume import received, webhook_in
 
 pytestmark = pytest.mark.integration
 
@@ -89,11 +99,22 @@ def test_a_node_that_loses_its_network_is_declared_lost_and_stops_by_itself(lab,
 
 
 def test_a_detached_run_outlives_its_launcher_and_stop_still_ends_it(lab, tmp_path):
+    """Its follower, left behind, sends the run's notices (issue 63), the secret URL taken from the
+    environment the launcher gave it: started, the first step, and the end the stop made."""
     profile = write_profile(lab, tmp_path, steps=100000)
-    result = run(lab, tmp_path, "launch", "-p", str(profile), "--node-timeout", "3", "--detach")
-    assert result.returncode == 0, result.stderr[-2000:]
-    run_id = result.stdout.strip()
-    time.sleep(3 + 5)  # past the node timeout: a detached run is not bound by it
-    assert len(processes_of(run_id)) >= 4, "the detached run did not outlive its launcher"
-    assert run(lab, tmp_path, "stop", run_id).returncode == 0
-    assert gone_within(run_id, 15) is not None
+    profile.write_text(profile.read_text() + "notify:\n  secrets: [LAB_NOTIFY_URL]\n"
+                                             "  events: [started, first_step, failed, finished]\n")
+    out = lab.root / f"received-{tmp_path.name}.jsonl"
+    with webhook_in(lab, "n3", out) as port:
+        argv, env = fsdpctl(lab, tmp_path, "launch", "-p", str(profile), "--node-timeout", "3", "--detach")
+        env["LAB_NOTIFY_URL"] = f"json://{lab.hosts['n3'].address}:{port}/detached"
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        run_id = result.stdout.strip()
+        time.sleep(3 + 5)  # past the node timeout: a detached run is not bound by it
+        assert len(processes_of(run_id)) >= 4, "the detached run did not outlive its launcher"
+        assert run(lab, tmp_path, "stop", run_id).returncode == 0
+        assert gone_within(run_id, 15) is not None
+        notices = received(out, 3)
+    titles = [re.sub(r"\(\d+\)$", "(N)", n["body"]["title"].split(run_id)[1]) for n in notices]
+    assert titles == [" started (attempt 1)", " made its first step (N)", " stopped (exit 143)"], notices

@@ -8,16 +8,20 @@ step 10's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import secrets
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.integration.api_driver import Background, api
 from tests.integration.test_launch import (
     processes_of,
@@ -123,30 +127,83 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_o
     assert not processes_of(run_dir.name)
 
 
+@contextlib.contextmanager
+def webhook_in(lab, host: str, out: Path):
+    """A JSON webhook receiver inside ``host``'s namespace (tests.testbed.webhook); its port."""
+    port = 18080
+    receiver = subprocess.Popen(lab.in_host(host, [sys.executable, "-m", "tests.testbed.webhook",
+                                                   lab.hosts[host].address, str(port), str(out)]),
+                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        assert receiver.stdout.readline().strip() == "listening"
+        yield port
+    finally:
+        receiver.terminate()
+        receiver.wait(timeout=10)
+
+
+def received(out: Path, count: int, timeout: float = 20) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = out.read_text().splitlines() if out.exists() else []
+        if len(lines) >= count:
+            return [json.loads(line) for line in lines]
+        time.sleep(0.2)
+    raise AssertionError(f"the receiver got {out.read_text() if out.exists() else 'nothing'}")
+
+
 def test_max_restarts_starts_the_run_again_from_its_checkpoint_in_one_call(lab, tmp_path):
-    launcher = Background(lab, tmp_path, f"""
-        seen = []
-        run = fsdpctl.launch({str(write_profile(lab, tmp_path, steps=40))!r}, max_restarts=1, checkpoint_interval=10,
-                             log_interval=1, batch_size=8, seq_len=128, on_event=seen.append)
-        report({{"outcome": outcome_json(run.wait()), "attempt": run.attempt,
-                "restarts": [[e.attempt, e.last_attempt, e.from_step, e.after] for e in seen
-                             if isinstance(e, AttemptStarting)],
-                "rechecks": [e.recheck for e in seen if isinstance(e, PreflightStarted)]}})
-    """)
-    run_dir = run_dir_of(tmp_path)
-    kill_rank_on_node_2_after_step_15(run_dir)
-    code, reported, err = launcher.finish(timeout=300)
-    print(f"\n--- launch(max_restarts=1) ---\n{reported}")
+    """Also the notices (issue 63): a webhook receiver inside n3's namespace, named only by a secret
+    whose value holds a token, gets the run's events in order; a dead target in the subnet costs the
+    run nothing (the same result), and is noted once; the token is in no file."""
+    token = f"tok-{secrets.token_hex(8)}"
+    profile = write_profile(lab, tmp_path, steps=40)
+    profile.write_text(profile.read_text() + (
+        f"notify:\n  secrets: [LAB_NOTIFY_URL]\n  urls: [\"json://{lab.unused_address()}:18080/dead\"]\n"
+        f"  events: [started, failed, restarted, shrunk, grown, finished]\n  timeout: 2\n"))
+    out = lab.root / f"received-{tmp_path.name}.jsonl"
+    with webhook_in(lab, "n3", out) as port:
+        launcher = Background(lab, tmp_path, f"""
+            seen = []
+            run = fsdpctl.launch({str(profile)!r}, max_restarts=1, checkpoint_interval=10,
+                                 log_interval=1, batch_size=8, seq_len=128, on_event=seen.append)
+            report({{"outcome": outcome_json(run.wait()), "attempt": run.attempt,
+                    "restarts": [[e.attempt, e.last_attempt, e.from_step, e.after] for e in seen
+                                 if isinstance(e, AttemptStarting)],
+                    "rechecks": [e.recheck for e in seen if isinstance(e, PreflightStarted)]}})
+        """, env={"LAB_NOTIFY_URL": f"json://{lab.hosts['n3'].address}:{port}/hook/{token}"})
+        run_dir = run_dir_of(tmp_path)
+        kill_rank_on_node_2_after_step_15(run_dir)
+        code, reported, err = launcher.finish(timeout=300)
+        notices = received(out, 4)
+    print(f"\n--- launch(max_restarts=1) ---\n{reported}\n--- a notice as received ---\n"
+          f"{json.dumps(notices[1]['body'], indent=2)}")
     assert code == 0 and reported, err[-3000:]
     result = reported[0]
     assert result["outcome"]["ok"] and result["attempt"] == 2
-    assert result["restarts"] == [[2, 2, 10, f"rank 1 on {lab.hosts['n2'].address} exited 137 (SIGKILL)"]]
+    host = lab.hosts['n2'].address
+    assert result["restarts"] == [[2, 2, 10, f"rank 1 on {host} exited 137 (SIGKILL)"]]
     assert result["rechecks"] == [False, True]
     losses, _ = metrics(run_dir)
     assert sorted(losses) == list(range(1, 41))
     record = json.loads((run_dir / "run.json").read_text())
     assert record["attempt"] == 2 and record["state"] == "succeeded"
     assert not processes_of(run_dir.name)
+
+    assert [n["path"] for n in notices] == [f"/hook/{token}"] * len(notices)
+    bodies = [n["body"] for n in notices]
+    assert [b["message"].splitlines()[0] for b in bodies] == [
+        "event: started", "event: failed", "event: restarted", "event: finished"]
+    assert bodies[0]["title"] == f"fsdpctl: run {run_dir.name} started (attempt 1)"
+    assert f"first failure: rank 1 on {host} exited 137 (SIGKILL)" in bodies[1]["message"]
+    assert "from step: 10" in bodies[2]["message"] and "steps: 40" in bodies[3]["message"]
+    assert (bodies[1]["type"], bodies[3]["type"]) == ("failure", "success")
+    [note] = record["notes"]
+    assert note.startswith(f"notify: a started notice to urls[0] json://{lab.unused_address()}:18080 was not sent")
+    assert f"  note: {note}" in run(lab, tmp_path, "status", run_dir.name).stdout
+    holding = [str(p) for p in tmp_path.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert not holding, f"the secret URL's token was written to {holding}"
 
 
 def test_a_program_error_that_repeats_ends_after_one_retry_and_an_exit_code_to_restart_on_gets_every_restart(

@@ -125,6 +125,7 @@ def test_diagnosis_sits_above_the_backends():
     ("submitit", {"fsdpctl.backends.slurm.via_submitit", "fsdpctl.workload.slurm_task"}),
     ("jinja2", {"fsdpctl.plan.render"}),
     ("yaml", {"fsdpctl.profiles.loader"}),
+    ("apprise", {"fsdpctl.notify.apprise_send"}),
 ])
 def test_a_third_party_library_has_one_home(library, homes):
     users = {m for m in MODULES if library in third_party(m)}
@@ -161,7 +162,7 @@ def test_help_imports_no_heavy_library():
             main(["--help"])
         except SystemExit as exc:
             assert exc.code == 0, exc.code
-        print("LOADED", sorted(m for m in ("torch", "paramiko", "submitit", "jinja2", "yaml", "numpy")
+        print("LOADED", sorted(m for m in ("torch", "paramiko", "submitit", "jinja2", "yaml", "numpy", "apprise")
                               if m in sys.modules))
         """)
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
