@@ -16,7 +16,7 @@ NEEDS_A_PERSON: tuple[NotifyEvent, ...] = ("failed", "restarted", "shrunk", "gro
 class NotifySpec:
     """Notices of a run's events, sent by the process that follows it (the launcher, or a detached
     run's follower) from a thread of their own: a slow or dead target never slows or fails the run.
-    A send that fails is tried 3 times (1 s, 2 s, 4 s apart), then noted once in run.json's
+    A send that fails is tried 3 times (1 s, then 2 s apart), then noted once in run.json's
     ``notes``. ``fsdpctl notify --test -p PROFILE`` sends one to every target and says what came back."""
 
     urls: tuple[str, ...] = ()
