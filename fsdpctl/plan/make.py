@@ -231,6 +231,10 @@ def _nodes(plan: LaunchPlan, profile: ClusterProfile, overrides: Overrides, plac
     nodes = []
     for rank, target in enumerate(placement.nodes):
         nproc = _node_nproc(profile, overrides, target.gpus, target)
+        if target.chosen_gpus and nproc.isdigit() and int(nproc) > len(target.chosen_gpus):
+            raise UsageError(f"--nproc-per-node {nproc}: {target.host} runs on {len(target.chosen_gpus)} chosen GPU(s) "
+                             f"({','.join(map(str, target.chosen_gpus))})",
+                             f"give --nproc-per-node {len(target.chosen_gpus)} or less, or choose more GPUs")
         env = interface_env(target.interface) if target.interface else {}
         env.update(chosen_gpus_env(target.chosen_gpus, plan.env))
         nodes.append(NodeSpec(

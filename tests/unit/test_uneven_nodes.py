@@ -53,6 +53,8 @@ def test_chosen_gpus_set_cuda_visible_devices_in_nvidia_smis_order():
     own = profile("  - {host: 10.0.0.1, gpus: [1, 3], nproc: 1}\n", "env: {CUDA_DEVICE_ORDER: FASTEST_FIRST}\n")
     node = plan_of(own).nodes[0]
     assert node.nproc == "1" and "CUDA_DEVICE_ORDER" not in node.env
+    with pytest.raises(UsageError, match=r"--nproc-per-node 3: 10.0.0.1 runs on 2 chosen GPU\(s\) \(1,3\)"):
+        plan_of(own, nproc_per_node=3)
 
 
 @pytest.mark.parametrize(("hosts", "rest", "said"), [
