@@ -113,6 +113,7 @@ def test_a_detached_run_outlives_its_launcher_and_stop_still_ends_it(lab, tmp_pa
         run_id = result.stdout.strip()
         time.sleep(3 + 5)  # past the node timeout: a detached run is not bound by it
         assert len(processes_of(run_id)) >= 4, "the detached run did not outlive its launcher"
+        received(out, 2, timeout=120)  # started, and its first step (a loaded machine takes a while to step)
         assert run(lab, tmp_path, "stop", run_id).returncode == 0
         assert gone_within(run_id, 15) is not None
         notices = received(out, 3)
