@@ -13,7 +13,8 @@ from .message import Message
 INSTALL = "pip install 'fsdpctl[notify]' (or: pip install apprise)"
 """The fix when apprise is missing."""
 
-_LEVELS = {"info": "info", "success": "success", "warning": "warning", "failure": "failure"}
+_LEVELS = ("info", "success", "warning", "failure")
+"""apprise's notify types, by the names ``Message.level`` uses."""
 
 
 class SendFailed(Exception):
@@ -80,7 +81,8 @@ def send(url: str, notice: Message, timeout: float) -> None:
             if hasattr(plugin, name):
                 setattr(plugin, name, float(timeout))
         sent = plugin.notify(body=notice.body, title=notice.title,
-                             notify_type=getattr(apprise.NotifyType, _LEVELS.get(notice.level, "info").upper()))
+                             notify_type=getattr(apprise.NotifyType,
+                                                     (notice.level if notice.level in _LEVELS else "info").upper()))
         if not sent:
             said = heard.lines.get(me) or ["apprise could not send it (no reason given)"]
             raise SendFailed("; ".join(said[-2:]))

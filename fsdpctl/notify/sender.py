@@ -1,6 +1,6 @@
 """Sending notices without holding up the run: one daemon thread per target, each with a bounded
 queue, so a dead or slow target delays neither the run nor the other targets. ``put`` never blocks
-(a full queue drops its oldest notice, counted); a failed try is tried again after 1 s, 2 s, 4 s;
+(a full queue drops its oldest notice, counted); a failed send is tried again after 1 s, then 2 s;
 a notice still not sent is given up and reported through ``on_given_up`` once per target (later
 ones are only counted). ``close`` gives what is queued a few seconds at most (none to a target that
 already gave a notice up), then lets go."""
@@ -18,8 +18,8 @@ from .targets import SendFailed, Target
 
 CAPACITY = 64
 """Notices queued per target; past it the oldest is dropped (a run that floods them is a bug)."""
-BACKOFF = (1.0, 2.0, 4.0)
-"""Seconds between tries: a notice is tried len(BACKOFF) times, the last wait being unused."""
+BACKOFF = (1.0, 2.0)
+"""Seconds to wait after each failed try but the last: a notice is tried len(BACKOFF) + 1 times."""
 CLOSE_SECONDS = 5.0
 """The most a run's end waits for its last notices."""
 
@@ -66,12 +66,12 @@ class Lane:
             else:
                 self.given_up += 1
                 self.note(f"notify: a {notice.event} notice to {self.target.name} was not sent after "
-                          f"{len(self.backoff)} tries: {error}")
+                          f"{len(self.backoff) + 1} tries: {error}")
 
     def _try(self, notice: Message) -> Optional[str]:
         """Send with retries; None once sent, else the last try's reason."""
         error = "not tried"
-        for attempt, wait in enumerate(self.backoff):
+        for wait in (*self.backoff, None):
             try:
                 self.target.send(notice, self.timeout)
                 return None
@@ -79,7 +79,7 @@ class Lane:
                 error = str(exc)
             except Exception as exc:  # noqa: BLE001 - whatever a target raises, the run must not hear of it
                 error = f"{type(exc).__name__}: {exc}"
-            if attempt + 1 < len(self.backoff) and self.abandon.wait(wait):
+            if wait is None or self.abandon.wait(wait):
                 break
         return error
 

@@ -90,7 +90,7 @@ def test_a_dead_target_is_tried_three_times_noted_once_and_delays_neither_the_ca
         dead = AppriseTarget("secret DEAD", f"json://127.0.0.1:{free_port()}/tok-abcdef",
                              ("tok-abcdef",))
         sender = Sender([dead, AppriseTarget("urls[0]", f"json://127.0.0.1:{receiver.port}/")],
-                        on_given_up=lambda target, text: notes.append((target, text)), backoff=(0.2, 0.2, 0.2))
+                        on_given_up=lambda target, text: notes.append((target, text)), backoff=(0.2, 0.2))
         began = time.monotonic()
         for event in ("started", "failed", "finished"):
             sender.put(message(event, "lab-1", event, {}))
