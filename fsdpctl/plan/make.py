@@ -152,8 +152,8 @@ def _node_nproc(profile: ClusterProfile, overrides: Overrides, gpus: Optional[in
     profile's ``nproc_per_node``, else its GPU count (``gpu``: torchrun counts them at start)."""
     if overrides.nproc_per_node is not None:
         return str(overrides.nproc_per_node)
-    if target is not None and (target.nproc or target.chosen_gpus):
-        return str(target.nproc or len(target.chosen_gpus))
+    if target is not None and target.own_nproc:
+        return str(target.own_nproc)
     if isinstance(profile.nproc_per_node, int):
         return str(profile.nproc_per_node)
     if gpus is not None:

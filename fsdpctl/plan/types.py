@@ -189,6 +189,11 @@ class NodeTarget:
     chosen_gpus: tuple[int, ...] = ()
     """The GPUs its ranks use, by index (``hosts[].gpus`` as a list); empty: every GPU."""
 
+    @property
+    def own_nproc(self) -> Optional[int]:
+        """Its processes as its host says them (``nproc``, else one per chosen GPU); None: the run's."""
+        return self.nproc or len(self.chosen_gpus) or None
+
 
 @dataclass(frozen=True, kw_only=True)
 class PlanContext:

@@ -34,7 +34,7 @@ from ...live.layout import collector_alive
 from ...metrics.gpu_samples import GPU_SAMPLES_SHOWN, newest_samples, newest_text
 from ...node.stacks import answer_of
 from ...plan.make import container_plan
-from ...plan.types import LaunchPlan, Overrides, PlanContext
+from ...plan.types import LaunchPlan, Overrides, Placement, PlanContext
 from ...profiles.schema import ClusterProfile, HostSpec
 from ...rundir.attempts import attempt_folder
 from ...rundir.lines import ranks_in_log, read_merged
@@ -106,8 +106,7 @@ class NodesBackend(Backend):
         """Probe every node (default: the profile's, as a run would be placed) and diff them."""
         if nodes is None or master is None or python is None:
             placed = self.placement(self.profile, Overrides(), PlanContext.here("doctor"))
-            nodes = [NodeProbe(rank, self.connection(t), t.interface, t.nproc or len(t.chosen_gpus) or None,
-                               t.chosen_gpus) for rank, t in enumerate(placed.nodes)]
+            nodes = self._probes(placed)
             master = (next(i for i, t in enumerate(placed.nodes) if t.host == placed.master_host), placed.master_addr)
             python = host_python(self.profile, placed.python)
         raise_open_files(len(nodes))
@@ -119,14 +118,18 @@ class NodesBackend(Backend):
                           concurrency=request.concurrency, on_host=on_host, runner=runner,
                           port_sessions=port_sessions)
 
+    def _probes(self, placed: Placement) -> list[NodeProbe]:
+        """A probe per placed node, with its own process count and chosen GPUs."""
+        return [NodeProbe(rank, self.connection(t), t.interface, t.own_nproc, t.chosen_gpus)
+                for rank, t in enumerate(placed.nodes)]
+
     def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None
                     ) -> DoctorReport:
         """doctor's fast checks on ``hosts`` placed as a run of the profile would place them."""
         alone = dataclasses.replace(self.profile, hosts=tuple(hosts), spares=(),
                                     rendezvous=dataclasses.replace(self.profile.rendezvous, host=None))
         placed = self.placement(alone, Overrides(), PlanContext.here("check"))
-        nodes = [NodeProbe(rank, self.connection(t), t.interface, t.nproc or len(t.chosen_gpus) or None,
-                           t.chosen_gpus) for rank, t in enumerate(placed.nodes)]
+        nodes = self._probes(placed)
         health = self.profile.health  # a spare, or an excluded host put back, has its GPUs asked too
         request = DoctorRequest(port=0, timeout=probe_timeout(container_plan(self.profile), PREFLIGHT_TIMEOUT),
                                 port_check=False,
