@@ -6,6 +6,7 @@ Without a command the bundled workload runs, and none of this applies.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from collections.abc import Mapping
@@ -40,6 +41,9 @@ class JobOptions:
     the ranks only (never a file, a command line or a log)."""
     requirements: Optional[Path] = None
     """A requirements.txt every node must meet, with the same versions everywhere."""
+    env_from: Optional[Path] = None
+    """A uv.lock, pyproject.toml or requirements.txt: the environment made on every node, over the
+    profile's (or the job file's) ``environment.file``."""
     workload: Mapping[str, Any] = field(default_factory=dict)
     """Settings of the bundled workload (``fsdp=2, steps=20, lr=1e-3``); not with a command."""
     nproc_per_node: Optional[int] = None
@@ -161,6 +165,8 @@ class Job:
     """The image the ranks run in (``--container``, else the job file's)."""
     notify: Optional[Any] = None
     """The job file's ``notify`` section (a NotifySpec), in the place of the profile's."""
+    environment: Optional[Any] = None
+    """The job file's ``environment`` section (an EnvironmentSpec, its file made absolute)."""
 
 
 def parse_env_items(items: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -247,7 +253,8 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
                              "add your program after --, e.g. -- train.py --epochs 3")
         requirements = read_requirements(flags.requirements) if flags.requirements else ()
         return Job(env=dict(flags.env), secrets=flags.secrets, requirements=requirements,
-                   container=flags.container or (spec.container if spec else None))
+                   container=flags.container or (spec.container if spec else None),
+                   environment=_job_environment(loaded))
     from .bundle import DEFAULT_CODE_LIMIT_MB, collect_code
 
     limit = (flags.code_limit_mb or (spec.code_limit_mb if spec else DEFAULT_CODE_LIMIT_MB)) * 1_000_000
@@ -278,4 +285,15 @@ def resolve_job(flags: JobOptions, cwd: Path) -> Job:
                spares=spec.spares if spec else None,
                fetch=spec.fetch if spec else (), model=flags.model, wrap=flags.wrap,
                container=flags.container or (spec.container if spec else None),
-               input_shape=tuple(flags.input_shape), notify=spec.notify if spec else None)
+               input_shape=tuple(flags.input_shape), notify=spec.notify if spec else None,
+               environment=_job_environment(loaded))
+
+
+def _job_environment(loaded: Any) -> Optional[Any]:
+    """The job file's environment section, its paths made absolute (they are relative to the file)."""
+    spec = loaded.job.environment if loaded is not None else None
+    if spec is None:
+        return None
+    return dataclasses.replace(spec, file=str(loaded.resolve(spec.file)) if spec.file else None,
+                               find_links=tuple(link if "://" in link else str(loaded.resolve(link))
+                                                for link in spec.find_links))

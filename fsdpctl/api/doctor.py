@@ -46,9 +46,11 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
     from ..container.runtime import probe_timeout
     from ..hostcheck.fanout import health_args
     from ..hostcheck.requirements import read_requirements
+    from ..job import Job, JobOptions
     from ..plan.make import auto_port, container_plan
     from ..rundir.paths import new_run_id
     from ..workload import REQUIREMENTS
+    from .prepare import environment_of
 
     loaded = with_container(load_profile(profile), container)
     prof = loaded.profile
@@ -64,7 +66,8 @@ def doctor(profile: ProfileLike, *, deep: bool = False, timeout: float = 20.0, c
     request = DoctorRequest(port=port, deep=deep, timeout=timeout,
                             concurrency=concurrency, port_check=port_check, nproc=nproc,
                             requirements=(*REQUIREMENTS, *lines),
-                            extra=health_args(health, busy, prof.health.preflight))
+                            extra=health_args(health, busy, prof.health.preflight),
+                            environment=environment_of(loaded, Job(), JobOptions()))
     backend = backend_for(prof)
     try:
         report = backend.doctor(request, on_host=lambda host: emit(HostChecked(host)))

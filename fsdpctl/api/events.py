@@ -103,6 +103,14 @@ class HangSuspected:
 
 
 @dataclass(frozen=True)
+class EnvironmentProgress:
+    """Bytes of wheels sent to the nodes for their environment so far, of ``total`` (every node together)."""
+
+    sent: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Fetched:
     """Files brought back from the nodes: per node, the local files (empty: no such path there)."""
 
@@ -110,7 +118,7 @@ class Fetched:
 
 
 Event = Union[LogLine, Notice, HostChecked, PreflightStarted, PreflightFailed, RunStarted, AttemptStarting,
-              RunEnded, HangSuspected, Fetched]
+              RunEnded, HangSuspected, Fetched, EnvironmentProgress]
 EventHandler = Callable[[Event], None]
 
 

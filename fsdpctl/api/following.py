@@ -35,6 +35,8 @@ def check(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *
     """doctor's fast checks on the plan's nodes (the agents stage the payload on the way). A first
     preflight that fails raises PreflightError; a re-check that fails says so with an event and is
     returned (``ok`` false, nothing left staged)."""
+    if plan.environment is not None:  # first: the preflight judges the ranks' own Python
+        make_environment(backend, plan, emit)
     emit(PreflightStarted(plan.num_nodes, recheck))
     found = backend.preflight(plan, payload, on_host=lambda host: emit(HostChecked(host)))
     if found.report is not None:
@@ -51,6 +53,22 @@ def check(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *
     return found
 
 
+def make_environment(backend: Backend, plan: LaunchPlan, emit: Emitter) -> None:
+    """The plan's environment on every node before anything else runs there, each node's part said."""
+    from ..rundir.timeline import timeline_for
+    from .events import EnvironmentProgress
+
+    assert plan.environment is not None
+    line = timeline_for(plan.run_id, plan.attempt)
+    with line.span("environment"):
+        made = backend.make_environment(plan, on_bytes=lambda sent, total: emit(EnvironmentProgress(sent, total)),
+                                        on_node=lambda node: emit.notice(f"{node.host}: {node.describe()}"))
+    removed = sum(len(node.removed) for node in made)
+    if removed:
+        emit.notice(f"environment: {removed} older environment(s) removed from the nodes "
+                    f"(keep: {plan.environment.keep})")
+
+
 def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
                   open_run: Callable[[], RunDir], detached: bool, preflight: bool = True,
                   recheck: bool = False, checked: Optional[Preflight] = None) -> Optional[tuple[RunDir, Follower]]:
@@ -60,6 +78,8 @@ def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Em
     process of its own, ``background``). None when a re-check failed: nothing was started."""
     if checked is None and preflight:
         checked = check(backend, plan, payload, emit, recheck=recheck)
+    elif checked is None and plan.environment is not None:
+        make_environment(backend, plan, emit)
     if checked is not None and not checked.ok:
         return None
     try:

@@ -42,7 +42,7 @@ def build_options(command: Optional[Command] = None, **values: Any) -> JobOption
         options["exclude"] = (options["exclude"],)
     if "exclude" in options:
         options["exclude"] = tuple(options["exclude"])
-    for name in ("code", "requirements"):
+    for name in ("code", "requirements", "env_from"):
         if name in options:
             options[name] = Path(options[name]).expanduser()
     workload = dict(values.pop("workload", None) or {})

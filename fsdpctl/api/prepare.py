@@ -146,6 +146,22 @@ def backend_options(placer: type[Backend], options: JobOptions, job: Job) -> dic
             if (value := given.get(name) if given.get(name) is not None else from_job.get(name)) is not None}
 
 
+def environment_of(loaded: LoadedProfile, job: Any, options: JobOptions) -> Optional[Any]:
+    """The environment the nodes make (an EnvPlan): ``--env-from`` over the job file's section over the
+    profile's; None without one. Not with a container: an image holds its own."""
+    from ..environment.inputs import env_plan_of, spec_from_flag
+
+    spec = spec_from_flag(options.env_from, job.environment or loaded.profile.environment)
+    if spec is None:
+        return None
+    if job.container or loaded.profile.container is not None:
+        raise UsageError("environment: beside a container, whose image holds its own environment",
+                         "drop --container (or the environment), or build the image from your lock")
+    where = "--env-from" if options.env_from else "job: environment" if job.environment else \
+        f"{loaded.path}: environment"
+    return env_plan_of(spec, loaded.path.parent, where)
+
+
 def with_container(loaded: LoadedProfile, image: Optional[str]) -> LoadedProfile:
     """The profile with ``image`` (``--container``) over its ``container.image`` (a container section
     of the default runtime when it has none)."""
@@ -205,7 +221,8 @@ def prepare_run(profile: Optional[ProfileLike], options: JobOptions, *, backend:
         allow_busy_gpus=options.allow_busy_gpus, container_image=job.container,
         tensorboard=options.tensorboard, prometheus=options.prometheus, telemetry=options.telemetry,
         tokens_per_step=options.tokens_per_step, flops_per_token=options.flops_per_token,
-        min_nodes=options.min_nodes, backend_options=backend_options(placer, options, job))
+        min_nodes=options.min_nodes, backend_options=backend_options(placer, options, job),
+        environment=environment_of(loaded, job, options))
     loaded = with_container(loaded, job.container)  # the backend's probes ask inside the same image
     if job.notify is not None:  # the job file's notices in the place of the profile's
         loaded = dataclasses.replace(loaded, profile=dataclasses.replace(loaded.profile, notify=job.notify))

@@ -64,6 +64,9 @@ class DoctorRequest:
     """Distributions the job imports (``numpy``, ``transformers==4.40``): installed on every node, same versions."""
     extra: dict[str, Any] = field(default_factory=dict)
     """More the probe is asked on every node (``init``: the route to the master, Pythons with torch)."""
+    environment: Any = None
+    """The profile's environment (an EnvPlan not yet placed): each node is judged in it where it is
+    made, and told that launch will make it where it is not."""
 
 
 @dataclass
@@ -222,6 +225,17 @@ class Backend(ABC):
                   on_host: Callable[[HostReport], None] | None = None) -> Preflight:
         """The fast checks before starting ``plan``; ``payload`` may be staged on the way (default: none)."""
         return Preflight()
+
+    def make_environment(self, plan: LaunchPlan, on_bytes: Callable[[int, int], None] | None = None,
+                         on_node: Callable[[Any], None] | None = None) -> list[Any]:
+        """Make ``plan.environment`` on every node of the plan (or find it made): a NodeEnv each."""
+        raise UsageError(f"environment: backend {self.name} does not make environments on its nodes yet",
+                         "make it there by hand and set python: to it, or run through the ssh backend")
+
+    def node_environments(self, environment: Any, *, prune: bool, keep: int) -> list[dict[str, Any]]:
+        """What each node holds under the environment's root (``fsdpctl env``), pruned first with ``prune``."""
+        raise UsageError(f"environment: backend {self.name} does not make environments on its nodes yet",
+                         "look at its nodes by hand")
 
     def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None
                     ) -> DoctorReport:

@@ -12,6 +12,7 @@ from ..errors import FsdpctlError, PreflightError
 from . import (
     dashboard,
     doctor,
+    env,
     estimate,
     fetch,
     hosts,
@@ -71,6 +72,7 @@ app.command(name="render")(render.render)
 app.command(name="profiles")(profiles.profiles)
 app.command(name="hosts")(hosts.hosts)
 app.command(name="notify")(notify.notify)
+app.command(name="env")(env.env)
 
 
 def report_error(exc: FsdpctlError) -> None:

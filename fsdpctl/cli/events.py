@@ -14,6 +14,7 @@ import typer
 
 from ..api.events import (
     AttemptStarting,
+    EnvironmentProgress,
     Event,
     Fetched,
     HostChecked,
@@ -103,6 +104,8 @@ class EventPrinter:
             self.summary(event.run_id, event.outcome, event.run_dir)
         elif isinstance(event, Fetched):
             show_fetched(event.files)
+        elif isinstance(event, EnvironmentProgress):
+            show_bytes(event.sent, event.total)
 
     def started_run(self, event: RunStarted) -> None:
         if (event.detached or self.run_id_on_stdout) and not self.announced:
@@ -247,6 +250,19 @@ class EventPrinter:
         for text in failure.last_lines:
             typer.echo(f"    {text}", err=True)
         typer.echo(f"  logs in {run_dir}", err=True)
+
+
+def show_bytes(sent: int, total: int) -> None:
+    """The wheels sent to the nodes so far, as a bar on stderr (redrawn in place on a terminal; at the
+    end only, elsewhere)."""
+    width = 30
+    done = min(width, int(width * sent / total)) if total else width
+    text = f"sending wheels [{'#' * done}{'.' * (width - done)}] {sent / 1e6:.0f}/{total / 1e6:.0f} MB"
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r{text}" + ("\n" if sent >= total else ""))
+        sys.stderr.flush()
+    elif sent >= total:
+        say(text)
 
 
 def show_fetched(fetched: dict[str, list[str]]) -> None:

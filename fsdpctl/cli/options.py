@@ -40,6 +40,10 @@ JOB = {
     "requirements": (Optional[Path], typer.Option(None, "--requirements", help="A requirements.txt every node must "
                                                   "meet, with the same versions on every node (checked by the "
                                                   "preflight).")),
+    "env_from": (Optional[Path], typer.Option(None, "--env-from", metavar="FILE", help="A uv.lock, pyproject.toml or "
+                                              "requirements.txt: fsdpctl makes that environment on every node (cached "
+                                              "there) and runs the ranks in it (over the profile's "
+                                              "environment.file).")),
 }
 # The workload settings worth a flag of their own; every other one goes through --set or the profile.
 WORKLOAD = {
@@ -142,6 +146,7 @@ class Flags:
                  "code": self.values.get("code"), "no_code": self.values.get("no_code", False),
                  "chdir": self.values.get("chdir"), "code_limit_mb": self.values.get("code_limit"), "env": env,
                  "secrets": secrets, "requirements": self.values.get("requirements"), "workload": self.workload(),
+                 "env_from": self.values.get("env_from"),
                  "nproc_per_node": self.values.get("nproc_per_node"), "master_port": self.values.get("master_port"),
                  "debug": self.values.get("debug", False), "hang_timeout": self.values.get("hang_timeout"),
                  "container": self.values.get("container"), "tensorboard": self.values.get("tensorboard"),

@@ -51,6 +51,8 @@ class HostJob:
     """Its own process count, where nodes differ (None: the run's)."""
     gpus: tuple[int, ...] = ()
     """The GPUs its ranks use, by index (empty: every GPU)."""
+    python: Optional[str] = None
+    """The Python its probe runs with, where it is not the run's (an environment made there already)."""
 
 
 def probe_args(profile: ClusterProfile, deep: bool, requirements: Sequence[str]) -> dict[str, Any]:
@@ -117,7 +119,7 @@ ProbeRunner = Callable[[HostJob, float], tuple[int, str, str]]
 
 def run_probe_command(job: HostJob, python: str, timeout: float) -> tuple[int, str, str]:
     """The probe as a command of its own (doctor)."""
-    return job.transport.run(probe_command(python, job.args), timeout)
+    return job.transport.run(probe_command(job.python or python, job.args), timeout)
 
 
 def probe_host(job: HostJob, python: str, timeout: float, profile: ClusterProfile,

@@ -287,6 +287,11 @@ def make_plan(
     container = container_plan(profile, overrides.container_image)
     if container is not None:  # ``python`` is the image's; the hosts' own runs fsdpctl's helpers
         placement = dataclasses.replace(placement, python=profile.python or "python3")
+    environment = None
+    if overrides.environment is not None and container is None:  # the ranks' Python is the environment's
+        environment = overrides.environment.named(overrides.environment.root or join_path(placement.workdir, "envs"),
+                                                  placement.python)
+        placement = dataclasses.replace(placement, python=environment.python)
     train, entry, chdir, requirements = _job(profile, overrides, placement)
     env = _env(profile, overrides.debug, run_id, chdir, overrides.attempt)
     export, export_env, export_requirements = export_plan(
@@ -323,6 +328,7 @@ def make_plan(
         max_restarts=placement.max_restarts if placement.max_restarts is not None
         else overrides.max_restarts if overrides.max_restarts is not None else profile.max_restarts,
         entry=entry, container=container, export=export, rdzv_timeout=profile.rendezvous.timeout, elastic=elastic,
+        environment=environment,
     )
     nodes = _nodes(plan, profile, overrides, placement)
     counts = [n.nproc for n in nodes] or [nproc] * plan.num_nodes

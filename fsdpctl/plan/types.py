@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
+from .environment import EnvPlan, env_plan_from_json
+
 if TYPE_CHECKING:
     from ..profiles.schema import ClusterProfile
 
@@ -90,6 +92,8 @@ class Overrides:
     """How often an elastic run's node count changed before this attempt (``FSDPCTL_ELASTIC_ATTEMPT``)."""
     batch_limit: Optional[int] = None
     """The largest per-rank batch the bundled workload may take on fewer nodes (``estimate``'s choice)."""
+    environment: Optional[EnvPlan] = None
+    """The environment made on every node (``environment:``, ``--env-from``), its files read."""
 
 
 _LEGACY_OPTION_PREFIX = "slurm_"
@@ -111,6 +115,7 @@ def overrides_from_json(data: dict[str, Any]) -> Overrides:
         data[name] = tuple(data.get(name) or ())
     if data.get("code"):
         data["code"] = _code_plan(data["code"])
+    data["environment"] = env_plan_from_json(data.get("environment"))
     return Overrides(**data)
 
 
@@ -345,6 +350,8 @@ class LaunchPlan:
     elastic: Mapping[str, Any] = field(default_factory=dict)
     """An elastic run (``fsdpctl.plan.elastic``): ``min_nodes``, ``full_nodes`` (its full size),
     ``changes`` (how often its node count changed), ``recheck``, ``grow_batch``; empty: not elastic."""
+    environment: Optional[EnvPlan] = None
+    """The environment every node makes before its ranks start, in which they run (``python`` is its)."""
 
     @property
     def host_python(self) -> str:
@@ -373,7 +380,8 @@ def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
                          "secrets": tuple(data.get("secrets", ())),
                          "entry": tuple(data.get("entry", ())),
                          "code": _code_plan(data["code"]) if data.get("code") else None,
-                         "container": container_from_json(data.get("container"))})
+                         "container": container_from_json(data.get("container")),
+                         "environment": env_plan_from_json(data.get("environment"))})
 
 
 _LEGACY_PLAN_KEY = "slurm"

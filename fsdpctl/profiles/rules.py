@@ -3,6 +3,8 @@ fields that only make sense together. Each rule returns (field, problem, fix) or
 
 from __future__ import annotations
 
+import re
+
 from . import schema
 from .schema import ClusterProfile, HostSpec
 
@@ -185,6 +187,9 @@ def _profile_rules(p: ClusterProfile):
             return f"setup[{i}]", "contains a newline or NUL", "write one command per list item"
     if p.python is not None and (not p.python.strip() or any(c in p.python for c in "\n\0")):
         return "python", f"{p.python!r} is not an interpreter path", "give e.g. /opt/venv/bin/python"
+    if p.environment is not None and p.container is not None:
+        return ("environment", "beside container: an image holds its own environment",
+                "drop one (build the image from your lock, or drop container:)")
     if problem := _secrets_problem(p.secrets, p.env):
         return problem
     if not 3 <= p.node_timeout <= 86400:
@@ -266,6 +271,20 @@ def _notify_rules(notify: schema.NotifySpec):
     return None
 
 
+_TORCH_BACKEND = re.compile(r"^(auto|none|cpu|xpu|cu\d{3}|rocm\d+(\.\d+)*)$")
+
+
+def _environment_rules(environment: schema.EnvironmentSpec):
+    if not (environment.file or environment.packages):
+        return "file", "names neither file nor packages", "give file: uv.lock (or requirements.txt), or packages: [...]"
+    backend = environment.torch_backend
+    if not _TORCH_BACKEND.match(backend):
+        return "torch_backend", f"{backend!r} is not a build of torch", "give auto, none, cpu, or e.g. cu128"
+    if not 1 <= environment.keep <= 100:
+        return "keep", f"{environment.keep} is outside 1-100", "give how many environments a node keeps, e.g. 3"
+    return None
+
+
 def _elastic_fits(p: ClusterProfile):
     """``elastic`` against the nodes the profile names (a backend's own rules check its own count)."""
     from ..backends.registry import backend_class
@@ -310,5 +329,6 @@ RULES: dict[type, tuple] = {
     schema.ElasticSpec: (_elastic_rules,),
     schema.RestartSpec: (_restart_rules,),
     schema.NotifySpec: (_notify_rules,),
+    schema.EnvironmentSpec: (_environment_rules,),
     ClusterProfile: (_profile_rules, _backend_rules),
 }

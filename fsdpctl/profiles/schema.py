@@ -12,6 +12,7 @@ from typing import Any, Literal, Optional, Union
 
 from .container_spec import ContainerSpec  # noqa: F401 - a profile's section type
 from .elastic_spec import ElasticSpec  # noqa: F401 - a profile's section type
+from .environment_spec import EnvironmentSpec  # noqa: F401 - a profile's section type
 from .export_spec import ExportSpec, MlflowSpec, WandbSpec  # noqa: F401 - a profile's section types
 from .notify_spec import NotifySpec  # noqa: F401 - a profile's section type
 from .restart_spec import STOP_SIGNALS, RestartSpec, StopSignal  # noqa: F401 - a profile's section type
@@ -291,6 +292,8 @@ class JobSpec:
     """The image the ranks run in on every node (over the profile's ``container.image``)."""
     notify: Optional[NotifySpec] = None
     """Notices of this job's runs, in the place of the profile's ``notify`` (see its fields)."""
+    environment: Optional[EnvironmentSpec] = None
+    """The Python environment made on every node for this job, in the place of the profile's (see its fields)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,7 +330,9 @@ class ClusterProfile:
     """Run the ranks inside a container image on every node (see its fields)."""
     python: Optional[str] = None
     """Python on the nodes that has torch; default: ``python3`` (local: the Python running fsdpctl);
-    with ``container``, the Python inside the image."""
+    with ``container``, the Python inside the image; with ``environment``, the Python it is made from."""
+    environment: Optional[EnvironmentSpec] = None
+    """A Python environment fsdpctl makes on every node from your lock, and runs the ranks in (see its fields)."""
     setup: tuple[str, ...] = ()
     """Shell lines run on each node before torchrun (e.g. ``source ~/venv/bin/activate``). These
     are the one place where a profile writes shell: they are copied into the script verbatim."""

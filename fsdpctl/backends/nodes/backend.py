@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Optional, Protocol
 
 from ...bundle import Payload
 from ...container.runtime import DAEMON_RUNTIMES, container_name, probe_timeout
+from ...environment.held import EnvironmentJudge, node_listing
+from ...environment.nodes import make_environments
 from ...errors import HostError
 from ...hostcheck.checks import DoctorReport, HostReport, probe_budget
 from ...hostcheck.fanout import (
@@ -104,19 +106,24 @@ class NodesBackend(Backend):
                master: tuple[int, str] | None = None, python: str | None = None,
                port_sessions: PortSessions | None = None) -> DoctorReport:
         """Probe every node (default: the profile's, as a run would be placed) and diff them."""
+        judge = None
         if nodes is None or master is None or python is None:
             placed = self.placement(self.profile, Overrides(), PlanContext.here("doctor"))
             nodes = self._probes(placed)
             master = (next(i for i, t in enumerate(placed.nodes) if t.host == placed.master_host), placed.master_addr)
             python = host_python(self.profile, placed.python)
+            if request.environment is not None:  # judged in it where made; launch makes it elsewhere
+                judge = EnvironmentJudge(request.environment, placed.workdir, python, nodes)
         raise_open_files(len(nodes))
         jobs = make_jobs(self.profile, nodes, master[0], master[1], request.port, request.deep,
                          request.port_check and self.port_check, requirements=request.requirements,
                          extra=request.extra)
         timeout = probe_budget(request.timeout, len(nodes), request.port_check)
-        return run_doctor(self.profile, jobs, python=python, timeout=timeout, nproc=request.nproc,
-                          concurrency=request.concurrency, on_host=on_host, runner=runner,
-                          port_sessions=port_sessions)
+        report = run_doctor(self.profile, judge.jobs(jobs) if judge else jobs, python=python, timeout=timeout,
+                            nproc=request.nproc, concurrency=request.concurrency,
+                            on_host=judge.told(on_host) if judge else on_host, runner=runner,
+                            port_sessions=port_sessions)
+        return judge.finish(report) if judge else report
 
     def _probes(self, placed: Placement) -> list[NodeProbe]:
         """A probe per placed node, with its own process count and chosen GPUs."""
@@ -159,6 +166,16 @@ class NodesBackend(Backend):
             starter.timeline.begin("parity", at=starter.timeline.origin + max(answered))
             starter.timeline.end("parity")
         return Preflight(report, staged=starter)
+
+    def make_environment(self, plan: LaunchPlan, on_bytes: Callable[[int, int], None] | None = None,
+                         on_node: Callable[[Any], None] | None = None) -> list[Any]:
+        return make_environments(plan.environment, [(n.node_rank, n.host, self.connection(n)) for n in plan.nodes],
+                                 on_bytes=on_bytes, on_node=on_node)
+
+    def node_environments(self, environment: Any, *, prune: bool, keep: int) -> list[dict[str, Any]]:
+        placed = self.placement(self.profile, Overrides(), PlanContext.here("env"))
+        return node_listing(environment, placed.workdir, placed.python,
+                            [(rank, t.host, self.connection(t)) for rank, t in enumerate(placed.nodes)], prune, keep)
 
     # ---- a run -----------------------------------------------------------------------------------
     def start(self, run: RunDir, payload: Payload, *, detached: bool,
