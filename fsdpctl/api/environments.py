@@ -4,8 +4,11 @@ with what each holds and its size, and pruned."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
+from .events import Emitter, EventHandler
+from .options import PathLike
 from .prepare import ProfileLike, load_profile
 
 
@@ -39,22 +42,32 @@ class NodeEnvironments:
     error: Optional[str] = None
 
 
-def environments(profile: ProfileLike, *, prune: bool = False, keep: Optional[int] = None) -> list[NodeEnvironments]:
-    """Every node's environments (the profile's ``environment`` root); with ``prune``, first remove all
-    but the ``keep`` most recently used (default: the section's ``keep``), never one in use, nor the
-    profile's own."""
+def environments(profile: ProfileLike, *, prune: bool = False, keep: Optional[int] = None, make: bool = False,
+                 env_from: Optional[PathLike] = None, on_event: Optional[EventHandler] = None
+                 ) -> list[NodeEnvironments]:
+    """Every node's environments (the profile's ``environment`` root, or ``env_from``'s); with ``make``,
+    first make the environment on every node as a launch would (ahead of a run); with ``prune``,
+    remove all but the ``keep`` most recently used (default: the section's ``keep``), never one in
+    use, nor the profile's own. ``make``'s progress and each node's part reach ``on_event``."""
     from ..backends import backend_for
     from ..errors import UsageError
     from ..job import Job, JobOptions
     from .prepare import environment_of
 
     loaded = load_profile(profile)
-    plan = environment_of(loaded, Job(), JobOptions())
+    options = JobOptions(env_from=Path(env_from).expanduser() if env_from is not None else None)
+    plan = environment_of(loaded, Job(), options)
     if plan is None:
         raise UsageError(f"profile {loaded.name}: has no environment section",
-                         "add environment: with file: uv.lock (or requirements.txt), or launch with --env-from FILE")
+                         "add environment: with file: uv.lock (or requirements.txt), or give --env-from FILE")
     backend = backend_for(loaded.profile)
     try:
+        if make:
+            from .following import make_environment
+            from .launching import prepare
+
+            made = prepare(loaded, options=options)
+            make_environment(backend, made.plan, Emitter(on_event))
         answers = backend.node_environments(plan, prune=prune, keep=keep if keep is not None else plan.keep)
     finally:
         backend.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -19,6 +20,10 @@ def env(
                                "every node (never one in use, nor the profile's own), and wheels none needs."),
     keep: Optional[int] = typer.Option(None, "--keep", min=1, help="With --prune: how many to keep per node "
                                        "(default: the profile's environment.keep)."),
+    make: bool = typer.Option(False, "--make", help="Make the environment on every node now, as launch would "
+                              "(ahead of a run), then list."),
+    env_from: Optional[Path] = typer.Option(None, "--env-from", metavar="FILE", help="A uv.lock, pyproject.toml or "
+                                            "requirements.txt over the profile's environment.file."),
     packages: bool = typer.Option(False, "--packages", help="Print each environment's packages and versions."),
     as_json: bool = typer.Option(False, "--json", help="Print what every node holds as JSON."),
 ) -> None:
@@ -26,8 +31,10 @@ def env(
     key, whether the profile runs in it now, when it was made and last used, its size and what it holds.
     Exits 1 when a node could not be asked."""
     from ..api.environments import environments
+    from .events import EventPrinter
 
-    nodes = environments(profile, prune=prune, keep=keep)
+    nodes = environments(profile, prune=prune, keep=keep, make=make, env_from=env_from,
+                         on_event=EventPrinter() if make else None)
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(node) for node in nodes], indent=2))
     else:

@@ -39,6 +39,10 @@ def plan_summary(plan: LaunchPlan) -> str:
                      f"({'what git would commit' if plan.code.origin == 'git' else 'all but the ignored'}); "
                      f"largest: {largest or 'none'}")
         lines += [f"# code: not copied, a link out of the folder: {link}" for link in plan.code.skipped_links]
+    if plan.environment is not None:
+        env = plan.environment
+        lines.append(f"# python environment: made on every node from {env.source} (uv; cached under {env.root}, "
+                     f"keep {env.keep}); the ranks run {env.python}, made from {env.base_python}")
     if plan.requirements:
         lines.append("# required on every node: " + ", ".join(plan.requirements))
     lines += [f"# warning: {w}" for w in plan.warnings]

@@ -33,7 +33,11 @@ _TORCH_HOST = "download.pytorch.org"
 
 @functools.lru_cache(maxsize=1)
 def node_source() -> str:
-    return (Path(__file__).resolve().parent.parent / "node" / "envs.py").read_text(encoding="utf-8")
+    """The node's side for ``python -c``: its store's functions, then ``envs`` itself."""
+    folder = Path(__file__).resolve().parent.parent / "node"
+    store = (folder / "env_store.py").read_text(encoding="utf-8")
+    own = (folder / "envs.py").read_text(encoding="utf-8").replace("from __future__ import annotations\n", "", 1)
+    return store + "\n\n" + own
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class NodeEnv:
     removed: tuple[str, ...] = ()
 
     def describe(self) -> str:
+        if self.how == "staged":
+            return (f"environment {self.key} ({self.target}) put in the run directory, {self.sent_bytes / 1e6:.0f} MB "
+                    f"of wheels: the job's first step makes it on every node")
         if not self.built:
             return f"environment {self.key} reused ({self.seconds:.1f} s)"
         sent = f", {self.sent_bytes / 1e6:.0f} MB sent" if self.sent_bytes else ""
@@ -68,6 +75,7 @@ class Progress:
         self.on_bytes, self.sent, self.total = on_bytes, 0, 0
         self._lock = threading.Lock()
         self._told = 0.0
+        self._told_sent = -1
 
     def expect(self, count: int) -> None:
         with self._lock:
@@ -77,8 +85,8 @@ class Progress:
         with self._lock:
             self.sent += count
             now = time.monotonic()
-            if self.on_bytes and (last or now - self._told >= 0.2):
-                self._told = now
+            if self.on_bytes and self.sent != self._told_sent and (last or now - self._told >= 0.2):
+                self._told, self._told_sent = now, self.sent
                 self.on_bytes(self.sent, self.total)
 
 
@@ -112,6 +120,7 @@ def make_environments(plan: EnvPlan, nodes: Sequence[tuple[int, str, Any]],
         made = [m for m in pool.map(one, nodes) if m is not None]
     if progress.total:
         progress.add(0, last=True)
+        store.prune_cache()
     for node_env in made:
         if on_node:
             on_node(node_env)
@@ -156,13 +165,13 @@ def _one_node(plan: EnvPlan, rank: int, host: str, transport: Any, progress: Pro
             held = set(facts.get("wheels", []))
             needed = list(wheels)
             uv_wheel = None
-            if not facts.get("uv") and _runs_here_too(facts):  # this machine's own uv, sent as it is
+            if not facts.get("uv") and runs_here_too(facts):  # this machine's own uv, sent as it is
                 binary = own_uv_file()
                 request["uv_binary"] = {"version": uv_version(), "size": binary[0].stat().st_size,
                                         "sha256": binary[1]}
                 sends.append((None, binary[0]))
             elif not facts.get("uv"):  # always sent: the node takes its uv out of the wheel itself
-                uv_wheel = _uv_wheel(plan, target)
+                uv_wheel = uv_wheel_for(plan, target)
                 request["uv_wheel"] = {**uv_wheel.as_json(), "version": uv_version()}
                 needed.append(uv_wheel)
             for wheel in needed:
@@ -222,7 +231,7 @@ def _reaches_all(facts: dict[str, Any], wheels: Sequence[resolving.Wheel]) -> bo
     return bool(hosts) and all(reached.get(h) for h in hosts)
 
 
-def _runs_here_too(facts: dict[str, Any]) -> bool:
+def runs_here_too(facts: dict[str, Any]) -> bool:
     """Whether this machine's uv runs on the node: both Linux with glibc, on the same machine type."""
     import platform
 
@@ -241,7 +250,7 @@ def own_uv_file() -> tuple[Path, str]:
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _uv_wheel(plan: EnvPlan, target: resolving.Target) -> resolving.Wheel:
+def uv_wheel_for(plan: EnvPlan, target: resolving.Target) -> resolving.Wheel:
     """The uv wheel for the node's platform, the version running here (a node without uv gets it)."""
     import dataclasses
 

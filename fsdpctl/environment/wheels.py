@@ -47,6 +47,7 @@ def fetch(wheel: Wheel) -> Path:
         lock = _fetching.setdefault(wheel.sha256, threading.Lock())
     with lock:
         if target.exists():
+            os.utime(target)  # used now: the cache keeps what was used last
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{wheel.file}.{os.getpid()}.part")
@@ -75,10 +76,14 @@ def size_of(wheel: Wheel) -> int:
     return fetch(wheel).stat().st_size
 
 
-def prune_cache(keep_bytes: int) -> None:
+CACHE_BYTES = 20_000_000_000
+"""Downloads kept on this machine, at most (the least recently used go first)."""
+
+
+def prune_cache(keep_bytes: int = CACHE_BYTES) -> None:
     """Drop the least recently used downloads past ``keep_bytes`` (the cache must not grow without end)."""
     folder = cache_dir() / "wheels"
-    entries = sorted((p for p in folder.glob("*/*") if p.is_file()), key=lambda p: p.stat().st_atime, reverse=True)
+    entries = sorted((p for p in folder.glob("*/*") if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True)
     total = 0
     for path in entries:
         total += path.stat().st_size

@@ -296,6 +296,15 @@ def stack_tools():
             "ptrace_scope": int(scope) if scope.isdigit() else None, "root": os.geteuid() == 0}
 
 
+def libc_version():
+    """``2.36`` on glibc, None elsewhere (musl)."""
+    try:
+        name, _, version = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return version if name == "glibc" else None
+
+
 def collect(args):
     """Every fact about this node that ``args`` asks for."""
     started = time.time()
@@ -306,6 +315,8 @@ def collect(args):
         "os": os_name(),
         "kernel": platform.release(),
         "python": {"path": sys.executable, "version": platform.python_version()},
+        "platform": {"machine": platform.machine(), "glibc": libc_version(),
+                     "implementation": sys.implementation.name, "executable": os.path.realpath(sys.executable)},
         "torch": torch_facts(),
         "gpus": gpus(),
         "interfaces": interfaces(),

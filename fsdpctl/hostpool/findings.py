@@ -39,10 +39,22 @@ def remember_findings(profile_name: str, report: Mapping[str, Any], by: str, whe
             found[str(host.get("host"))] = {
                 "at": when, "by": by, "status": host.get("status"),
                 "checks": [{"name": c.get("name"), "status": c.get("status"), "detail": c.get("detail")}
-                           for c in host.get("checks") or () if c.get("status") != "pass"]}
+                           for c in host.get("checks") or () if c.get("status") != "pass"],
+                **({"platform": platform} if (platform := platform_of(host.get("facts"))) else {})}
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "w", encoding="utf-8") as handle:
             json.dump(found, handle, indent=1)
         os.replace(tmp, path)
+
+
+def platform_of(facts: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+    """What an environment is resolved for, from a probe's facts: the Python, the machine, glibc, the
+    GPU driver (a Slurm job's nodes are known only once allocated: their last check speaks for them)."""
+    if not facts or not facts.get("platform"):
+        return None
+    own = facts["platform"]
+    return {"python": (facts.get("python") or {}).get("version"), "executable": own.get("executable"),
+            "machine": own.get("machine"), "glibc": own.get("glibc"), "implementation": own.get("implementation"),
+            "driver": (facts.get("gpus") or {}).get("driver"), "gpus": (facts.get("gpus") or {}).get("count")}

@@ -36,8 +36,8 @@ import time
 import zipfile
 
 TAG = "FSDPCTL-ENV"
-READY = ".fsdpctl-env.json"
-USED = ".fsdpctl-used"
+if __package__:  # a Slurm job's step runs this as a module; the launcher sends the store's source ahead of it
+    from .env_store import READY, USED, environments, point, prune, read_ready, shared_storage, sizes
 CHUNK = 1 << 20
 
 
@@ -47,7 +47,10 @@ def say(kind: str, body: dict) -> None:
 
 
 def glibc() -> str | None:
-    name, version = platform.libc_ver()
+    try:
+        name, _, version = os.confstr("CS_GNU_LIBC_VERSION").partition(" ")  # "glibc 2.36"
+    except (ValueError, OSError, AttributeError):
+        return None
     return version if name == "glibc" and version else None
 
 
@@ -96,31 +99,6 @@ def own_uv(root: str) -> dict | None:
         if version:
             return {"path": on_path, "version": version}
     return None
-
-
-def read_ready(root: str, key: str) -> dict | None:
-    try:
-        with open(os.path.join(root, key, READY), encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
-
-
-def environments(root: str) -> dict:
-    """Every whole environment under ``root`` by key (its record, its size is left to ``list``), and
-    which key each name points at."""
-    ready, names = {}, {}
-    for entry in sorted(os.listdir(root)) if os.path.isdir(root) else ():
-        path = os.path.join(root, entry)
-        if os.path.islink(path):
-            names[entry] = os.readlink(path)
-        elif os.path.isdir(path) and not entry.startswith("."):
-            record = read_ready(root, entry)
-            if record is not None:
-                used = os.path.join(path, USED)
-                record["used"] = os.path.getmtime(used) if os.path.exists(used) else record.get("created", 0)
-                ready[entry] = record
-    return {"ready": ready, "names": names}
 
 
 def facts(args: dict) -> dict:
@@ -184,12 +162,16 @@ def receive(stream, folder: str, wheel: dict, mode: int = 0o644) -> None:
 
 def install_uv(root: str, wheel: dict) -> str:
     """The uv binary out of its wheel, into ``tools/uv-<version>/`` (whole before it is there)."""
+    return install_uv_from(root, os.path.join(root, "wheels"), wheel)
+
+
+def install_uv_from(root: str, wheels: str, wheel: dict) -> str:
     folder = os.path.join(root, "tools", f"uv-{wheel['version']}")
     final = os.path.join(folder, "uv")
     if os.access(final, os.X_OK):
         return final
     os.makedirs(folder, exist_ok=True)
-    with zipfile.ZipFile(os.path.join(root, "wheels", wheel["file"])) as archive:
+    with zipfile.ZipFile(os.path.join(wheels, wheel["file"])) as archive:
         member = next(n for n in archive.namelist() if n.endswith(".data/scripts/uv"))
         part = f"{final}.{os.getpid()}.part"
         with archive.open(member) as source, open(part, "wb") as target:
@@ -199,18 +181,26 @@ def install_uv(root: str, wheel: dict) -> str:
     return final
 
 
-def requirement_lines(root: str, request: dict) -> str:
-    """The environment's packages as direct references with their hashes: sent wheels by their path
-    here, the others by their index URL (a node that downloads them itself)."""
+def local_wheel(folders: list[str], wheel: dict) -> str | None:
+    for folder in folders:
+        path = os.path.join(folder, wheel["file"])
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def requirement_lines(folders: list[str], request: dict) -> str:
+    """The environment's packages as direct references with their hashes: wheels here by their path,
+    the others by their index URL (a node that downloads them itself)."""
     lines = []
     for wheel in request["wheels"]:
-        local = os.path.join(root, "wheels", wheel["file"])
-        url = "file://" + local if os.path.exists(local) else wheel["url"]
+        local = local_wheel(folders, wheel)
+        url = "file://" + local if local else wheel["url"]
         lines.append(f"{wheel['name']} @ {url} --hash=sha256:{wheel['sha256']}")
     return "\n".join(lines) + "\n"
 
 
-def build(root: str, request: dict, uv: str | None, base: str) -> dict:
+def build(root: str, request: dict, uv: str | None, base: str, folders: list[str] | None = None) -> dict:
     """Make the environment ``key`` unless it is whole already; another launch making it is waited for."""
     key = request["key"]
     os.makedirs(root, exist_ok=True)
@@ -231,9 +221,10 @@ def build(root: str, request: dict, uv: str | None, base: str) -> dict:
         try:
             run([uv, "venv", "--quiet", "--relocatable", "--python", base, building], env)
             requirements = os.path.join(building, "fsdpctl-requirements.txt")
+            folders = [os.path.join(root, "wheels"), *(folders or [])]
             with open(requirements, "w", encoding="utf-8") as handle:
-                handle.write(requirement_lines(root, request))
-            offline = all(os.path.exists(os.path.join(root, "wheels", w["file"])) for w in request["wheels"])
+                handle.write(requirement_lines(folders, request))
+            offline = all(local_wheel(folders, w) for w in request["wheels"])
             run([uv, "pip", "sync", "--quiet", "--python", os.path.join(building, "bin", "python"),
                  "--require-hashes", *(["--offline"] if offline else []), requirements], env)
             record = {"key": key, "name": request["name"], "created": time.time(), "python": platform.python_version(),
@@ -256,91 +247,44 @@ def run(argv: list[str], env: dict) -> None:
         raise RuntimeError(f"{os.path.basename(argv[0])} {argv[1]}: {said}")
 
 
-def point(root: str, name: str, key: str) -> None:
-    """``<root>/<name>`` -> ``<key>``, replaced in one step (a run starting now sees one or the other)."""
-    link = os.path.join(root, name)
-    if os.path.islink(link) and os.readlink(link) == key:
-        return
-    temporary = f"{link}.{os.getpid()}.new"
-    os.symlink(key, temporary)
-    os.replace(temporary, link)
 
 
-def in_use(root: str) -> set[str]:
-    """Keys some process runs from now (a Python started from the environment, by its key or a name)."""
-    names = {name: key for name, key in environments(root)["names"].items()}
-    used = set()
-    prefix = root.rstrip("/") + "/"
-    for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                first = handle.read().split(b"\0", 1)[0].decode("utf-8", "replace")
-        except OSError:
-            continue
-        if first.startswith(prefix):
-            entry = first[len(prefix):].split("/", 1)[0]
-            used.add(names.get(entry, entry))
-    return used
-
-
-def prune(root: str, keep: int, protect: set[str]) -> list[str]:
-    """Remove whole environments past the ``keep`` used most recently (never one in use or protected),
-    their names' links, and the wheels no environment left needs."""
-    leftovers(root)
-    state = environments(root)
-    ready = state["ready"]
-    busy = in_use(root) | protect
-    order = sorted(ready, key=lambda k: ready[k]["used"], reverse=True)
-    removed = [key for index, key in enumerate(order) if index >= keep and key not in busy]
-    for key in removed:
-        with open(os.path.join(root, f"{key}.lock"), "a") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # being made again right now
-            aside = os.path.join(root, f".remove-{key}-{os.getpid()}")
-            os.replace(os.path.join(root, key), aside)
-            shutil.rmtree(aside, ignore_errors=True)
-        os.unlink(os.path.join(root, f"{key}.lock"))
-        for name, target in state["names"].items():
-            if target == key:
-                os.unlink(os.path.join(root, name))
-    if removed:
-        needed = {w for key, record in ready.items() if key not in removed for w in record.get("wheels", [])}
-        folder = os.path.join(root, "wheels")
-        for wheel in os.listdir(folder) if os.path.isdir(folder) else ():
-            if wheel not in needed and not wheel.startswith("uv-") and not wheel.startswith("."):
-                os.unlink(os.path.join(folder, wheel))
-    return removed
-
-
-def leftovers(root: str) -> None:
-    """What a killed build or removal left aside (its process is gone): removed."""
-    for entry in os.listdir(root):
-        if entry.startswith((".build-", ".remove-")):
-            pid = entry.rsplit("-", 1)[-1]
-            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
-
-
-def sizes(root: str, keys: list[str]) -> dict:
-    """Bytes on disk per environment, a file linked from several counted once overall (uv links from its cache)."""
-    seen, out = set(), {}
-    for key in keys:
-        total = 0
-        for folder, _, files in os.walk(os.path.join(root, key)):
-            for name in files:
-                try:
-                    stat = os.lstat(os.path.join(folder, name))
-                except OSError:
-                    continue
-                if (stat.st_dev, stat.st_ino) not in seen:
-                    seen.add((stat.st_dev, stat.st_ino))
-                    total += stat.st_blocks * 512
-        out[key] = total
-    return out
+def staged(args: dict, root: str) -> int:
+    """A Slurm job's first step, on every allocated node: the environment from what the launcher put in
+    the run directory. On shared storage node 0 makes it and the others wait for it; elsewhere each
+    node makes its own (or finds it made)."""
+    folder = os.path.expanduser(args["staged"])
+    with open(os.path.join(folder, "request.json"), encoding="utf-8") as handle:
+        request = json.load(handle)
+    node, key = os.environ.get("SLURM_NODEID", "0"), request["key"]
+    os.makedirs(root, exist_ok=True)
+    shared = shared_storage(os.path.realpath(root))
+    started = time.monotonic()
+    if shared and node != "0":
+        deadline = time.monotonic() + float(args.get("wait", 3600))
+        while read_ready(root, key) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node 0 did not make environment {key} on the shared {root} in time")
+            time.sleep(1.0)
+        print(f"fsdpctl: node {node}: environment {key} made by node 0 on shared storage ({shared}), "
+              f"waited {time.monotonic() - started:.1f} s", flush=True)
+        return 0
+    uv = (own_uv(root) or {}).get("path")
+    if request.get("uv_binary"):
+        uv = os.path.join(folder, "uv")
+    elif request.get("uv_wheel") and not uv:
+        uv = install_uv_from(root, os.path.join(folder, "wheels"), request["uv_wheel"])
+    result = build(root, request, uv, args["base"], [os.path.join(folder, "wheels")])
+    point(root, request["name"], key)
+    with open(os.path.join(root, key, USED), "w"):
+        pass
+    removed = prune(root, int(request.get("keep", 3)), {key})
+    where = f"on shared storage ({shared})" if shared else "on this node"
+    said = "made" if result["built"] else "made by another node's step meanwhile" if result["waited"] > 0.5 \
+        else "reused"
+    print(f"fsdpctl: node {node}: environment {key} {said} {where} in {time.monotonic() - started:.1f} s"
+          + (f"; removed {', '.join(removed)}" if removed else ""), flush=True)
+    return 0
 
 
 def main() -> int:
@@ -348,6 +292,8 @@ def main() -> int:
     root = os.path.expanduser(args["root"])
     mode = args.get("mode", "facts")
     try:
+        if mode == "staged":
+            return staged(args, root)
         if mode == "prune":
             os.makedirs(root, exist_ok=True)
             say("done", {"removed": prune(root, int(args["keep"]), set(args.get("protect", [])))})
@@ -386,7 +332,11 @@ def main() -> int:
             message = f"the disk under {root} is full (nothing half-made was kept)"
         else:
             message = f"{type(exc).__name__}: {exc}"
-        say("error", {"message": message})
+        if mode == "staged":  # a job's step: its output is the job's, read by a person
+            node = os.environ.get("SLURM_NODEID", "0")
+            print(f"fsdpctl: node {node}: the environment could not be made: {message}", file=sys.stderr, flush=True)
+        else:
+            say("error", {"message": message})
         return 1
 
 

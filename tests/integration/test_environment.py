@@ -169,3 +169,31 @@ def test_one_launch_makes_both_nodes_right_then_reuses_and_doctor_and_env_say_so
     for node in json.loads(listed.stdout):
         assert [e["current"] for e in node["environments"]] == [True]
         assert node["environments"][0]["packages"]["numpy"] == "2.2.6" and node["environments"][0]["bytes"] > 1e8
+
+
+def test_a_slurm_job_makes_the_environment_in_its_first_step_after_doctor_learned_the_nodes(lab, slurm, tmp_path):
+    from tests.integration.test_slurm import fsdpctl as slurm_fsdpctl
+    from tests.integration.test_slurm import profile as slurm_profile
+
+    path = slurm_profile(lab, tmp_path, 4)
+    (tmp_path / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in LOCKED.items()))
+    path.write_text(path.read_text() + f"environment:\n  file: requirements.txt\n  index_url: file://{FILE_INDEX}\n"
+                                       f"  find_links: [{WHEELS}]\n  torch_backend: none\n")
+    code = project(tmp_path)
+    submit = ("submit", "--slurm", "-p", str(path), "--code", str(code), "--follow", "--", "train.py")
+    refused = slurm_fsdpctl(lab, slurm, tmp_path, *submit)
+    assert refused.returncode == 2 and "were never checked" in refused.stderr and "fsdpctl doctor -p" in refused.stderr
+    checked = slurm_fsdpctl(lab, slurm, tmp_path, "doctor", "-p", str(path), "--json")
+    assert json.loads(checked.stdout)["hosts"], checked.stderr[-2000:]
+    done = slurm_fsdpctl(lab, slurm, tmp_path, *submit)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "the job's first step makes it on every node" in done.stderr
+    run_dir = tmp_path / "work" / "runs" / done.stdout.strip().splitlines()[0]
+    records = [json.loads(p.read_text()) for p in sorted((run_dir / "out").glob("rank*.json"))]
+    assert sorted(r["host"] for r in records) == ["n1", "n2"]
+    for record in records:
+        assert {"numpy": record["numpy"], "torch": record["torch"]} == LOCKED
+        assert record["prefix"].startswith(f"{tmp_path}/work/envs/env-")
+    said = next(run_dir.glob("slurm-*.out")).read_text()
+    # one node makes it, the other (the same folder here) waits on its lock and finds it made
+    assert said.count("environment k") == 2 and said.count(" made on this node") == 1, said[-2000:]

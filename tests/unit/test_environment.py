@@ -246,3 +246,64 @@ def test_a_projects_uv_lock_and_a_bare_pyproject_make_the_versions_they_name(tmp
         made = make(plan, tmp_path)
         record = json.loads((tmp_path / name / "envs" / made.key / ".fsdpctl-env.json").read_text())
         assert record["packages"] == locked, name  # a bare pyproject resolves to the same newest versions
+
+
+# ---- a Slurm job's environment -------------------------------------------------------------------------
+def test_a_slurm_plans_first_step_makes_the_environment_and_its_scripts_parse():
+    from fsdpctl.backends import plan_run
+    from fsdpctl.backends.slurm.plan import SlurmPlan
+    from fsdpctl.backends.slurm.scripts import slurm_scripts
+    from fsdpctl.plan.types import Overrides
+    from fsdpctl.profiles.loader import load_profile
+
+    environment = EnvPlan(files={"requirements.txt": "six==1.17.0\n"}, source="requirements.txt")
+    for via in ("sbatch", "submitit"):
+        plan = plan_run(load_profile("slurm").profile, run_id="slurm-20261129-000000-abcd", local_run_dir="r",
+                        home="/home/me", backend="slurm",
+                        overrides=Overrides(environment=environment, backend_options={"via": via}))
+        step = SlurmPlan.of(plan).environment_step
+        assert plan.python == f"{plan.environment.root}/{plan.environment.name}/bin/python"
+        assert step.startswith('srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 ')
+        assert "-m fsdpctl.node.envs" in step and '"mode": "staged"' in step
+        script = next(iter(slurm_scripts(plan).values()))
+        assert script.index("fsdpctl: job $SLURM_JOB_ID") < script.index(step)  # once the head is known
+        if via == "sbatch":  # and before the ranks' step
+            assert script.index(step) < script.index("srun --kill-on-bad-exit=1 --nodes=")
+        subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_the_nodes_platform_comes_from_their_last_check_and_must_agree(tmp_path, monkeypatch):
+    from fsdpctl.environment.staging import cuda_of_driver, platform_facts
+    from fsdpctl.hostpool.findings import platform_of, remember_findings
+
+    monkeypatch.setenv("FSDPCTL_STATE_DIR", str(tmp_path / "state"))
+    with pytest.raises(UsageError, match="never checked") as caught:
+        platform_facts("lab")
+    assert "fsdpctl doctor -p lab" in caught.value.hint
+    facts = {"python": {"version": "3.11.7"}, "gpus": {"driver": "570.133.20", "count": 8},
+             "platform": {"machine": "x86_64", "glibc": "2.35", "implementation": "cpython",
+                          "executable": "/usr/bin/python3.11"}}
+    assert platform_of(facts)["driver"] == "570.133.20" and platform_of({"python": {}}) is None
+    remember_findings("lab", {"hosts": [{"host": "a", "facts": facts}, {"host": "b", "facts": facts}]}, "doctor", "t")
+    found = platform_facts("lab")
+    assert found["cuda_driver"] == 12080 and found["glibc"] == "2.35" and found["python"] == "3.11.7"
+    assert resolving.target_of(found, "auto", locked=False).torch_backend == "cu128"
+    other = {**facts, "python": {"version": "3.12.1"}}
+    remember_findings("lab", {"hosts": [{"host": "b", "facts": other}]}, "doctor", "t")
+    with pytest.raises(UsageError, match=r"differ in Python or platform \(.*3.11.7.*3.12.1"):
+        platform_facts("lab")
+    assert [cuda_of_driver(d) for d in ("580.65.06", "535.183.01", "470.1", None, "x")] == [13000, 12010, None,
+                                                                                           None, None]
+
+
+def test_the_launchers_download_cache_keeps_the_most_recently_used_within_its_bound(tmp_path):
+    from fsdpctl.environment.wheels import prune_cache
+
+    folder = tmp_path / "cache" / "wheels"
+    for age, name in enumerate(("new", "mid", "old")):
+        wheel = folder / name / f"{name}-1.0-py3-none-any.whl"
+        wheel.parent.mkdir(parents=True)
+        wheel.write_bytes(b"x" * 1000)
+        os.utime(wheel, (time.time() - age * 100, time.time() - age * 100))
+    prune_cache(2500)
+    assert sorted(p.name for p in folder.iterdir()) == ["mid", "new"]

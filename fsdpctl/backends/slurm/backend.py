@@ -101,6 +101,17 @@ class SlurmBackend(Backend):
         folder, python, params = submitit_job(plan, Path(plan.run_dir), scripts[SUBMITIT_SETUP_SCRIPT])
         return {"submitit.sbatch (as submitit will write it)": submitit_preview(folder, python, params)}
 
+    def make_environment(self, plan: LaunchPlan, on_bytes: Callable[[int, int], None] | None = None,
+                         on_node: Callable[[Any], None] | None = None) -> list[Any]:
+        """The environment resolved for the nodes' platform (their last check's) and put in the run
+        directory: the job's first step makes it on every allocated node."""
+        from ...environment.staging import stage_environment
+
+        staged = stage_environment(plan, self.profile.name)
+        if on_node is not None:
+            on_node(staged)
+        return [staged]
+
     # ---- a run -----------------------------------------------------------------------------------
     def start(self, run: RunDir, payload: Payload, *, detached: bool,
               preflight: Optional[Preflight] = None) -> SlurmFollower:

@@ -56,6 +56,9 @@ class SlurmPlan:
     min_nodes: int = 0
     """An elastic job (``elastic.min_nodes``, ``--min-nodes``): when a node is to blame and no spare
     is left, the next step runs on the healthy nodes, as long as at least this many remain (0: off)."""
+    environment_step: str = ""
+    """The step that makes the environment on every allocated node before the ranks start (the
+    wheels fsdpctl put in the run directory; ``fsdpctl.node.envs``); empty without one."""
 
     @property
     def runs_steps(self) -> bool:
@@ -138,7 +141,28 @@ def finish_slurm_plan(profile: ClusterProfile, overrides: Overrides, plan: Launc
                                  plan.gpu_sample_seconds, container=plan.container, python=plan.python,
                                  env_names=[*plan.env, "FSDPCTL_RUN_DIR", "FSDPCTL_NODE_RANK", *plan.secrets],
                                  workdir=plan.workdir, min_nodes=min_nodes)
+    if plan.environment is not None:
+        slurm_plan = dataclasses.replace(slurm_plan, environment_step=environment_step(plan))
     return dataclasses.replace(plan, backend_plan=slurm_plan.to_json(), shared_run_dir=True)
+
+
+def environment_step(plan: LaunchPlan) -> str:
+    """One task on every allocated node (spares too) runs the node's side of the environment, from
+    what the launcher staged in the run directory; a node whose environment is made says so and goes on."""
+    import json
+    import shlex
+
+    env = plan.environment
+    assert env is not None
+    args = {"root": env.root, "name": env.name, "base": env.base_python, "mode": "staged",
+            "staged": join_path(plan.run_dir, STAGED_ENVIRONMENT)}
+    return (f'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 '
+            f'env PYTHONPATH="$FSDPCTL_RUN_DIR"/pkg {quote_path(env.base_python)} -m fsdpctl.node.envs '
+            f'{shlex.quote(json.dumps(args, sort_keys=True))}')
+
+
+STAGED_ENVIRONMENT = "environment"
+"""The run directory's folder with the environment's request, wheels and uv, for the job's first step."""
 
 
 def time_limit_minutes(text: str) -> int | None:
