@@ -25,6 +25,7 @@ BENCHMARKS = {
     "copy": ["code_copy.py"],
     "throughput": ["log_throughput.py"],
     "init": ["init_fanout.py"],
+    "environment": ["env_build.py --nodes 2,8"],
     "heartbeat": ["heartbeat.py"],
     "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
@@ -130,6 +131,12 @@ def rows() -> list[tuple[str, str, str, str]]:
         add("doctor, 32 hosts / parallel OpenSSH", None, 1.0)
     for size, row in (load("init_fanout").get("sizes") or {}).items():
         add(f"init, {size} host(s) / doctor on the same hosts", row["fsdpctl init"]["ratio_to_baseline"], 1.2)
+    for size, row in (load("env_build").get("sizes") or {}).items():
+        add(f"environment, first made on {size} nodes / `uv pip sync` by hand on each (wheels copied before)",
+            row["ratio_A_to_B"], 1.2, note=f" (with the copy timed: {row['ratio_A_to_B_with_copy']:.2f})")
+        add(f"environment reused, {size} nodes: seconds a launch adds", row["launch_added_s"], 1.0, "{:.2f}",
+            note=f" (its phase {row['environment_phase_reused_s']:.2f} s; the first sent "
+                 f"{row['mb_sent_per_node']:.0f} MB per node)")
     launch = load("launch_overhead").get("cases", {})
     add("launch: time to first step / hand-typed torchrun", launch.get("fsdpctl launch", {}).get("ratio_to_baseline"),
         1.2)

@@ -116,7 +116,7 @@ class GrowWatch:
         names = {h.host for h in (*profile.hosts, *profile.spares)}
         for host in [h for h in read_exclusions(profile.name) if h in names]:
             try:
-                restore_host(profile, host, Emitter(None))
+                restore_host(profile, host, Emitter(None), self.run.plan.environment)
             except UsageError:
                 continue  # still unfit: looked at again at the next checkpoint
             except Exception as exc:  # noqa: BLE001 - a re-check that cannot run must not end the run

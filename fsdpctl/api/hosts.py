@@ -59,9 +59,13 @@ def hosts(profile: ProfileLike, *, restore: Optional[str] = None, exclude: Optio
     from ..hostpool.placing import excluded_hosts
     from ..hostpool.store import read_exclusions
 
-    prof = load_profile(profile).profile
+    loaded = load_profile(profile)
+    prof = loaded.profile
     if restore is not None:
-        restore_host(prof, restore, Emitter(on_event))
+        from ..job import Job, JobOptions
+        from .prepare import environment_of
+
+        restore_host(prof, restore, Emitter(on_event), environment_of(loaded, Job(), JobOptions()))
     if exclude is not None:
         exclude_host(prof, exclude, reason)
     choice = choose_hosts(prof, excluded_hosts(prof))
@@ -75,9 +79,10 @@ def hosts(profile: ProfileLike, *, restore: Optional[str] = None, exclude: Optio
     return found
 
 
-def restore_host(profile: ClusterProfile, host: str, emit: Emitter) -> None:
+def restore_host(profile: ClusterProfile, host: str, emit: Emitter, environment: Any = None) -> None:
     """Put an excluded ``host`` back once doctor's fast checks pass on it (beside the active hosts,
-    so a torch or Python that differs from theirs counts)."""
+    so a torch or Python that differs from theirs counts; in the profile's ``environment`` where the
+    hosts hold it, launch making it where they do not)."""
     from ..backends import backend_for
     from ..hostpool.blame import unfit_hosts
     from ..hostpool.choice import choose_hosts
@@ -92,7 +97,8 @@ def restore_host(profile: ClusterProfile, host: str, emit: Emitter) -> None:
     spec = next(h for h in (*profile.hosts, *profile.spares) if h.host == host)
     backend = backend_for(profile)
     try:
-        report = backend.check_hosts([spec, *active], on_host=lambda found: emit(HostChecked(found)))
+        report = backend.check_hosts([spec, *active], on_host=lambda found: emit(HostChecked(found)),
+                                     environment=environment)
     finally:
         backend.close()
     unfit = unfit_hosts(report, trusted=[h.host for h in active])

@@ -195,7 +195,7 @@ def check_spares(backend: Backend, prepared: Prepared, emit: Emitter) -> None:
     from ..rundir.record import now
 
     hosts = [h.host for h in prepared.placed_hosts]
-    report = backend.check_hosts([*prepared.placed_hosts, *prepared.spares])
+    report = backend.check_hosts([*prepared.placed_hosts, *prepared.spares], environment=prepared.plan.environment)
     unfit = {host: why for host, why in unfit_hosts(report, trusted=hosts).items() if host not in hosts}
     passed = [h.host for h in prepared.spares if h.host not in unfit]
     emit.notice(f"spare host(s) checked: {', '.join(passed) or 'none'} pass{'es' if len(passed) == 1 else ''}")

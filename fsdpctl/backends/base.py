@@ -237,8 +237,8 @@ class Backend(ABC):
         raise UsageError(f"environment: backend {self.name} does not make environments on its nodes yet",
                          "look at its nodes by hand")
 
-    def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None
-                    ) -> DoctorReport:
+    def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None,
+                    environment: Any = None) -> DoctorReport:
         """doctor's fast checks on ``hosts`` (spares, a host to restore) as a run of the profile would
         use them, nothing staged, no port tried (a backend that ``takes_spares``)."""
         raise UsageError(f"backend {self.name}: has no spare hosts", "check its nodes with fsdpctl doctor")

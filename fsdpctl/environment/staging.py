@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..plan.environment import STAGED_ENVIRONMENT
 from ..plan.types import LaunchPlan
 from . import resolve as resolving
 from . import wheels as store
@@ -65,7 +66,6 @@ def _place(source: Path, target: Path) -> None:
 def stage_environment(plan: LaunchPlan, profile_name: str) -> NodeEnv:
     """Resolve the plan's environment for the nodes' platform and put what the job's first step needs
     in ``<run dir>/environment``: ``request.json``, the wheels, and uv."""
-    from ..backends.slurm.plan import STAGED_ENVIRONMENT
     from ..rundir.paths import private_dir
 
     env = plan.environment

@@ -324,7 +324,8 @@ def main() -> int:
         point(root, request["name"], key)
         with open(os.path.join(root, key, USED), "w"):
             pass
-        result["removed"] = prune(root, int(request.get("keep", 3)), {key})
+        # Only a new environment can push an old one past ``keep``: a reused one leaves the rest as they are.
+        result["removed"] = prune(root, int(request.get("keep", 3)), {key}) if result["built"] else []
         say("done", result)
         return 0
     except Exception as exc:  # one line for the launcher, whatever went wrong here

@@ -12,6 +12,9 @@ from typing import Any, Optional
 
 from ..shell import join_path
 
+STAGED_ENVIRONMENT = "environment"
+"""A scheduler's run directory's folder with the environment's request, wheels and uv, for the job's first step."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class EnvPlan:

@@ -29,8 +29,8 @@ def test_every_shipped_job_file_loads():
 
 def test_a_job_file_is_read_strictly(tmp_path):
     path = tmp_path / "j.yaml"
-    path.write_text("name: j\ncommand: [train.py]\nenviron:\n  A: b\n")
-    with pytest.raises(ProfileError, match=r"j.yaml:3: environ: unknown key; did you mean 'env'\?"):
+    path.write_text("name: j\ncommand: [train.py]\nenvs:\n  A: b\n")
+    with pytest.raises(ProfileError, match=r"j.yaml:3: envs: unknown key; did you mean 'env'\?"):
         load_job(str(path))
     path.write_text("name: j\ncommand: []\n")
     with pytest.raises(ProfileError, match=r"command: is empty"):

@@ -106,14 +106,14 @@ class NodesBackend(Backend):
                master: tuple[int, str] | None = None, python: str | None = None,
                port_sessions: PortSessions | None = None) -> DoctorReport:
         """Probe every node (default: the profile's, as a run would be placed) and diff them."""
-        judge = None
+        workdir = self.profile.workdir
         if nodes is None or master is None or python is None:
             placed = self.placement(self.profile, Overrides(), PlanContext.here("doctor"))
             nodes = self._probes(placed)
             master = (next(i for i, t in enumerate(placed.nodes) if t.host == placed.master_host), placed.master_addr)
-            python = host_python(self.profile, placed.python)
-            if request.environment is not None:  # judged in it where made; launch makes it elsewhere
-                judge = EnvironmentJudge(request.environment, placed.workdir, python, nodes)
+            python, workdir = host_python(self.profile, placed.python), placed.workdir
+        # judged in the environment where it is made; launch makes it elsewhere
+        judge = EnvironmentJudge(request.environment, workdir, python, nodes) if request.environment else None
         raise_open_files(len(nodes))
         jobs = make_jobs(self.profile, nodes, master[0], master[1], request.port, request.deep,
                          request.port_check and self.port_check, requirements=request.requirements,
@@ -130,16 +130,17 @@ class NodesBackend(Backend):
         return [NodeProbe(rank, self.connection(t), t.interface, t.own_nproc, t.chosen_gpus)
                 for rank, t in enumerate(placed.nodes)]
 
-    def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None
-                    ) -> DoctorReport:
-        """doctor's fast checks on ``hosts`` placed as a run of the profile would place them."""
+    def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None,
+                    environment: Any = None) -> DoctorReport:
+        """doctor's fast checks on ``hosts`` placed as a run of the profile would place them (in the run's
+        ``environment`` where they hold it)."""
         alone = dataclasses.replace(self.profile, hosts=tuple(hosts), spares=(),
                                     rendezvous=dataclasses.replace(self.profile.rendezvous, host=None))
         placed = self.placement(alone, Overrides(), PlanContext.here("check"))
         nodes = self._probes(placed)
         health = self.profile.health  # a spare, or an excluded host put back, has its GPUs asked too
         request = DoctorRequest(port=0, timeout=probe_timeout(container_plan(self.profile), PREFLIGHT_TIMEOUT),
-                                port_check=False,
+                                port_check=False, environment=environment,
                                 extra=health_args(False, health.allow_busy_gpus, health.preflight))
         return self.doctor(request, on_host, nodes=nodes, master=(0, placed.master_addr),
                            python=host_python(self.profile, placed.python))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ...errors import UsageError
+from ...plan.environment import STAGED_ENVIRONMENT
 from ...plan.make import torchrun_args
 from ...plan.types import ContainerPlan, LaunchPlan, Overrides, Placement, PlanContext
 from ...profiles.schema import SLURM_OWNED_DIRECTIVES, ClusterProfile, SlurmSpec, slurm_directive_name
@@ -160,9 +161,6 @@ def environment_step(plan: LaunchPlan) -> str:
             f'env PYTHONPATH="$FSDPCTL_RUN_DIR"/pkg {quote_path(env.base_python)} -m fsdpctl.node.envs '
             f'{shlex.quote(json.dumps(args, sort_keys=True))}')
 
-
-STAGED_ENVIRONMENT = "environment"
-"""The run directory's folder with the environment's request, wheels and uv, for the job's first step."""
 
 
 def time_limit_minutes(text: str) -> int | None:
