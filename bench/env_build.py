@@ -2,7 +2,7 @@
 
 On the namespace testbed, N hosts (``--nodes 2,8``), each with its own environment folder (a bind mount
 per host) and a bare Python (no torch, no numpy); a lock of torch 2.13.0+cpu and numpy 2.2.6 and their
-dependencies (11 wheels, 222 MB), resolved from this machine's own file index. The nodes have no route
+dependencies (11 wheels, 219 MB), resolved from this machine's own file index. The nodes have no route
 to an index, as on many clusters: the wheels have to come from the launcher.
 
   A: `fsdpctl env -p PROFILE --make` on empty nodes, the launcher's cache empty too: resolve, send
