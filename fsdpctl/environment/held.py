@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from ..errors import HostError
 from ..plan.environment import EnvPlan
-from ..shell import after_mark, command_line, marked
-from .nodes import TAG, node_source
+from ..shell import after_mark
+from .nodes import TAG, helper_command
 
 HELD_TIMEOUT = 60.0
 
@@ -22,8 +22,7 @@ def node_facts(plan: EnvPlan, transport: Any, mode: str = "facts") -> Optional[d
     cannot run the helper (the probe says why)."""
     args = {"root": plan.root, "name": plan.name, "base": plan.base_python, "mode": mode}
     try:
-        status, out, _ = transport.run(marked(command_line(plan.base_python, ["-c", node_source(), json.dumps(args)])),
-                                       HELD_TIMEOUT)
+        status, out, _ = transport.run(helper_command(plan, args), HELD_TIMEOUT)
     except HostError:
         return None
     line = next((ln for ln in after_mark(out).splitlines() if ln.startswith(f"{TAG} facts ")), None)
@@ -165,8 +164,7 @@ def node_listing(plan: EnvPlan, workdir: str, base_python: str, nodes: Sequence[
 def _pruned(plan: EnvPlan, transport: Any, keep: int) -> list[str]:
     current = held_key(plan, node_facts(plan, transport))
     args = {"root": plan.root, "mode": "prune", "keep": keep, "protect": [current] if current else []}
-    status, out, err = transport.run(marked(command_line(plan.base_python, ["-c", node_source(), json.dumps(args)])),
-                                     HELD_TIMEOUT)
+    status, out, err = transport.run(helper_command(plan, args), HELD_TIMEOUT)
     line = next((ln for ln in after_mark(out).splitlines() if ln.startswith(f"{TAG} ")), None)
     if line is None:
         raise HostError(transport.host, "environment", (err.strip() or f"exit {status}").splitlines()[-1],
