@@ -4,7 +4,7 @@ it is made, the profile's own where launch will make it."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
@@ -12,7 +12,7 @@ from typing import Any, Optional
 from ..errors import HostError
 from ..plan.environment import EnvPlan
 from ..shell import after_mark
-from .nodes import TAG, helper_command
+from .nodes import answer_in, helper_command
 
 HELD_TIMEOUT = 60.0
 
@@ -25,8 +25,8 @@ def node_facts(plan: EnvPlan, transport: Any, mode: str = "facts") -> Optional[d
         status, out, _ = transport.run(helper_command(plan, args), HELD_TIMEOUT)
     except HostError:
         return None
-    line = next((ln for ln in after_mark(out).splitlines() if ln.startswith(f"{TAG} facts ")), None)
-    return json.loads(line.split(" ", 2)[2]) if status == 0 and line else None
+    said = answer_in(after_mark(out))
+    return said[1] if status == 0 and said is not None and said[0] == "facts" else None
 
 
 def held_key(plan: EnvPlan, facts: Optional[dict[str, Any]]) -> Optional[str]:
@@ -66,8 +66,6 @@ LAUNCH_FIXES = "launch will make the environment there; the ranks then run its v
 def soften_parity(parity: list[Any], lacking: Sequence[str]) -> list[Any]:
     """Version rows that differ because some nodes do not hold the environment yet: launch makes it
     there, so the row warns and says so instead of failing with an install line."""
-    import dataclasses
-
     if not lacking:
         return parity
     softened = []
@@ -85,14 +83,10 @@ class EnvironmentJudge:
     will make it."""
 
     def __init__(self, plan: EnvPlan, workdir: str, base_python: str, nodes: Sequence[Any]):
-        from ..shell import join_path
-
-        self.plan = plan.named(plan.root or join_path(workdir, "envs"), base_python)
+        self.plan = plan.placed(workdir, base_python)
         self.held = held_on(self.plan, [(n.node_rank, n.transport) for n in nodes])
 
     def jobs(self, jobs: Sequence[Any]) -> list[Any]:
-        import dataclasses
-
         return [dataclasses.replace(job, python=self.plan.python) if held_key(self.plan, self.held.get(job.node_rank))
                 else job for job in jobs]
 
@@ -108,8 +102,6 @@ class EnvironmentJudge:
 
     def _in_it(self, check: Any) -> Any:
         """A missing package in the environment is added to what it is made from, not pip-installed."""
-        import dataclasses
-
         if check.name == "packages" and check.status == "fail":
             return dataclasses.replace(check, hint=f"add them to {self.plan.source} (the environment is made from "
                                                    f"it) and launch again")
@@ -126,8 +118,6 @@ _THE_ENVIRONMENTS = ("torch", "fsdp2", "packages")
 
 
 def _until_made(check: Any) -> Any:
-    import dataclasses
-
     if check.name in _THE_ENVIRONMENTS and check.status == "fail":
         return dataclasses.replace(check, status="warn", hint=LAUNCH_FIXES)
     return check
@@ -138,9 +128,7 @@ def node_listing(plan: EnvPlan, workdir: str, base_python: str, nodes: Sequence[
     """Each node's environments with their sizes (``fsdpctl env``), after a prune with ``prune``: a dict
     per node with ``host``, ``node_rank``, ``facts`` (None: unreachable, with ``error``), ``current``
     (the key the profile's environment points at there) and ``removed``."""
-    from ..shell import join_path
-
-    placed = plan.named(plan.root or join_path(workdir, "envs"), base_python)
+    placed = plan.placed(workdir, base_python)
 
     def one(node: tuple[int, str, Any]) -> dict[str, Any]:
         rank, host, transport = node
@@ -165,12 +153,11 @@ def _pruned(plan: EnvPlan, transport: Any, keep: int) -> list[str]:
     current = held_key(plan, node_facts(plan, transport))
     args = {"root": plan.root, "mode": "prune", "keep": keep, "protect": [current] if current else []}
     status, out, err = transport.run(helper_command(plan, args), HELD_TIMEOUT)
-    line = next((ln for ln in after_mark(out).splitlines() if ln.startswith(f"{TAG} ")), None)
-    if line is None:
+    said = answer_in(after_mark(out))
+    if said is None:
         raise HostError(transport.host, "environment", (err.strip() or f"exit {status}").splitlines()[-1],
                         "run the profile's python by hand there")
-    _, word, body = line.split(" ", 2)
-    answer = json.loads(body)
+    word, answer = said
     if word == "error":
         raise HostError(transport.host, "environment", answer["message"], "look at the environment root there")
     return list(answer.get("removed", []))

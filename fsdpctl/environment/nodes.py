@@ -147,19 +147,10 @@ def _one_node(plan: EnvPlan, rank: int, host: str, transport: Any, progress: Pro
     try:
         session.read_until(OUTPUT_MARK, FACTS_TIMEOUT)
         facts = _said(session, "facts", host, FACTS_TIMEOUT, plan)
-        wanted = resolving.python_refused(plan, facts["python"])
-        if wanted:
-            raise _fail(host, f"{plan.base_python} there is Python {facts['python']}, and the project needs "
-                              f"{wanted} (requires-python in {plan.source})",
-                        "set `python:` in the profile to a Python the project allows on every node")
         try:
-            target = resolving.target_of(facts, plan.torch_backend, locked="uv.lock" in plan.files)
-            wheels = resolving.resolve(plan, target)
-        except resolving.TargetError as exc:
-            raise _fail(host, f"no environment can be made there: {exc}", "use another node, or a container") from None
-        except ResolveError as exc:
-            raise _fail(host, f"{plan.source} cannot be resolved for {_platform_of(facts, target)}: {exc}",
-                        _python_hint(facts, plan, str(exc))) from None
+            target, wheels = resolve_for(plan, facts)
+        except CannotMake as exc:
+            raise _fail(host, exc.detail, exc.hint) from None
         key = resolving.env_key(wheels, facts)
         ready = key in facts.get("ready", {})
         request: dict[str, Any] = {"key": key, "name": plan.name, "keep": plan.keep, "source": plan.source,
@@ -170,14 +161,12 @@ def _one_node(plan: EnvPlan, rank: int, host: str, transport: Any, progress: Pro
             online = plan.install == "node" or (plan.install == "auto" and _reaches_all(facts, wheels))
             held = set(facts.get("wheels", []))
             needed = list(wheels)
-            uv_wheel = None
-            if not facts.get("uv") and runs_here_too(facts):  # this machine's own uv, sent as it is
-                binary = own_uv_file()
-                request["uv_binary"] = {"version": uv_version(), "size": binary[0].stat().st_size,
-                                        "sha256": binary[1]}
-                sends.append((None, binary[0]))
-            elif not facts.get("uv"):  # always sent: the node takes its uv out of the wheel itself
-                uv_wheel = uv_wheel_for(plan, target)
+            binary, uv_wheel = uv_for(plan, target, facts) if not facts.get("uv") else (None, None)
+            if binary is not None:  # sent as it is
+                request["uv_binary"] = {"version": uv_version(), "size": binary.stat().st_size,
+                                        "sha256": own_uv_file()[1]}
+                sends.append((None, binary))
+            elif uv_wheel is not None:  # always sent: the node takes its uv out of the wheel itself
                 request["uv_wheel"] = {**uv_wheel.as_json(), "version": uv_version()}
                 needed.append(uv_wheel)
             for wheel in needed:
@@ -210,19 +199,53 @@ def _one_node(plan: EnvPlan, rank: int, host: str, transport: Any, progress: Pro
                    tuple(done.get("removed", ())))
 
 
+class CannotMake(Exception):
+    """No environment can be made for a node's platform: what and the fix, for the caller to name the node."""
+
+    def __init__(self, detail: str, hint: str):
+        super().__init__(detail)
+        self.detail, self.hint = detail, hint
+
+
+def resolve_for(plan: EnvPlan, facts: dict[str, Any]) -> tuple[resolving.Target, tuple[resolving.Wheel, ...]]:
+    """The platform a node's facts describe, and the environment's wheels for it. Raises CannotMake."""
+    wanted = resolving.python_refused(plan, facts["python"])
+    if wanted:
+        raise CannotMake(f"{plan.base_python} there is Python {facts['python']}, and the project needs {wanted} "
+                         f"(requires-python in {plan.source})",
+                         "set `python:` in the profile to a Python the project allows on every node")
+    try:
+        target = resolving.target_of(facts, plan.torch_backend, locked="uv.lock" in plan.files)
+    except resolving.TargetError as exc:
+        raise CannotMake(f"no environment can be made there: {exc}", "use another node, or a container") from None
+    try:
+        return target, resolving.resolve(plan, target)
+    except ResolveError as exc:
+        raise CannotMake(f"{plan.source} cannot be resolved for {target.describe()}: {exc}",
+                         _python_hint(facts, plan, str(exc))) from None
+
+
+def answer_in(text: str) -> Optional[tuple[str, dict[str, Any]]]:
+    """The node's last word in ``text`` (``facts``, ``done`` or ``error``) and what it said."""
+    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith(f"{TAG} ")), None)
+    if line is None:
+        return None
+    _, word, body = line.split(" ", 2)
+    return word, json.loads(body)
+
+
 def _said(session: Any, kind: str, host: str, timeout: float, plan: EnvPlan) -> dict[str, Any]:
     """The node's next word (``facts`` or ``done``); its error as a HostError."""
     out = session.read_until(TAG, timeout)
-    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(TAG)), None)
-    if line is None:
+    said = answer_in(out)
+    if said is None:
         status, rest, err = session.finish(30.0)
-        said = (err.strip() or (out + rest).strip() or f"exit {status}").splitlines()[-1]
-        if status == 127 or "No such file" in said:
-            raise _fail(host, f"{plan.base_python} not found there ({said})",
+        last = (err.strip() or (out + rest).strip() or f"exit {status}").splitlines()[-1]
+        if status == 127 or "No such file" in last:
+            raise _fail(host, f"{plan.base_python} not found there ({last})",
                         "set `python:` in the profile to a Python 3 that exists on every node")
-        raise _fail(host, f"the node's environment helper ended: {said}", "run the profile's python by hand there")
-    _, word, body = line.split(" ", 2)
-    answer = json.loads(body)
+        raise _fail(host, f"the node's environment helper ended: {last}", "run the profile's python by hand there")
+    word, answer = said
     if word == "error":
         raise _fail(host, answer["message"], "free space under environment.root there" if "full" in
                     answer["message"] else "run `fsdpctl env -p PROFILE` to see what the node holds")
@@ -237,12 +260,26 @@ def _reaches_all(facts: dict[str, Any], wheels: Sequence[resolving.Wheel]) -> bo
     return bool(hosts) and all(reached.get(h) for h in hosts)
 
 
-def runs_here_too(facts: dict[str, Any]) -> bool:
-    """Whether this machine's uv runs on the node: both Linux with glibc, on the same machine type."""
+def uv_for(plan: EnvPlan, target: resolving.Target, facts: dict[str, Any]
+           ) -> tuple[Optional[Path], Optional[resolving.Wheel]]:
+    """What gives a node without uv its uv: this machine's own binary where it runs there (both Linux
+    with glibc, the same machine type), else the uv wheel for the node's platform."""
+    if facts.get("glibc") and facts.get("machine") == _glibc_machine_here():
+        return own_uv_file()[0], None
+    return None, uv_wheel_for(plan, target)
+
+
+@functools.lru_cache(maxsize=1)
+def _glibc_machine_here() -> Optional[str]:
+    """This machine's type when it is Linux with glibc, else None."""
+    import os
     import platform
 
-    here = platform.libc_ver()[0] == "glibc" and platform.system() == "Linux"
-    return here and bool(facts.get("glibc")) and facts.get("machine") == platform.machine()
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        glibc = ""
+    return platform.machine() if platform.system() == "Linux" and glibc.startswith("glibc") else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -262,10 +299,6 @@ def uv_wheel_for(plan: EnvPlan, target: resolving.Target) -> resolving.Wheel:
 
     just_uv = dataclasses.replace(plan, files={"requirements.txt": f"uv=={uv_version()}\n"})
     return resolving.resolve(just_uv, resolving.Target(target.python, target.platform, None))[0]
-
-
-def _platform_of(facts: dict[str, Any], target: resolving.Target) -> str:
-    return target.describe() if facts else "this node"
 
 
 def _python_hint(facts: dict[str, Any], plan: EnvPlan, said: str) -> str:

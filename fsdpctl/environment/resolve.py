@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import unquote
 
 import tomllib
 
@@ -171,8 +172,6 @@ def wheels_of(pylock: str) -> tuple[Wheel, ...]:
         wheel = wheels[0]
         url = wheel.get("url") or wheel.get("path", "")
         file = wheel.get("name") or url.rsplit("/", 1)[-1]
-        from urllib.parse import unquote
-
         found.append(Wheel(package["name"], str(package.get("version", "")), unquote(file), url,
                            wheel["hashes"]["sha256"], wheel.get("size")))
     return tuple(found)

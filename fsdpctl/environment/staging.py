@@ -15,8 +15,8 @@ from ..plan.environment import STAGED_ENVIRONMENT
 from ..plan.types import LaunchPlan
 from . import resolve as resolving
 from . import wheels as store
-from .nodes import NodeEnv, own_uv_file, runs_here_too, uv_wheel_for
-from .uv import ResolveError, uv_version
+from .nodes import CannotMake, NodeEnv, resolve_for, uv_for
+from .uv import uv_version
 
 # The CUDA version a driver supports at least, by its major version (NVIDIA's table).
 _DRIVER_CUDA = ((580, 13000), (575, 12090), (570, 12080), (560, 12060), (550, 12040), (530, 12010), (520, 11080))
@@ -72,17 +72,9 @@ def stage_environment(plan: LaunchPlan, profile_name: str) -> NodeEnv:
     assert env is not None
     facts = platform_facts(profile_name)
     try:
-        target = resolving.target_of(facts, env.torch_backend, locked="uv.lock" in env.files)
-        wanted = resolving.python_refused(env, facts["python"])
-        if wanted:
-            raise UsageError(f"environment: the nodes' {env.base_python} is Python {facts['python']}, and the project "
-                             f"needs {wanted}", "set `python:` in the profile to a Python the project allows")
-        wheels = resolving.resolve(env, target)
-    except resolving.TargetError as exc:
-        raise UsageError(f"environment: no environment can be made on the nodes: {exc}", "use a container") from None
-    except ResolveError as exc:
-        raise UsageError(f"environment: {env.source} cannot be resolved for {target.describe()}: {exc}",
-                         "pin a version that has a wheel for this platform, or add a find_links folder") from None
+        target, wheels = resolve_for(env, facts)
+    except CannotMake as exc:
+        raise UsageError(f"environment (on the nodes doctor checked): {exc.detail}", exc.hint) from None
     folder = Path(plan.run_dir).expanduser() / STAGED_ENVIRONMENT
     private_dir(folder / "wheels")  # the run directory's, this user's only
     key = resolving.env_key(wheels, facts)
@@ -93,12 +85,13 @@ def stage_environment(plan: LaunchPlan, profile_name: str) -> NodeEnv:
         path = store.fetch(wheel)
         _place(path, folder / "wheels" / wheel.file)
         staged += path.stat().st_size
-    if runs_here_too(facts):  # this machine's own uv runs there
-        shutil.copyfile(own_uv_file()[0], folder / "uv")
+    binary, uv_wheel = uv_for(env, target, facts)
+    if binary is not None:
+        shutil.copyfile(binary, folder / "uv")
         os.chmod(folder / "uv", 0o755)  # noqa: S103 - a program the nodes run
         request["uv_binary"] = {"version": uv_version()}
     else:
-        uv_wheel = uv_wheel_for(env, target)
+        assert uv_wheel is not None
         _place(store.fetch(uv_wheel), folder / "wheels" / uv_wheel.file)
         request["uv_wheel"] = {**uv_wheel.as_json(), "version": uv_version()}
     (folder / "request.json").write_text(json.dumps(request, indent=1), encoding="utf-8")

@@ -15,6 +15,7 @@ USED = ".fsdpctl-used"
 NETWORK_FILE_SYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "fuse.glusterfs", "glusterfs",
                         "panfs", "wekafs", "cifs", "smb3", "9p", "fuse.juicefs", "virtiofs")
 
+
 def read_ready(root: str, key: str) -> dict | None:
     try:
         with open(os.path.join(root, key, READY), encoding="utf-8") as handle:
@@ -50,9 +51,19 @@ def point(root: str, name: str, key: str) -> None:
     os.replace(temporary, link)
 
 
+def settle(root: str, request: dict, built: bool) -> list[str]:
+    """The environment ``request`` names, whole now: its name pointed at it, marked used, and, when it
+    is new, the ones past ``keep`` removed (a reused one leaves the rest as they are)."""
+    key = request["key"]
+    point(root, request["name"], key)
+    with open(os.path.join(root, key, USED), "w"):
+        pass
+    return prune(root, int(request.get("keep", 3)), {key}) if built else []
+
+
 def in_use(root: str) -> set[str]:
     """Keys some process runs from now (a Python started from the environment, by its key or a name)."""
-    names = {name: key for name, key in environments(root)["names"].items()}
+    names = environments(root)["names"]
     used = set()
     prefix = root.rstrip("/") + "/"
     for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():

@@ -37,7 +37,7 @@ import zipfile
 
 TAG = "FSDPCTL-ENV"
 if __package__:  # a Slurm job's step runs this as a module; the launcher sends the store's source ahead of it
-    from .env_store import READY, USED, environments, point, prune, read_ready, shared_storage, sizes
+    from .env_store import READY, environments, prune, read_ready, settle, shared_storage, sizes
 CHUNK = 1 << 20
 
 
@@ -104,11 +104,6 @@ def own_uv(root: str) -> dict | None:
 def facts(args: dict) -> dict:
     root = os.path.expanduser(args["root"])
     wheels = os.path.join(root, "wheels")
-    try:
-        usage = shutil.disk_usage(root if os.path.isdir(root) else os.path.dirname(root.rstrip("/")) or "/")
-        free = usage.free
-    except OSError:
-        free = None
     return {
         "python": platform.python_version(),
         "implementation": sys.implementation.name,
@@ -118,22 +113,10 @@ def facts(args: dict) -> dict:
         "cuda_driver": cuda_driver(),
         "uv": own_uv(root),
         "wheels": sorted(os.listdir(wheels)) if os.path.isdir(wheels) else [],
-        "free_bytes": free,
         "root": root,
         **environments(root),
         "reaches": {host: reaches(host) for host in args.get("index_hosts", [])},
     }
-
-
-def read_exactly(stream, count: int) -> bytes:
-    parts, left = [], count
-    while left:
-        part = stream.read(min(left, CHUNK))
-        if not part:
-            raise EOFError(f"the launcher's stream ended {left} bytes short")
-        parts.append(part)
-        left -= len(part)
-    return b"".join(parts)
 
 
 def receive(stream, folder: str, wheel: dict, mode: int = 0o644) -> None:
@@ -160,12 +143,9 @@ def receive(stream, folder: str, wheel: dict, mode: int = 0o644) -> None:
             os.unlink(part)
 
 
-def install_uv(root: str, wheel: dict) -> str:
-    """The uv binary out of its wheel, into ``tools/uv-<version>/`` (whole before it is there)."""
-    return install_uv_from(root, os.path.join(root, "wheels"), wheel)
-
-
-def install_uv_from(root: str, wheels: str, wheel: dict) -> str:
+def install_uv(root: str, wheels: str, wheel: dict) -> str:
+    """The uv binary out of its wheel (in the folder ``wheels``), into ``tools/uv-<version>/``, whole
+    before it is there."""
     folder = os.path.join(root, "tools", f"uv-{wheel['version']}")
     final = os.path.join(folder, "uv")
     if os.access(final, os.X_OK):
@@ -247,8 +227,6 @@ def run(argv: list[str], env: dict) -> None:
         raise RuntimeError(f"{os.path.basename(argv[0])} {argv[1]}: {said}")
 
 
-
-
 def staged(args: dict, root: str) -> int:
     """A Slurm job's first step, on every allocated node: the environment from what the launcher put in
     the run directory. On shared storage node 0 makes it and the others wait for it; elsewhere each
@@ -273,12 +251,9 @@ def staged(args: dict, root: str) -> int:
     if request.get("uv_binary"):
         uv = os.path.join(folder, "uv")
     elif request.get("uv_wheel") and not uv:
-        uv = install_uv_from(root, os.path.join(folder, "wheels"), request["uv_wheel"])
+        uv = install_uv(root, os.path.join(folder, "wheels"), request["uv_wheel"])
     result = build(root, request, uv, args["base"], [os.path.join(folder, "wheels")])
-    point(root, request["name"], key)
-    with open(os.path.join(root, key, USED), "w"):
-        pass
-    removed = prune(root, int(request.get("keep", 3)), {key})
+    removed = settle(root, request, result["built"])
     where = f"on shared storage ({shared})" if shared else "on this node"
     said = "made" if result["built"] else "made by another node's step meanwhile" if result["waited"] > 0.5 \
         else "reused"
@@ -306,8 +281,6 @@ def main() -> int:
             return 0
         stdin = sys.stdin.buffer
         request = json.loads(stdin.readline().decode("utf-8"))
-        if request.get("skip"):
-            return 0
         os.makedirs(root, exist_ok=True)
         uv = (found["uv"] or {}).get("path")
         binary = request.get("uv_binary")
@@ -318,14 +291,9 @@ def main() -> int:
         for wheel in request["send"]:
             receive(stdin, os.path.join(root, "wheels"), wheel)
         if request.get("uv_wheel"):
-            uv = install_uv(root, request["uv_wheel"])
+            uv = install_uv(root, os.path.join(root, "wheels"), request["uv_wheel"])
         result = build(root, request, uv, args["base"])
-        key = request["key"]
-        point(root, request["name"], key)
-        with open(os.path.join(root, key, USED), "w"):
-            pass
-        # Only a new environment can push an old one past ``keep``: a reused one leaves the rest as they are.
-        result["removed"] = prune(root, int(request.get("keep", 3)), {key}) if result["built"] else []
+        result["removed"] = settle(root, request, result["built"])
         say("done", result)
         return 0
     except Exception as exc:  # one line for the launcher, whatever went wrong here

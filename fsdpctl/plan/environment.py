@@ -44,6 +44,11 @@ class EnvPlan:
         """The ranks' Python on every node."""
         return join_path(self.root, self.name, "bin", "python")
 
+    def placed(self, workdir: str, base_python: str) -> EnvPlan:
+        """This plan as the nodes of a profile with ``workdir`` hold it: under its own ``root``, else
+        ``<workdir>/envs``, made from ``base_python``, named."""
+        return self.named(self.root or join_path(workdir, "envs"), base_python)
+
     def named(self, root: str, base_python: str) -> EnvPlan:
         """This plan placed under ``root`` and made from ``base_python``, with its name."""
         placed = dataclasses.replace(self, root=root, base_python=base_python, name="")

@@ -289,8 +289,7 @@ def make_plan(
         placement = dataclasses.replace(placement, python=profile.python or "python3")
     environment = None
     if overrides.environment is not None and container is None:  # the ranks' Python is the environment's
-        environment = overrides.environment.named(overrides.environment.root or join_path(placement.workdir, "envs"),
-                                                  placement.python)
+        environment = overrides.environment.placed(placement.workdir, placement.python)
         placement = dataclasses.replace(placement, python=environment.python)
     train, entry, chdir, requirements = _job(profile, overrides, placement)
     env = _env(profile, overrides.debug, run_id, chdir, overrides.attempt)
