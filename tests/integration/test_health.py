@@ -203,13 +203,18 @@ def test_a_node_slowed_by_busy_loops_on_its_core_is_named_by_the_compute_check(g
     text = profile(gpu_lab, ["g1", "g2"])
     loops: list[subprocess.Popen] = []
     try:
-        # An even pair: nobody named. Neither node is pinned: a parallel CI worker's load that fell on
-        # one pinned core made its node the slower one and named it (CI), in a pair meant to be even.
-        for _ in range(2):
+        # An even pair: nobody named, in two checks of at most three. Neither node is pinned: a parallel CI
+        # worker's load that fell on one pinned core made its node the slower one and named it (CI), in a
+        # pair meant to be even. Unpinned, a burst of that load on one rank's core for the whole 2 s window
+        # still named it once (CI), so one check of three may name a node; a check that names
+        # a healthy node every time fails here.
+        verdicts = []
+        while verdicts.count("even") < 2 and len(verdicts) < 3:
             rc, data, err = doctor_json(gpu_lab, tmp_path, text, "--compute")
-            assert rc == 0, (err[-2000:], data.get("compute"))
-            assert [c["status"] for h in data["hosts"] for c in h["checks"] if c["name"] == "compute"] == \
-                ["pass", "pass"], data["compute"]
+            statuses = [c["status"] for h in data.get("hosts", []) for c in h["checks"] if c["name"] == "compute"]
+            assert len(statuses) == 2, (err[-2000:], data.get("compute"))
+            verdicts.append("even" if rc == 0 and statuses == ["pass", "pass"] else str(data.get("compute")))
+        assert verdicts.count("even") == 2, verdicts
         pin(g1.pid, str(first))  # each node's ranks on a core of their own, as on two machines
         pin(g2.pid, str(second))
         loops = [subprocess.Popen(["taskset", "-c", str(second), sys.executable, "-c", "while True: pass"])
