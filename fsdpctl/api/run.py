@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..rundir.status import RunStatus
     from .events import EventHandler
     from .options import PathLike
+    from .tracing import StepTrace
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,16 @@ class Run:
             raise UsageError(f"run {self.run_id} is {state}: no rank is running",
                              "stacks reads live ranks; a hang's stacks are kept in runs/<id>/hang/")
         return StackReport(self.run_id, self.backend.stacks(self._dir, flight=flight, py_spy=py_spy, native=native))
+
+    def trace_steps(self, steps: int = 3, *, ranks: str = "auto", shapes: bool = False, stack: bool = False,
+                    max_mb: float = 100.0, timeout: Optional[float] = None) -> StepTrace:
+        """Profile ``steps`` steps of this live run on ``ranks`` (a list like ``"0,3"``, ``all``,
+        ``straggler``, or ``auto``: the straggler, the two ranks nearest the median and rank 0) with
+        torch.profiler, no code of the program's own; the traces merged into one (``StepTrace.trace``)
+        with a summary of each rank's compute, communication and idle time (``fsdpctl profile``)."""
+        from .tracing import trace_steps
+
+        return trace_steps(self, steps=steps, ranks=ranks, shapes=shapes, stack=stack, max_mb=max_mb, timeout=timeout)
 
     # ---- acting on it ----------------------------------------------------------------------------
     def stop(self, grace: Optional[int] = None, signal: Optional[str] = None) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from ..diagnose.trace_summary import kept_profiles
 from ..errors import FsdpctlError, UsageError
 from ..metrics.gpu_samples import GpuFold, read_files
 from ..metrics.rows import Series, read_run_files, read_workload_summary
@@ -43,6 +44,7 @@ def run_series(run: Any, fetch: bool = True, rows: bool = False) -> tuple[Series
 
         summary_.timeline = render(timed, {str(n.node_rank): n.host for n in run.plan.nodes})
     summary_.gpus = gpus.lines()
+    summary_.profiles = kept_profiles(run.path)
     _add_goodput(run, summary_)
     if summary_.straggler and gpus.hosts:
         cause = gpus.cause(str(summary_.straggler.get("host")), summary_.straggler.get("local_ranks") or [])

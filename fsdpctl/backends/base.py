@@ -280,6 +280,18 @@ class Backend(ABC):
         directory (``fetch(run, "flight")`` brings them here)."""
         raise UsageError(f"backend {self.name}: cannot read the ranks' stacks", "look at the nodes by hand")
 
+    def profile_request(self, run: RunDir, request: str, ranks: str) -> list[dict[str, Any]]:
+        """Hand a profile request (``fsdpctl.node.profiling``'s JSON) to the chosen ranks (``ranks``: ``all``
+        or a comma list of global ranks): one dict per node as ``fsdpctl.node.profile_request`` answers
+        (``error``: that node did not answer)."""
+        raise UsageError(f"backend {self.name}: cannot reach the ranks to profile them",
+                         "launch with --profile-steps A-B instead")
+
+    def clock_offsets(self, run: RunDir) -> dict[str, dict[str, Any]]:
+        """Per host, its clock minus this machine's: ``offset_ns`` and ``error_ns`` (how far it may be
+        off), or ``error``; empty where the backend cannot measure it."""
+        return {}
+
     def address_of(self, host: str) -> str:
         """``host``'s address as this machine resolves it (an IP as it is; a name this machine cannot
         resolve as it is, for the nodes to resolve themselves)."""

@@ -20,6 +20,7 @@ from . import (
     launch,
     logs,
     notify,
+    profile,
     profiles,
     render,
     report,
@@ -66,6 +67,7 @@ app.command(name="dashboard")(dashboard.dashboard)
 app.command(name="report")(report.report)
 app.command(name="stop")(status.stop)
 app.command(name="stacks")(stacks.stacks)
+app.command(name="profile")(profile.profile)
 app.command(name="fetch")(fetch.fetch)
 app.command(name="runs")(status.runs)
 app.command(name="render")(render.render)

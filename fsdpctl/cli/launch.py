@@ -43,6 +43,11 @@ def launch(
                                "line."),
     top: bool = typer.Option(False, "--top", help="Watch the run in `fsdpctl top`'s live view once it has started "
                              "(q leaves the view; the run goes on, its lines follow here)."),
+    profile_steps: Optional[str] = typer.Option(None, "--profile-steps", metavar="A-B", help="Record steps A to B "
+                                                "(A >= 2) with torch.profiler on --profile-ranks; when the run "
+                                                "ends, the traces come back merged (as `fsdpctl profile`)."),
+    profile_ranks: str = typer.Option("auto", "--profile-ranks", help="With --profile-steps: all, a list (0,3), or "
+                                      "auto (every rank up to 8, else the first, middle and last)."),
 ) -> None:
     """Start your program (after --) or the bundled FSDP/FSDP2 GPT training on every node of PROFILE.
 
@@ -68,6 +73,8 @@ def launch(
                        fetch=tuple(fetch or ()), node_timeout=node_timeout, hang_timeout=flags.hang_timeout,
                        on_hang=flags.on_hang, max_restarts=max_restarts, on_event=handler, handle_signals=True)
         raise typer.Exit(exit_code_of(printer))
+    if profile_steps is not None:
+        flags.values["env"] = [*(flags.values.get("env") or ()), *profile_env_items(profile_steps, profile_ranks)]
     options = flags.job_options(node_timeout=node_timeout, max_restarts=max_restarts, exclude=tuple(exclude or ()),
                                 allow_busy_gpus=allow_busy_gpus, min_nodes=min_nodes)
     if flags.dry_run:
@@ -78,7 +85,28 @@ def launch(
         raise UsageError("--json goes with --dry-run", "add --dry-run, or drop --json")
     printer = EventPrinter(total_steps=options.workload.get("steps"), folder=folder_if(dedup))
     with watching(printer, top) as handler:
-        fsdpctl.launch(flags.profile, options=options, detach=detach, preflight=not no_preflight,
-                       fetch=tuple(fetch or ()), on_event=handler, handle_signals=True)
+        run = fsdpctl.launch(flags.profile, options=options, detach=detach, preflight=not no_preflight,
+                             fetch=tuple(fetch or ()), on_event=handler, handle_signals=True)
+    if profile_steps is not None and not detach:
+        from ..api.tracing import gather_launched
+
+        traced = gather_launched(run)
+        if traced is not None:
+            typer.echo("\n".join(traced.lines()))
     raise typer.Exit(exit_code_of(printer))
+
+
+def profile_env_items(steps: str, ranks: str) -> list[str]:
+    """``--profile-steps A-B`` and ``--profile-ranks`` as the ranks' variables (``fsdpctl.node.profiling``)."""
+    first, _, last = steps.partition("-")
+    if not (first.isdigit() and (last or first).isdigit()) or not 2 <= int(first) <= int(last or first) \
+            or int(last or first) - int(first) >= 100:
+        raise UsageError(f"--profile-steps: {steps!r} is not A-B with 2 <= A <= B and at most 100 steps",
+                         "give e.g. --profile-steps 10-12 (step 1 holds the start-up)")
+    spec = ranks.strip()
+    if spec not in ("all", "auto") and not all(p.strip().isdigit() for p in spec.split(",")):
+        raise UsageError(f"--profile-ranks: {ranks!r} is not all, auto or a list of ranks", "give e.g. 0,3")
+    from ..node.profiling import RANKS_VARIABLE, STEPS_VARIABLE
+
+    return [f"{STEPS_VARIABLE}={int(first)}-{int(last or first)}", f"{RANKS_VARIABLE}={spec}"]
 

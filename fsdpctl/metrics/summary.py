@@ -52,6 +52,8 @@ class RunSummary:
     """Where all its time went (``fsdpctl.accounting``): the account as JSON."""
     goodput_lines: list[str] = field(default_factory=list)
     """The same as the report's text section."""
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+    """Its profiles (``fsdpctl profile``, ``--profile-steps``): each one's summary and merged trace."""
 
     @property
     def restarts(self) -> int:
@@ -137,6 +139,12 @@ def render(summaries: list[RunSummary], every_rank: bool = False) -> str:
             lines.append(f"{prefix}where the launch's seconds went (seconds after it began):")
             lines += [f"{prefix}  {line}" for line in s.timeline]
         lines += [f"{prefix}{line}" for line in s.goodput_lines]
+        for traced in s.profiles:
+            steps = traced.get("steps") or []
+            span = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
+            lines.append(f"{prefix}profile {traced.get('profile_id')} ({span}, ranks "
+                         f"{', '.join(map(str, traced.get('ranks_profiled') or []))}): {traced.get('verdict')}")
+            lines.append(f"{prefix}  trace: {traced.get('trace')}")
         if s.skipped_lines:
             lines.append(f"{prefix}{s.skipped_lines} line(s) of metrics.jsonl were not JSON rows with a step: skipped")
     return "\n".join(lines)

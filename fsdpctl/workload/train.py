@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..node.events import BATCH_SPLIT, CHECKPOINT_LOADED, CHECKPOINT_SAVED, STEPS_BEGIN
+from ..node.profiling import step_ended as profile_step
 from . import checkpoint as ckpt
 from . import data
 from . import parallelize as par
@@ -310,9 +311,9 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
                 gc.collect(1)
             meter.step_done()
             timer.step()
+            profile_step(step)
             if step == first_step + 1:  # the first step (start-up, warm-up) is in no window
                 timer.restart()
-
             if step % cfg.log_interval == 0 or step == total_steps:
                 train_loss, ranks = windows.gather(step_loss, peak_memory_mb(rt.device))
                 step_time = meter.close_window()

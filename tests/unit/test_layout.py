@@ -93,7 +93,7 @@ def test_what_the_nodes_get_imports_nothing_of_the_launcher(package):
     if package == "fsdpctl.node":  # next to any user's program: the standard library alone, and torch for the
         # rank telemetry, which the start-up hook imports only once the program itself has imported torch
         for name in under(package):
-            allowed = set(sys.stdlib_module_names) | ({"torch"} if name.startswith("fsdpctl.node.telemetry") else set())
+            allowed = set(sys.stdlib_module_names) | ({"torch"} if name.startswith(IN_RANK) else set())
             assert not third_party(name) - allowed, name
 
 
@@ -134,6 +134,8 @@ def test_a_third_party_library_has_one_home(library, homes):
 
 # Sent to the nodes and run there by their own Python: it may import torch there, never in the CLI process.
 NODE_SIDE = {"fsdpctl.hostcheck.probe_script"}
+IN_RANK = ("fsdpctl.node.telemetry", "fsdpctl.node.profiling")
+"""Code that runs in every rank of a user's program: torch only inside its functions, once the program has it."""
 
 
 def test_typer_and_rich_only_in_the_cli_and_torch_only_in_the_workload():
@@ -141,9 +143,9 @@ def test_typer_and_rich_only_in_the_cli_and_torch_only_in_the_workload():
         libraries = third_party(name)
         if not name.startswith("fsdpctl.cli"):
             assert not libraries & {"typer", "rich"}, name
-        if not name.startswith(("fsdpctl.workload", "fsdpctl.node.telemetry")) and name not in NODE_SIDE:
+        if not name.startswith(("fsdpctl.workload", *IN_RANK)) and name not in NODE_SIDE:
             assert "torch" not in libraries, name
-    telemetry = {name for name in MODULES if name.startswith("fsdpctl.node.telemetry")}
+    telemetry = {name for name in MODULES if name.startswith(IN_RANK)}
     for name in NODE_SIDE | telemetry:  # torch stays inside the functions run on the node, next to the program's
         top = ast.parse(MODULES[name].read_text()).body
         assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) and "torch" in ast.dump(n) for n in top), name

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional, Protocol
 
 from ...bundle import Payload
-from ...container.runtime import DAEMON_RUNTIMES, container_name, probe_timeout
+from ...container.runtime import probe_timeout
 from ...environment.held import EnvironmentJudge, node_listing
 from ...environment.nodes import make_environments
 from ...errors import HostError
@@ -34,7 +34,6 @@ from ...hostcheck.probe import container_probe_args
 from ...live import layout
 from ...live.layout import collector_alive
 from ...metrics.gpu_samples import GPU_SAMPLES_SHOWN, newest_samples, newest_text
-from ...node.stacks import answer_of
 from ...plan.make import container_plan
 from ...plan.types import LaunchPlan, Overrides, Placement, PlanContext
 from ...profiles.schema import ClusterProfile, HostSpec
@@ -49,14 +48,14 @@ from ...rundir.status import NodeStatus, RunStatus
 from ...shell import after_mark, marked, quote_path
 from ..base import Backend, DoctorRequest, LineSink, Preflight, ProfileProblem, TraceNode
 from ..transport import Transport, fan_out, raise_open_files
-from .commands import STAGED, Exited, Running, parse_poll, poll_command, stacks_command
+from .commands import STAGED, Exited, Running, parse_poll, poll_command
 from .follow import NodesFollower
 from .log_copy import complete_logs, launcher_record
+from .rank_calls import clock_offsets, node_profile_request, node_stacks
 from .runs import COMMAND_TIMEOUT, fetch_from_node, node_records, stop_run
 from .starter import NodeStarter
 
 PREFLIGHT_TIMEOUT = 20.0
-STACKS_TIMEOUT = 60.0
 
 
 class HasHost(Protocol):
@@ -269,23 +268,17 @@ class NodesBackend(Backend):
     def stacks(self, run: RunDir, *, flight: bool = False, py_spy: bool = True, native: bool = False
                ) -> list[dict[str, Any]]:
         """Every rank's stack: one command per node, all nodes at once."""
-        plan = run.plan
+        return node_stacks(self, run, flight=flight, py_spy=py_spy, native=native)
 
-        def one(node) -> dict[str, Any]:
-            command = marked(stacks_command(plan.run_dir, plan.run_id, plan.host_python, str(node.node_rank),
-                                            flight=flight, py_spy=py_spy, native=native, inside=inside(plan, node)))
-            try:
-                status, out, err = self.connection(node).run(command, STACKS_TIMEOUT)
-                found = answer_of(after_mark(out))
-            except HostError as exc:
-                return {"host": node.host, "node_rank": node.node_rank, "ranks": [], "error": exc.detail}
-            except ValueError:
-                why = (err.strip().splitlines() or [f"exit {status}"])[-1]
-                return {"host": node.host, "node_rank": node.node_rank, "ranks": [],
-                        "error": f"the stack reader failed: {why}"}
-            return {**found, "hostname": found.get("host"), "host": node.host, "node_rank": node.node_rank}
+    def profile_request(self, run: RunDir, request: str, ranks: str) -> list[dict[str, Any]]:
+        """The request handed to the chosen ranks: one command per node, all nodes at once."""
+        return node_profile_request(self, run, request, ranks)
 
-        return self._parallel(one, list(plan.nodes))
+    def clock_offsets(self, run: RunDir) -> dict[str, dict[str, Any]]:
+        """Each node's clock against this machine's (none to measure where the nodes are this machine)."""
+        if self.name == "local":
+            return {node.host: {"offset_ns": 0, "error_ns": 0} for node in run.plan.nodes}
+        return clock_offsets(self, run)
 
     def fetch(self, run: RunDir, path: str) -> dict[str, list[str]]:
         """Copy ``path`` from every node's run directory into ``runs/<id>/fetched/node<R>/`` here
@@ -367,13 +360,6 @@ def pyxis_problem(profile: ClusterProfile) -> ProfileProblem | None:
         return ("container.runtime", "pyxis starts containers through Slurm's srun only",
                 "use docker, podman or apptainer on these hosts, or backend: slurm")
     return None
-
-
-def inside(plan: LaunchPlan, node: Any) -> tuple[str, str, str] | None:
-    """Where a node's stack reader runs inside its container (docker, podman): (runtime, name, python)."""
-    if plan.container is None or plan.container.runtime not in DAEMON_RUNTIMES:
-        return None  # apptainer shares the host's process table: read from the host
-    return plan.container.runtime, container_name(plan.run_id, node.node_rank, plan.attempt), plan.python
 
 
 def container_args(plan: LaunchPlan) -> dict[str, Any]:

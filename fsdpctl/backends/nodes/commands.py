@@ -194,7 +194,21 @@ def stacks_command(run_dir: str, run_id: str, python: str, node_rank: str, *, fl
     line (``fsdpctl.node.stacks``, shipped with the run). ``inside``: (runtime, container, the image's
     Python): read inside the node's container while it runs (the image's py-spy), else on the host."""
     flags = (" --flight" if flight else "") + ("" if py_spy else " --no-py-spy") + (" --native" if native else "")
-    reader = f"-m fsdpctl.node.stacks {shlex.quote(run_id)} \"$PWD\" --node-rank {node_rank}{flags}"
+    return rank_command("fsdpctl.node.stacks", run_dir, run_id, python, node_rank, flags, inside)
+
+
+def profile_request_command(run_dir: str, run_id: str, python: str, node_rank: str, *, ranks: str, request: str,
+                            inside: tuple[str, str, str] | None = None) -> str:
+    """Hand a profile request to the chosen ranks of node ``node_rank`` (``fsdpctl.node.profile_request``)."""
+    flags = f" --ranks {shlex.quote(ranks)} --request {shlex.quote(request)}"
+    return rank_command("fsdpctl.node.profile_request", run_dir, run_id, python, node_rank, flags, inside)
+
+
+def rank_command(module: str, run_dir: str, run_id: str, python: str, node_rank: str, flags: str,
+                 inside: tuple[str, str, str] | None) -> str:
+    """``python -m module RUN_ID "$PWD" --node-rank N flags`` in the node's run directory, with the
+    run's copy of fsdpctl: on the host, or inside the node's container while it runs."""
+    reader = f"-m {module} {shlex.quote(run_id)} \"$PWD\" --node-rank {node_rank}{flags}"
     host = f"PYTHONPATH=pkg {quote_path(python)} {reader}"
     if inside is None:
         return f"cd {quote_path(run_dir)} && {host}"

@@ -15,6 +15,7 @@ from ...bundle import Payload
 from ...errors import FsdpctlError, HostError, UsageError
 from ...hostcheck.checks import DoctorReport, HostReport
 from ...metrics.gpu_samples import newest_samples, newest_text
+from ...node import profile_request
 from ...node.stacks import BEGIN as STACKS_BEGIN
 from ...node.stacks import END as STACKS_END
 from ...node.stacks import answer_of
@@ -28,7 +29,7 @@ from ...rundir.state import RunState
 from ...rundir.status import RunStatus
 from ...shell import quote_path
 from ..base import Backend, DoctorRequest, LineSink, Preflight, ProfileProblem
-from ..nodes.commands import STAGED, stacks_command
+from ..nodes.commands import STAGED, profile_request_command, stacks_command
 from ..transport import LocalTransport
 from . import client
 from .follow import SlurmFollower, batch_output
@@ -181,20 +182,33 @@ class SlurmBackend(Backend):
                ) -> list[dict[str, Any]]:
         """Every rank's stack: one ``srun --overlap`` step into the job, one task per node (a job with
         spares, or an elastic one: on the newest step's nodes, numbered as that step numbers them)."""
-        plan, job_id = run.plan, run.record.job_id
+        plan = run.plan
         command = stacks_command(plan.run_dir, plan.run_id, plan.host_python, '"$SLURM_NODEID"', flight=flight,
                                  py_spy=py_spy, native=native)
-        hosts = step_hosts(Path(plan.run_dir).expanduser())
-        count = len(hosts) or plan.num_nodes
-        argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={count}", "--ntasks-per-node=1",
+        return self._on_every_node(run, command, STACKS_BEGIN, STACKS_END, answer_of)
+
+    def profile_request(self, run: RunDir, request: str, ranks: str) -> list[dict[str, Any]]:
+        """The request handed to the chosen ranks: one ``srun --overlap`` step, one task per node."""
+        plan = run.plan
+        command = profile_request_command(plan.run_dir, plan.run_id, plan.host_python, '"$SLURM_NODEID"',
+                                          ranks=ranks, request=request)
+        return self._on_every_node(run, command, profile_request.BEGIN, profile_request.END,
+                                   profile_request.answer_of)
+
+    def _on_every_node(self, run: RunDir, command: str, begin: str, end: str,
+                       read: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
+        """``command`` in one task per node of the job's newest step; each task's answer, by node."""
+        hosts = step_hosts(Path(run.plan.run_dir).expanduser())
+        count = len(hosts) or run.plan.num_nodes
+        argv = ["srun", "--overlap", f"--jobid={run.record.job_id}", f"--nodes={count}", "--ntasks-per-node=1",
                 *([f"--nodelist={','.join(hosts)}"] if hosts else []), "--label", "--kill-on-bad-exit=0",
                 "bash", "-c", command]
         done = client.run_client(argv, timeout=STACKS_TIMEOUT)
-        tasks = split_tasks(done.stdout, STACKS_BEGIN, STACKS_END)
+        tasks = split_tasks(done.stdout, begin, end)
         nodes = []
         for task in range(count):
             try:
-                found = answer_of(tasks.get(task, ""))
+                found = read(tasks.get(task, ""))
             except ValueError:
                 why = client.last_line(done.stderr, f"srun exited {done.returncode}")
                 nodes.append({"host": f"task {task}", "node_rank": task, "ranks": [], "error": why})

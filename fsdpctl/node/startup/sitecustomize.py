@@ -9,7 +9,8 @@ as ``sitecustomize`` before the rank's own code (the bundled workload or the use
   without the handler is never sent the signal (``fsdpctl.node.stacks`` reads SigCgt first).
 - A thread waits on ``$FSDPCTL_RUN_DIR/flight/rank<RANK>.trigger`` (a FIFO): whatever is written there
   makes it dump torch's flight recorder (the last collectives of each process group, NCCL's and the
-  CPU backends') under ``$FSDPCTL_RUN_DIR/flight/<kind>/rank_<RANK>``.
+  CPU backends') under ``$FSDPCTL_RUN_DIR/flight/<kind>/rank_<RANK>``. What starts with ``profile ``
+  is a profile request instead (``fsdpctl.node.profiling``).
 
 - Once ``torch`` is imported (in torchrun's agent, in a rank, in a worker it spawns), the objects that
   exist then are frozen (``gc.freeze``): torch's hundred-thousand-odd import-time objects leave the
@@ -54,6 +55,8 @@ OWNER_VARIABLE = "FSDPCTL_RANK_HOOK_PID"
 RANKS_LINE = "fsdpctl: global "
 """How local rank 0's line naming its node's global ranks starts: ``rank 3`` or ``ranks 8-15`` follows
 (``fsdpctl.rundir.lines`` reads it)."""
+PROFILE_MESSAGE = b"profile "
+"""What starts a profile request written into a rank's pipe (anything else asks for a flight dump)."""
 FLIGHT_KINDS = (("nccl", "_dump_nccl_trace"), ("cpu", "_dump_fr_trace"))
 SETTLE_LIMIT_S = 5.0
 """The longest a rank waits at exit for torch's threads to stop running (one that never does: a
@@ -98,12 +101,25 @@ def _serve_flight_dumps(trigger, rank):
     while True:
         try:
             with open(trigger, "rb") as fifo:  # blocks (GIL released) until fsdpctl writes
-                fifo.read()
+                said = fifo.read()
+            if said.startswith(PROFILE_MESSAGE):
+                _profile_request(said[len(PROFILE_MESSAGE):])
+                continue
             _flight_dumps(rank)
             with open(trigger + ".done", "w") as done:  # tells the gatherer the dump is complete
                 done.write("1\n")
         except OSError:
             return
+
+
+def _profile_request(text):
+    """A profile request (``fsdpctl.node.profiling``), armed for this rank's next steps."""
+    try:
+        from fsdpctl.node import profiling
+
+        profiling.request(text.decode("utf-8", "replace"))
+    except Exception as exc:  # noqa: BLE001 - the rank goes on unprofiled
+        _say_off("for a profile request", exc)
 
 
 def torch_threads(own_tid):

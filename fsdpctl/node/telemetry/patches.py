@@ -48,7 +48,7 @@ COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_s
                "broadcast_object_list", "barrier", "monitored_barrier", "all_to_all", "all_to_all_single", "reduce",
                "gather", "gather_object", "scatter", "scatter_object_list", "send", "recv", "batch_isend_irecv")
 OWN_MODULES = ("fsdpctl.node.telemetry.patches", "fsdpctl.node.telemetry.steps", "fsdpctl.node.telemetry.device",
-               "fsdpctl.node.telemetry.reporter", "fsdpctl.node.telemetry.windows")
+               "fsdpctl.node.telemetry.reporter", "fsdpctl.node.telemetry.windows", "fsdpctl.node.profiling")
 """The modules whose code runs on the program's own threads (the wrappers, and what they call)."""
 SCALED_KEPT = 64
 """Scaled losses remembered (with their unscaled values) until the step that used them ends."""

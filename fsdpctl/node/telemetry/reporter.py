@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from ..events import STEPS_UNSEEN, append_line, event_row
+from ..profiling import step_ended as profile_step
 from .device import GpuStepTimes, NcclTimes, nccl_entries, resolve
 from .patches import Patches
 from .steps import Step, StepTracker
@@ -110,7 +111,8 @@ class Reporter:
                 time.sleep(POLL_S)
 
     def step_ended(self, step: Step) -> None:
-        """On the training thread, right after a step ended: the GPU's mark (no wait)."""
+        """On the training thread, right after a step ended: the GPU's mark (no wait), and a profile asked
+        for (``fsdpctl.node.profiling``: nothing but a test while none is)."""
         torch = self.torch
         if self.backend is None:  # asked here, once: the program may have destroyed its group by the next flush
             self.backend = self._backend()
@@ -125,6 +127,7 @@ class Reporter:
                 self.peak_flops = device_peak_flops(torch.device("cuda", self.device_index))
         if self.gpu_times is not None:
             self.gpu_times.mark(step.number)
+        profile_step(step.number)
 
     # ---- rows ------------------------------------------------------------------------------------
     def flush(self, final: bool = False) -> None:
