@@ -49,9 +49,10 @@ def profile(lab, tmp_path: Path) -> Path:
     return path
 
 
-def launch(lab, tmp_path: Path, code: Path, *command: str) -> tuple[subprocess.CompletedProcess, str]:
+def launch(lab, tmp_path: Path, code: Path, *command: str, flags: tuple[str, ...] = ()
+           ) -> tuple[subprocess.CompletedProcess, str]:
     done = run(lab, tmp_path, "launch", "-p", str(profile(lab, tmp_path)), "--no-preflight", "--code", str(code),
-               "--", *command, timeout=600)
+               *flags, "--", *command, timeout=600)
     found = re.search(r"run (\S+) (?:succeeded|FAILED)", done.stdout + done.stderr)
     assert found, done.stdout[-3000:] + done.stderr[-3000:]
     return done, found.group(1)
@@ -150,8 +151,12 @@ def test_the_loop_compiled_keeps_its_steps_and_loss(lab, tmp_path, code):
 
 def test_the_hf_trainer_with_ddp_is_counted_and_says_what_it_cannot_see(lab, tmp_path, code):
     done, run_id = launch(lab, tmp_path, code, "hf_trainer.py", "--steps", "24", "--grad-accum", "2",
-                          "--save-steps", "12", "--eval-steps", "8")
+                          "--save-steps", "12", "--eval-steps", "8", flags=("--profile-steps", "10-11"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the Trainer's optimizer steps 10-11 profiled on both ranks through the hook, and merged
+    assert f"profile launch-attempt1 of run {run_id}: steps 10-11 on rank(s) 0, 1" in done.stdout, done.stdout[-3000:]
+    traced = json.loads((tmp_path / "runs" / run_id / "profiles" / "launch-attempt1" / "summary.json").read_text())
+    assert [r["steps"] for r in traced["ranks"]] == [[10, 11], [10, 11]] and traced["linked_collectives"] > 0
     got = report(lab, tmp_path, run_id)
     assert got["steps"] == 24 and got["world"] == 2
     # its saves (torch.save and safetensors) and evaluations found with no code, in the goodput account

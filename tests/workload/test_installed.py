@@ -7,6 +7,7 @@ getting-started launch ending in fsdpctl's own error, never a traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -93,11 +94,19 @@ def test_installed_it_plans_trains_serves_and_reports_far_from_the_repository(in
     assert listing.returncode == 0 and "local" in listing.stdout and "_data/cluster_profiles" in listing.stdout
     dry = use(installed, tmp_path, "launch", "-p", "local", "--dry-run")
     assert dry.returncode == 0 and "node0.sh" in dry.stdout, dry.stderr
-    trained = use(installed, tmp_path, "launch", "-p", "local", "--steps", "5", "--no-preflight", timeout=600)
+    trained = use(installed, tmp_path, "launch", "-p", "local", "--steps", "5", "--no-preflight",
+                  "--profile-steps", "3-4", timeout=600)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert "| step=5 loss=" in trained.stdout and "succeeded" in trained.stderr
+    # the bundled workload's steps 3-4 profiled on both ranks and merged, by the installed package alone
+    profiled = re.search(r"profile launch-attempt1 of run (\S+): steps 3-4 on rank\(s\) 0, 1", trained.stdout)
+    assert profiled, trained.stdout[-3000:]
+    folder = tmp_path / "runs" / profiled.group(1) / "profiles" / "launch-attempt1"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert [r["steps"] for r in summary["ranks"]] == [[3, 4], [3, 4]] and (folder / "trace.json.gz").exists()
     report = use(installed, tmp_path, "report", "--html", str(tmp_path / "report.html"))
     assert report.returncode == 0 and "uPlot" in (tmp_path / "report.html").read_text(), report.stderr
+    assert summary["verdict"] in use(installed, tmp_path, "report").stdout
     completed = use(installed, tmp_path, env={"_FSDPCTL_COMPLETE": "complete_bash",
                                               "COMP_WORDS": "fsdpctl logs ", "COMP_CWORD": "2"})
     assert completed.stdout.split() and completed.stdout.split()[0].startswith("local-")
