@@ -60,11 +60,14 @@ def _scripts_dir(run: Any) -> Path:
 
 def run_page(run: Any, snapshot: dict[str, Any], goodput: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """One run's page besides its charts: the snapshot, the plan in brief, the scripts' names, where
-    its time went (``goodput``: ``fsdpctl.accounting.cache.counted_json``)."""
+    its time went (``goodput``: ``fsdpctl.accounting.cache.counted_json``), its profiles' summaries."""
     plan = run.plan
     folder = _scripts_dir(run)
     scripts = sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-    return {"snapshot": snapshot, "scripts": scripts, "goodput": goodput,
+    from ..diagnose.trace_summary import kept_profiles
+
+    root = run.root if hasattr(run, "root") else run.path
+    return {"snapshot": snapshot, "scripts": scripts, "goodput": goodput, "profiles": kept_profiles(root),
             "plan": {"run_id": plan.run_id, "profile": plan.profile_name, "backend": plan.backend,
                      "nodes": [{"node_rank": n.node_rank, "host": n.host, "address": n.address, "nproc": n.nproc}
                                for n in plan.nodes],

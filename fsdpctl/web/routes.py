@@ -64,11 +64,11 @@ def get(server: Any, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
 
 
 def post(server: Any, path: str) -> tuple[int, Any]:
-    """The actions: stop a run, read every rank's stack."""
+    """The actions: stop a run, read every rank's stack, profile a few steps (``fsdpctl profile``)."""
     from ..errors import FsdpctlError
 
     parts = [p for p in path.split("/") if p]
-    if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] not in ("stop", "stacks"):
+    if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] not in ("stop", "stacks", "profile"):
         return 404, {"error": "no such action"}
     run = find_run(server.runs_dir, parts[2])
     if run is None:
@@ -79,6 +79,8 @@ def post(server: Any, path: str) -> tuple[int, Any]:
                 remaining = run.stop()
                 left = {host: pids for host, pids in remaining.items() if pids}
                 return 200, {"stopped": not left, "remaining": left}
+            if parts[3] == "profile":
+                return 200, {"lines": run.trace_steps().lines()}
             report = run.stacks()
             return 200, {"lines": report.render()}
     except FsdpctlError as exc:

@@ -284,6 +284,8 @@ def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         ids.append(re.search(r"run (\S+) succeeded", done.stderr).group(1))
     timed, plain = ids
+    hostile = "<img src=x onerror=alert(3)>"
+    profiled = profile_of_two_ranks(tmp_path / "runs" / timed, hostile)
     out = tmp_path / "report.html"
     reported = run(lab, tmp_path, "report", *ids, "--html", str(out))
     assert reported.returncode == 0, reported.stderr[-2000:]
@@ -326,6 +328,14 @@ def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
                                     ".map((s) => [s.dataset.category, parseFloat(s.style.height)]))")
             assert len(columns) >= 5 and columns[0][0][0] == "startup", columns
             assert all(sum(h for _, h in column) == pytest.approx(100, abs=1) for column in columns[:-1]), columns
+        # its profile: the verdict and each rank's times, a host name with markup shown as text
+        shown = f'.report-run[data-run="{timed}"] #profiles'
+        assert page.inner_text(f'{shown} [data-profile="p1"]') == profiled["verdict"]
+        assert page.evaluate(f"[...document.querySelectorAll('{shown} tr[data-rank]')].map((r) => r.dataset.rank)") \
+            == ["0", "1"]
+        assert hostile in page.inner_text(f'{shown} tr[data-rank="1"]')
+        assert page.evaluate(f"document.querySelectorAll('{shown} img').length") == 0
+        assert page.inner_text(f'.report-run[data-run="{plain}"] #profiles').endswith("or the button above")
         # a run without per-rank timings: the line alone, no blank box under it
         heat = f'.report-run[data-run="{plain}"] #heat'
         assert page.inner_text(f"{heat} #heat-legend") == "no per-rank timings"
@@ -345,6 +355,22 @@ def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
     finally:
         context.close()
     assert requests == [out.as_uri()], requests  # nothing but the file itself
+
+
+def profile_of_two_ranks(run_dir: Path, host: str) -> dict:
+    """A profile's summary written where ``fsdpctl profile`` leaves it, from two ranks' traces (rank 1 on
+    ``host``, four times slower in compute)."""
+    import json
+
+    from fsdpctl.diagnose.trace_summary import PROFILES, summarize
+    from tests.unit.test_profiling import rank_trace
+
+    summary = summarize([rank_trace(0, "10.0.0.1", 0, 2_000.0, 6_500.0), rank_trace(1, host, 0, 8_000.0, 500.0)])
+    folder = run_dir / PROFILES / "p1"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({**summary, "profile_id": "p1", "steps": [5, 6],
+                                                     "ranks_profiled": [0, 1], "notes": []}))
+    return summary
 
 
 def _finished_run(runs: Path, nodes: int, steps: int) -> str:

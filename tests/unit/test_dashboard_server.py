@@ -149,3 +149,17 @@ def test_nothing_answers_on_another_address_and_the_token_file_is_this_users_alo
     assert dashboard_token(tmp_path / "state", renew=True) != started.server.token
     assert not (set(os.listdir(tmp_path / "state")) - {"dashboard.token"})
     assert started.url == f"http://127.0.0.1:{port}/?token={started.server.token}"
+
+
+def test_the_profile_action_on_a_run_that_ended_answers_why_not(dashboard):
+    from fsdpctl.rundir.state import RunState
+
+    started, run = dashboard
+    run.change(state=RunState.SUCCEEDED)  # nothing of it runs: no node is asked anything
+    port = started.server.server_address[1]
+    csrf = json.loads(ask(started, "GET", "/api/session", cookie(started))[2])["csrf"]
+    headers = {"Origin": f"http://127.0.0.1:{port}", "X-Fsdpctl-Csrf": csrf, **cookie(started)}
+    assert ask(started, "POST", f"/api/runs/{run.run_id}/profile", {k: v for k, v in headers.items()
+                                                                     if k != "X-Fsdpctl-Csrf"})[0] == 403
+    status, _, body = ask(started, "POST", f"/api/runs/{run.run_id}/profile", headers)
+    assert status == 409 and "no rank is left to profile" in json.loads(body)["error"], body

@@ -142,6 +142,7 @@
     const actions = report ? null : el("div", { class: "row" },
       el("button", { id: "stop-button", class: "danger", onclick: () => act(id, "stop") }, "Stop the run"),
       el("button", { id: "stacks-button", onclick: () => act(id, "stacks") }, "Dump every rank's stack"),
+      el("button", { id: "profile-button", onclick: () => act(id, "profile") }, "Profile 3 steps"),
       el("span", { id: "action-said", class: "dim" }));
     main.append(  // a report has no actions: append() would write a null as the text "null"
       el("div", { class: "panel", id: "summary" }),
@@ -153,6 +154,7 @@
       section("gpus", "each node's GPUs and its ranks' compute, on one time axis"),
       section("attempts", "attempts and replacements"),
       section("goodput", "where the time went"),
+      section("profiles", "profiles (torch.profiler)"),
       section("log-panel", "newest lines"),
       section("plan", "plan and scripts"));
   }
@@ -160,12 +162,13 @@
   async function act(id, what) {
     if (what === "stop" && !confirm("Stop run " + id + " on every node?")) return;
     const said = document.getElementById("action-said");
-    said.textContent = what === "stop" ? "stopping…" : "reading every rank's stack…";
+    said.textContent = what === "stop" ? "stopping…" : what === "profile" ? "profiling 3 steps of the chosen ranks…" :
+      "reading every rank's stack…";
     const [status, answer] = await post("/api/runs/" + encodeURIComponent(id) + "/" + what);
     const out = document.getElementById("action-output");
     if (status !== 200) { said.textContent = answer.error + (answer.hint ? " (" + answer.hint + ")" : ""); return; }
     if (what === "stop") said.textContent = answer.stopped ? "stopped" : "processes remain: " + JSON.stringify(answer.remaining);
-    else { said.textContent = "stacks:"; out.hidden = false; out.textContent = answer.lines.join("\n"); }
+    else { said.textContent = what + ":"; out.hidden = false; out.textContent = answer.lines.join("\n"); }
   }
 
   function renderRun(data, isReport, where) {
@@ -194,13 +197,14 @@
     }
     summary.append(el("div", { class: "dim" }, "profile ", isReport ? run.profile : link("/hosts/" + encodeURIComponent(run.profile), run.profile),
                       " · backend " + run.backend + (run.started_at ? " · started " + run.started_at.replace("T", " ").slice(0, 19) : "")));
-    for (const id of ["#stop-button", "#stacks-button"]) {  // nothing to stop or read in a run that ended
+    for (const id of ["#stop-button", "#stacks-button", "#profile-button"]) {  // nothing to act on in a run that ended
       const button = q(id);
       if (button) button.disabled = !["running", "starting", "submitted"].includes(run.state);
     }
     renderNodes(snap, q("#nodes"));
     renderAttempts(snap, q("#attempts"));
     renderGoodput(data.goodput, q("#goodput"));
+    renderProfiles(data.profiles, q("#profiles"));
     renderLogs(snap, q("#log-panel"));
     renderPlan(data, q("#plan"), isReport);
     try {
@@ -244,6 +248,25 @@
     const grows = r.nodes > r.before;
     return (grows ? "grows back to " : "runs on ") + r.nodes + " of " + r.full + " nodes: " + r.hosts.join(", ") +
       (grows ? " back (" : " out (") + r.why + ")" + (r.batch ? "; " + r.batch : "");
+  }
+
+  function renderProfiles(profiles, panel) {  // fsdpctl profile: each rank's time per profiled step, the verdict
+    if (!panel) return;
+    clear(panel).append(el("h2", {}, "profiles (torch.profiler)"));
+    if (!profiles || !profiles.length) { panel.append(el("p", { class: "dim" }, "none: fsdpctl profile RUN, or the button above")); return; }
+    for (const p of profiles) {
+      const steps = p.steps && p.steps.length ? "steps " + p.steps[0] + "-" + p.steps[p.steps.length - 1] : "no step";
+      panel.append(el("h3", {}, "profile " + p.profile_id + " (" + steps + ")"),
+                   el("p", { class: p.straggler === null || p.straggler === undefined ? "" : "bad", data: { profile: p.profile_id } }, p.verdict));
+      const table = el("table", { class: "profile-table" }, el("tr", {}, ["rank", "host", "compute", "communication", "overlap", "idle", "step"]
+        .map((h) => el("th", {}, h))));
+      for (const r of p.ranks || []) {
+        table.append(el("tr", { data: { rank: r.rank } }, el("td", {}, String(r.rank)), el("td", {}, r.host),
+          ...["compute_ms", "comm_ms", "overlap_ms", "idle_ms", "step_ms"].map((k) => el("td", {}, fmt(r[k], 1) + " ms"))));
+      }
+      panel.append(wrapTable(table), el("p", { class: "dim" }, "trace: " + p.trace));
+      for (const note of p.notes || []) panel.append(el("p", { class: "notice" }, note));
+    }
   }
 
   function renderGoodput(account, panel) {  // fsdpctl.goodput: every second of the run in one category
