@@ -26,6 +26,7 @@ BENCHMARKS = {
     "throughput": ["log_throughput.py"],
     "init": ["init_fanout.py"],
     "environment": ["env_build.py --nodes 2,8"],
+    "profile": ["profile_cost.py"],
     "heartbeat": ["heartbeat.py"],
     "slurm": ["slurm_submit.py"],
     "logs": ["log_latency.py"],
@@ -137,6 +138,14 @@ def rows() -> list[tuple[str, str, str, str]]:
         add(f"environment reused, {size} nodes: seconds a launch adds", row["launch_added_s"], 1.0, "{:.2f}",
             note=f" (its phase {row['environment_phase_reused_s']:.2f} s; the first sent "
                  f"{row['mb_sent_per_node']:.0f} MB per node)")
+    cost = load("profile_cost")
+    if cost.get("idle"):
+        idle, traced = cost["idle"], cost["profiled"]
+        add("profiling armed, none asked: share of a step, %", idle["share_of_a_step_pct"], 0.5, "{:.4f}",
+            note=f" ({idle['extra_ns']:.0f} ns a step over an empty call; a step {idle['unprofiled_step_ms']:.1f} ms)")
+        out.append(("profiled steps / the same rank's steps before (median, max)",
+                    f"{traced['ratio_median']:.2f}, {traced['ratio_max']:.2f}", "-",
+                    f"{traced['profiles']} profiles; trace {traced['trace_kb_gzipped_median']:.0f} KB gzipped"))
     launch = load("launch_overhead").get("cases", {})
     add("launch: time to first step / hand-typed torchrun", launch.get("fsdpctl launch", {}).get("ratio_to_baseline"),
         1.2)
