@@ -217,3 +217,25 @@ def test_launch_flags_become_the_ranks_variables_and_bad_ones_one_line():
     for steps, ranks in (("1-3", "all"), ("5-4", "all"), ("2-200", "all"), ("x", "all"), ("3-4", "zero")):
         with pytest.raises(UsageError):
             profile_env_items(steps, ranks)
+
+
+def test_on_a_gpu_the_kernels_decide_compute_communication_their_overlap_and_idle():
+    """Two 10 ms steps: a compute kernel 0-6 ms, an NCCL kernel 4-8 ms on another stream; 2 ms idle."""
+    base = 1_000_000_000_000_000_000
+    events, steps = [], []
+    for i, step in enumerate((7, 8)):
+        t = i * 10_000.0
+        events += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 5, "tid": 5, "ts": t, "dur": 100.0},
+                   {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "pid": 0, "tid": 7, "ts": t,
+                    "dur": 6_000.0},
+                   {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "pid": 0, "tid": 20,
+                    "ts": t + 4_000.0, "dur": 4_000.0,
+                    "args": {"Collective name": "_allgather_base", "Process Group Name": "0", "Seq": i}}]
+        steps.append({"step": step, "begin_ns": base + int(t * 1e3), "end_ns": base + int((t + 10_000) * 1e3)})
+    trace = RankTrace(0, "g1", {"traceEvents": events, "baseTimeNanoseconds": base}, {"step_times": steps})
+    [only] = summarize([trace])["ranks"]
+    assert only["device"] == "gpu"
+    assert (only["compute_ms"], only["comm_ms"], only["overlap_ms"], only["idle_ms"]) == (6.0, 4.0, 2.0, 2.0)
+    assert list(only["operators_ms"])[:2] == ["sm90_xmma_gemm_bf16", "ncclDevKernel_AllGather_RING_LL"]
+    other = RankTrace(1, "g2", {"traceEvents": events, "baseTimeNanoseconds": base}, {"step_times": steps})
+    assert linked_collectives(merge([trace, other])) == 2  # by process group and sequence number
