@@ -29,6 +29,8 @@ from .trace_merge import RankTrace, is_comm, training_thread
 SLOW_RATIO = 1.1
 WRAPPERS = ("autograd::", "torch::autograd::", "c10d::", "record_param_comms", "ProfilerStep")
 TOP_OPERATORS = 5
+TIMELINE_DETAIL = 2000
+"""A rank's timeline keeps gaps longer than its profiled window / this (a picture's pixel, about)."""
 
 Interval = tuple[float, float]
 
@@ -123,6 +125,8 @@ def breakdown(trace: RankTrace) -> Optional[dict[str, Any]]:
     comm = clip(union(_spans(trace, comm_events)), window)
     count = len(steps)
     wall = window[1] - window[0]
+    timeline = {"compute": coarse(compute, wall / TIMELINE_DETAIL), "comm": coarse(comm, wall / TIMELINE_DETAIL),
+                "steps": [[s[0], s[1], s[2]] for s in steps]}
     overlap = length(intersection(compute, comm))
     busy = length(union(compute + comm))
     per_step = 1e3 * count  # microseconds over the steps, into milliseconds per step
@@ -131,7 +135,29 @@ def breakdown(trace: RankTrace) -> Optional[dict[str, Any]]:
             "comm_ms": round(length(comm) / per_step, 3), "overlap_ms": round(overlap / per_step, 3),
             "idle_ms": round(max(0.0, wall - busy) / per_step, 3),
             "operators_ms": {name: round(us / per_step, 4) for name, us in
-                             sorted(operators.items(), key=lambda item: -item[1])[:40]}}
+                             sorted(operators.items(), key=lambda item: -item[1])[:40]},
+            "timeline": timeline}
+
+
+def coarse(intervals: Sequence[Interval], gap: float) -> list[list[float]]:
+    """Intervals with gaps shorter than ``gap`` closed: what a picture of the window can show."""
+    out: list[list[float]] = []
+    for start, end in intervals:
+        if out and start - out[-1][1] < gap:
+            out[-1][1] = end
+        else:
+            out.append([start, end])
+    return out
+
+
+def _relative(ranks: list[dict[str, Any]]) -> None:
+    """Every rank's timeline in milliseconds after the earliest profiled step's start (clocks aligned)."""
+    zero = min(step[1] for r in ranks for step in r["timeline"]["steps"])
+    for rank in ranks:
+        line = rank["timeline"]
+        for lane in ("compute", "comm"):
+            line[lane] = [[round((a - zero) / 1e3, 3), round((b - zero) / 1e3, 3)] for a, b in line[lane]]
+        line["steps"] = [[n, round((a - zero) / 1e3, 3), round((b - zero) / 1e3, 3)] for n, a, b in line["steps"]]
 
 
 def _ms(value: float) -> str:
@@ -145,6 +171,7 @@ def summarize(traces: Sequence[RankTrace]) -> dict[str, Any]:
                                "verdict": "no rank recorded a whole step"}
     if not ranks:
         return summary
+    _relative(ranks)
     lines = [f"rank {r['rank']} ({r['host']}): compute {_ms(r['compute_ms'])}, communication {_ms(r['comm_ms'])} "
              f"(overlapping compute {_ms(r['overlap_ms'])}), idle {_ms(r['idle_ms'])} per step of "
              f"{_ms(r['step_ms'])}, steps {r['steps'][0]}-{r['steps'][-1]}" for r in ranks]

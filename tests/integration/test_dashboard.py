@@ -335,6 +335,10 @@ def test_report_html_opens_from_a_file_with_the_network_off(dash_lab, tmp_path):
             == ["0", "1"]
         assert hostile in page.inner_text(f'{shown} tr[data-rank="1"]')
         assert page.evaluate(f"document.querySelectorAll('{shown} img').length") == 0
+        picture = f'{shown} canvas.profile-timeline[data-profile="p1"]'
+        assert page.get_attribute(picture, "data-ranks") == "2"
+        # two steps on each of two ranks, a compute and a communication span in each: 8 spans drawn
+        assert page.get_attribute(picture, "data-drawn") == "8"
         assert page.inner_text(f'.report-run[data-run="{plain}"] #profiles').endswith("or the button above")
         # a run without per-rank timings: the line alone, no blank box under it
         heat = f'.report-run[data-run="{plain}"] #heat'

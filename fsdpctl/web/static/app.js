@@ -250,6 +250,36 @@
       (grows ? " back (" : " out (") + r.why + ")" + (r.batch ? "; " + r.batch : "");
   }
 
+  function profileTimeline(p) {  // every profiled rank on the launcher's clock: compute and communication lanes, steps marked
+    const ranks = (p.ranks || []).filter((r) => r.timeline);
+    const label = 170, width = 1100, row = 34, top = 18;
+    const canvas = el("canvas", { class: "profile-timeline", data: { ranks: ranks.length, profile: p.profile_id } });
+    canvas.width = width; canvas.height = top + row * ranks.length + 6;
+    const end = Math.max(1e-3, ...ranks.flatMap((r) => r.timeline.steps.map((s) => s[2])));
+    const x = (ms) => label + (width - label - 10) * ms / end;
+    const g = canvas.getContext("2d");
+    const ink = getComputedStyle(document.body).color || "#888";  // the page's own text colour, dark or light
+    g.font = "12px sans-serif";
+    let drawn = 0;
+    ranks.forEach((r, i) => {
+      const y = top + i * row;
+      g.fillStyle = r.rank === p.straggler ? "#e0566a" : ink;
+      g.fillText("rank " + r.rank + " " + r.host, 4, y + 18, label - 8);  // text on a canvas: never markup
+      for (const [lane, color, dy] of [["compute", "#3367d6", 2], ["comm", "#e8710a", 16]]) {
+        g.fillStyle = color;
+        for (const [a, b] of r.timeline[lane]) { g.fillRect(x(a), y + dy, Math.max(1, x(b) - x(a)), 12); drawn += 1; }
+      }
+      g.strokeStyle = "#888";
+      for (const [n, a] of r.timeline.steps) {
+        g.beginPath(); g.moveTo(x(a), y); g.lineTo(x(a), y + 30); g.stroke();
+        if (i === 0) { g.fillStyle = ink; g.fillText("step " + n, x(a) + 3, 12); }
+      }
+    });
+    canvas.dataset.drawn = drawn;
+    return el("div", { class: "table-wrap" }, canvas,
+      el("p", { class: "dim" }, "blue: compute, orange: communication, lines: each profiled step's start; " + fmt(end, 1) + " ms in all"));
+  }
+
   function renderProfiles(profiles, panel) {  // fsdpctl profile: each rank's time per profiled step, the verdict
     if (!panel) return;
     clear(panel).append(el("h2", {}, "profiles (torch.profiler)"));
@@ -264,7 +294,7 @@
         table.append(el("tr", { data: { rank: r.rank } }, el("td", {}, String(r.rank)), el("td", {}, r.host),
           ...["compute_ms", "comm_ms", "overlap_ms", "idle_ms", "step_ms"].map((k) => el("td", {}, fmt(r[k], 1) + " ms"))));
       }
-      panel.append(wrapTable(table), el("p", { class: "dim" }, "trace: " + p.trace));
+      panel.append(profileTimeline(p), wrapTable(table), el("p", { class: "dim" }, "trace: " + p.trace));
       for (const note of p.notes || []) panel.append(el("p", { class: "notice" }, note));
     }
   }
