@@ -239,3 +239,14 @@ def test_on_a_gpu_the_kernels_decide_compute_communication_their_overlap_and_idl
     assert list(only["operators_ms"])[:2] == ["sm90_xmma_gemm_bf16", "ncclDevKernel_AllGather_RING_LL"]
     other = RankTrace(1, "g2", {"traceEvents": events, "baseTimeNanoseconds": base}, {"step_times": steps})
     assert linked_collectives(merge([trace, other])) == 2  # by process group and sequence number
+
+
+def test_the_node_command_hands_the_request_to_the_run_copy_of_fsdpctl_quoted():
+    from fsdpctl.backends.nodes.commands import profile_request_command
+
+    request = json.dumps({"id": "p", "start": 9, "steps": 3})
+    command = profile_request_command("~/w/runs/r1", "r1", "/opt/py/bin/python", '"$SLURM_NODEID"', ranks="0,3",
+                                      request=request)
+    assert command.startswith('cd "$HOME"/w/runs/r1 && PYTHONPATH=pkg /opt/py/bin/python '
+                              '-m fsdpctl.node.profile_request r1 ')
+    assert '--node-rank "$SLURM_NODEID" --ranks 0,3 --request \'{"id": "p", "start": 9, "steps": 3}\'' in command
