@@ -18,6 +18,9 @@ setup_venv() {
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
   "$VENV/bin/python" -m pip install -q -e ".[workload,test,report]"
+  # Holistic Trace Analysis reads `fsdpctl profile`'s traces in a test; it declares jupyterlab and pytest,
+  # which it never imports: its own imports are in the test extra.
+  "$VENV/bin/python" -m pip install -q --no-deps "holistictraceanalysis==0.5.0"
   touch "$VENV/.stamp"
 }
 
