@@ -9,7 +9,6 @@ and per rank found its pid and whether the request reached it. Standard library 
 """
 
 import argparse
-import errno
 import json
 import os
 import socket
@@ -17,28 +16,10 @@ import sys
 import time
 
 from .profiling import chosen, parse_request
-from .stacks import find_ranks
+from .stacks import find_ranks, write_pipe
 
 BEGIN, END = "<<<FSDPCTL-PROFILE-BEGIN>>>", "<<<FSDPCTL-PROFILE-END>>>"
 MESSAGE = b"profile "
-PATIENCE_S = 3.0
-
-
-def write_pipe(path, data, patience_s=PATIENCE_S):
-    """``data`` into the rank's pipe; None, or why not. A signal to the rank (a stop, a profiler's
-    timer) takes its reader out of ``open`` for a moment (ENXIO then): tried again for ``patience_s``."""
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody reads it now
-        except OSError as exc:
-            if exc.errno == errno.ENXIO and time.monotonic() < deadline:
-                time.sleep(0.01)
-                continue
-            return exc.strerror
-        with os.fdopen(fd, "wb") as fifo:
-            fifo.write(data)
-        return None
 
 
 def send(run_id, run_dir, node_rank, spec, text):

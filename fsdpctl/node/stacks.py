@@ -13,6 +13,7 @@ frame first, whichever way they were read. Standard library only, Python 3.8+.
 """
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -169,17 +170,35 @@ def _by_signal(pid, rank, run_dir):
     return parse_faulthandler(text), "faulthandler", None
 
 
+PIPE_PATIENCE_S = 3.0
+
+
+def write_pipe(path, data, patience_s=PIPE_PATIENCE_S):
+    """``data`` into a rank's pipe (its start-up hook's thread reads it); None, or why not. A signal to
+    the rank (a stop, a profiler's timer) takes that reader out of ``open`` for a moment, which the
+    writer sees as ENXIO: tried again for ``patience_s``. Past it, nobody reads (no hook, or gone)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO and time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+            return exc.strerror
+        with os.fdopen(fd, "wb") as fifo:
+            fifo.write(data)
+        return None
+
+
 def _flight(rank, run_dir):
     trigger = os.path.join(run_dir, "flight", f"rank{rank}.trigger")
     done = trigger + ".done"
     if os.path.exists(done):
         os.unlink(done)
-    try:
-        fd = os.open(trigger, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody listens (no hook, or gone)
-    except OSError as exc:
-        return f"no flight-recorder trigger: {exc.strerror}"
-    with os.fdopen(fd, "wb") as fifo:
-        fifo.write(b"dump\n")
+    error = write_pipe(trigger, b"dump\n")
+    if error is not None:
+        return f"no flight-recorder trigger: {error}"
     deadline = time.monotonic() + DUMP_WAIT_SECONDS
     while time.monotonic() < deadline and not os.path.exists(done):
         time.sleep(0.02)
