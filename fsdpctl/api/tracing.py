@@ -228,7 +228,7 @@ def gather(run: Any, ident: str, statuses: dict[int, dict[str, Any]], offsets: d
             except (OSError, ValueError, EOFError) as exc:
                 notes.append(f"rank {rank}: its trace cannot be read ({exc})")
                 continue
-            found = RankTrace(rank, str(status.get("host") or "?"), trace, status, int(clock.get("offset_ns") or 0),
+            found = RankTrace(rank, str(status.get("host") or "?"), trace, status, applied_offset(clock),
                               clock.get("error_ns"))
             with gzip.open(folder / "ranks" / f"rank{rank}.json.gz", "wt") as handle:
                 json.dump(with_step_marks(found), handle)
@@ -257,6 +257,15 @@ def gather(run: Any, ident: str, statuses: dict[int, dict[str, Any]], offsets: d
                                                      "ranks_profiled": result.ranks}, indent=1))
     (folder / "summary.txt").write_text("\n".join(result.lines()) + "\n")
     return result
+
+
+def applied_offset(clock: dict[str, Any]) -> int:
+    """A node's clock offset as the merge takes it off: the measured one where it is larger than how far
+    the measurement may be off, else none. An SSH round trip is lopsided (the channel is opened before the
+    node reads its clock, the answer comes straight back), so an offset within it says nothing: nodes kept
+    in step by NTP would be set apart by the measurement's own error."""
+    offset, error = int(clock.get("offset_ns") or 0), int(clock.get("error_ns") or 0)
+    return offset if abs(offset) > error else 0
 
 
 def cost_lines(traces: list[RankTrace]) -> list[str]:

@@ -4,8 +4,9 @@ the profiled steps marked on every rank, and the same collective linked across r
 
 - **Clocks.** A trace's timestamps are microseconds after its ``baseTimeNanoseconds``, on its node's
   wall clock. Each node's clock minus the launcher's (``offset_ns``, measured by the launcher, NTP's
-  way) is taken off, so every rank stands on the launcher's clock; the offsets, and how far each may
-  be off, are written in the merged trace's ``fsdpctl`` metadata.
+  way) is taken off where it is larger than the measurement's own error, so every rank stands on the
+  launcher's clock; the offsets measured and taken off, and how far each may be off, are written in
+  the merged trace's ``fsdpctl`` metadata.
 - **Steps.** Each rank's status gives each profiled step's start and end on its clock: a slice
   ``step N`` on a track of its own per rank.
 - **Collectives.** Where an event gives its process group and sequence number (NCCL's records:

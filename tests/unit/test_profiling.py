@@ -250,3 +250,12 @@ def test_the_node_command_hands_the_request_to_the_run_copy_of_fsdpctl_quoted():
     assert command.startswith('cd "$HOME"/w/runs/r1 && PYTHONPATH=pkg /opt/py/bin/python '
                               '-m fsdpctl.node.profile_request r1 ')
     assert '--node-rank "$SLURM_NODEID" --ranks 0,3 --request \'{"id": "p", "start": 9, "steps": 3}\'' in command
+
+
+def test_a_clock_offset_within_its_measurements_error_is_not_taken_off():
+    from fsdpctl.api.tracing import applied_offset
+
+    # the testbed's nodes share one clock: 63 ms measured, the round trip's half 64 ms (a lopsided SSH exec)
+    assert applied_offset({"offset_ns": 62_964_637, "error_ns": 63_603_072}) == 0
+    assert applied_offset({"offset_ns": -2_500_000_000, "error_ns": 40_000_000}) == -2_500_000_000
+    assert applied_offset({"error": "unreachable"}) == 0
