@@ -153,7 +153,8 @@ def trace_steps(run: Any, *, steps: int = 3, ranks: str = "auto", shapes: bool =
             break
         notes.append(f"the request reached a rank after step {start}: asked again with a lead of "
                      f"{2 * lead} steps")
-        summary.steps = max([int(s.get("arrived_at_step") or 0) for s in statuses.values()] + [int(summary.steps)])
+        now_at = newest_step(run, int(summary.steps), step_s)[0]  # steps went on while the others recorded
+        summary.steps = max([int(s.get("arrived_at_step") or 0) for s in statuses.values()] + [now_at])
     return gather(run, ident, statuses, offsets, notes, expected=reached)
 
 
