@@ -268,7 +268,9 @@ def test_stop_with_a_grace_leaves_a_checkpoint_of_the_last_step_that_resume_goes
     print(f"\n--- fsdpctl stop (SIGUSR1, grace 60 s) ---\n{stopped.stderr}")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     step = int(re.search(rf"run {run_dir.name} stopped after its checkpoint of step (\d+)", stopped.stderr).group(1))
-    assert 13 <= step < 20, stopped.stderr  # the step it stood at, not the last interval's (10)
+    # The step it stood at, not the last interval's (10); before the run's last (26). The ranks go on while
+    # `fsdpctl stop` starts and reaches them: on a loaded CI machine they stood at step 21 (CI).
+    assert 13 <= step < 26, stopped.stderr
     code, _, err = launcher.finish(timeout=120)
     assert code == 128 + signal.SIGUSR1, err[-3000:]
     merged = (run_dir / "logs" / "merged.log").read_text()
