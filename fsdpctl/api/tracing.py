@@ -135,7 +135,7 @@ def trace_steps(run: Any, *, steps: int = 3, ranks: str = "auto", shapes: bool =
     summary.steps = newest
     lead = max(2, math.ceil(LEAD_S / max(step_s, 1e-3)))
     offsets = run.backend.clock_offsets(run._dir)
-    base = f"{profile_id_now()}"
+    base = profile_id_now()
     for attempt in (1, 2):
         ident = base if attempt == 1 else f"{base}-again"
         start = int(summary.steps) + lead * attempt

@@ -16,6 +16,7 @@ import sys
 import time
 
 from .profiling import chosen, parse_request
+from .stacks import answer_of as answer_between
 from .stacks import find_ranks, write_pipe
 
 BEGIN, END = "<<<FSDPCTL-PROFILE-BEGIN>>>", "<<<FSDPCTL-PROFILE-END>>>"
@@ -59,11 +60,7 @@ def main(argv=None):
 
 def answer_of(output):
     """The node's answer in a command's output; ValueError when there is none."""
-    start = output.rfind(BEGIN)
-    end = output.find(END, start + 1) if start >= 0 else -1
-    if end < 0:
-        raise ValueError("no answer from the profile request")
-    return json.loads(output[start + len(BEGIN):end])
+    return answer_between(output, BEGIN, END, "the profile request")
 
 
 if __name__ == "__main__":

@@ -251,14 +251,14 @@ def main(argv=None):
     sys.stdout.flush()
 
 
-def answer_of(output):
-    """The node's answer in a command's output (whatever a login shell printed around it); raises
-    ValueError when there is none."""
-    start = output.rfind(BEGIN)
-    end = output.find(END, start + 1) if start >= 0 else -1
-    if end < 0:
-        raise ValueError("no answer from the stack reader")
-    return json.loads(output[start + len(BEGIN):end])
+def answer_of(output, begin=BEGIN, end=END, what="the stack reader"):
+    """The node's answer between ``begin`` and ``end`` in a command's output (whatever a login shell
+    printed around it); raises ValueError when there is none."""
+    start = output.rfind(begin)
+    stop = output.find(end, start + 1) if start >= 0 else -1
+    if stop < 0:
+        raise ValueError(f"no answer from {what}")
+    return json.loads(output[start + len(begin):stop])
 
 
 if __name__ == "__main__":
