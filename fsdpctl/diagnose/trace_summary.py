@@ -12,14 +12,13 @@ against the median rank's; and one line saying where the extra time goes.
   step, where the training thread waits.
 - **Operators** are ranked by self time per step (a kernel's own time on a GPU).
 - **The straggler** is the rank whose compute per step is highest, where it is above ``SLOW_RATIO``
-  of the median rank's (the rank whose compute lies nearest the median); with none above it, the
-  ranks are even.
+  of the median rank's (the middle rank by compute, the faster of the two middles for an even
+  count); with none above it, the ranks are even.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -179,8 +178,9 @@ def summarize(traces: Sequence[RankTrace]) -> dict[str, Any]:
     if len(ranks) < 2:
         summary["verdict"] = f"1 rank profiled (rank {ranks[0]['rank']}): nothing to compare it with"
         return summary
-    middle = statistics.median(r["compute_ms"] for r in ranks)
-    median = min(ranks, key=lambda r: (abs(r["compute_ms"] - middle), r["compute_ms"]))
+    # the lower of two middles: with 2 ranks the faster is the yardstick, which a float tie must not flip
+    by_compute = sorted(ranks, key=lambda r: (r["compute_ms"], r["rank"]))
+    median = by_compute[(len(by_compute) - 1) // 2]
     slowest = max(ranks, key=lambda r: r["compute_ms"])
     summary["median_rank"] = median["rank"]
     if slowest is median or slowest["compute_ms"] <= SLOW_RATIO * max(median["compute_ms"], 1e-9):

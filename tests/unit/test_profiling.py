@@ -193,6 +193,9 @@ def test_the_summary_names_the_rank_slow_in_compute_and_the_operator_where_its_t
     assert summary["verdict"].startswith("rank 1 (n2) is the straggler: its compute takes 3.81x the median rank's")
     even = summarize([rank_trace(0, "n1", 0, 2_000.0, 1.0), rank_trace(1, "n2", 0, 2_100.0, 1.0)])
     assert even["straggler"] is None and even["verdict"].startswith("ranks even")
+    # two ranks: the faster is the yardstick, however the float distances to their mean round
+    pair = summarize([rank_trace(0, "n1", 0, 739.0, 1.0), rank_trace(1, "n2", 0, 2_522.0, 1.0)])
+    assert pair["straggler"] == 1 and pair["median_rank"] == 0, pair["verdict"]
 
 
 def test_the_rank_copies_carry_profiler_step_marks_on_the_training_thread():
