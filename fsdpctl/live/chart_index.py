@@ -5,7 +5,10 @@ The collector writes it as the run goes (``ChartStore.save_index`` every ``INDEX
 end); a reader loads it and reads only what the files gained after it. It holds what ``ChartStore``
 keeps (bounded: every series is at most twice ``charts.POINTS`` buckets), how far each file was read
 (its inode, offset and the line still being written) and the metrics reader's unfinished rows, so a
-loaded index goes on exactly as the store that wrote it would have. An index whose files were
+loaded index goes on exactly as the store that wrote it would have. The report's figures in it are
+bounded too (``fsdpctl.metrics.fold``: each figure's values as a quantile sketch once there are many),
+so the index is about as large at a million steps as at ten thousand, and rewriting it whole every
+``INDEX_SECONDS`` costs the same at any length. An index whose files were
 replaced or cut shorter since is stale and ignored: the store is rebuilt from the files.
 
 The file: a line ``fsdpctl-charts <version>``, a line of JSON (the header: the plain state and the
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 MAGIC = b"fsdpctl-charts"
-VERSION = 1
+VERSION = 2
 INDEX_NAME = "charts.idx"
 """In the run's ``live/`` folder."""
 INDEX_SECONDS = 60.0

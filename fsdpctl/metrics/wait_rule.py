@@ -16,11 +16,10 @@ this way gets the compute rule.
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
-from ..workload.straggler import MIN_WINDOWS, SHARE, WHY
+from ..workload.straggler import MIN_WINDOWS, SHARE, WHY, median_of
 from ..workload.straggler import even_text as compute_even_text
 from ..workload.straggler import verdict as compute_verdict
 
@@ -66,7 +65,7 @@ def window_culprit(ranks: Sequence[Mapping[str, Any]]) -> Optional[tuple[int, st
 def wait_verdict(windows: Iterable[Sequence[Mapping[str, Any]]]) -> Optional[dict[str, Any]]:
     """The rank named over ``windows`` (each an entry per rank, in rank order), or None."""
     seen = 0
-    flagged: dict[int, list[tuple[str, float]]] = {}
+    flagged: dict[int, dict[str, list[float]]] = {}
     where: dict[int, Mapping[str, Any]] = {}
     for ranks in windows:
         if len(ranks) < 2:
@@ -76,23 +75,25 @@ def wait_verdict(windows: Iterable[Sequence[Mapping[str, Any]]]) -> Optional[dic
             where[position] = entry
         found = window_culprit(ranks)
         if found is not None:
-            flagged.setdefault(found[0], []).append((found[1], found[2]))
+            flagged.setdefault(found[0], {}).setdefault(found[1], []).append(found[2])
     return wait_verdict_from(seen, flagged, where)
 
 
-def wait_verdict_from(seen: int, flagged: Mapping[int, Sequence[tuple[str, float]]],
+def wait_verdict_from(seen: int, flagged: Mapping[int, Mapping[str, Any]],
                       where: Mapping[int, Mapping[str, Any]]) -> Optional[dict[str, Any]]:
     """``wait_verdict`` from what its windows came to: how many were judged, each position's
-    ``window_culprit`` findings in them, and each position's newest entry."""
+    ``window_culprit`` findings in them (by cause, in the order first found: the seconds it stood out
+    by, a list or ``Values``), and each position's newest entry."""
     if seen < MIN_WINDOWS:
         return None
-    named = sorted(r for r, hits in flagged.items() if len(hits) >= max(MIN_WINDOWS, SHARE * seen))
+    hits = {r: sum(len(by) for by in causes.values()) for r, causes in flagged.items()}
+    named = sorted(r for r, count in hits.items() if count >= max(MIN_WINDOWS, SHARE * seen))
     if not named:
         return None
-    worst = max(named, key=lambda r: len(flagged[r]))
+    worst = max(named, key=hits.__getitem__)
     info = where.get(worst, {})
-    slow_in = Counter(kind for kind, _ in flagged[worst]).most_common(1)[0][0]
-    by = statistics.median(s for kind, s in flagged[worst] if kind == slow_in)
+    slow_in = max(flagged[worst], key=lambda kind: len(flagged[worst][kind]))  # the first found of equal ones
+    by = median_of(flagged[worst][slow_in])
     wall = statistics.median(float(e["wall_s"]) for e in where.values())
     place = f" on {info['host']}" if info.get("host") else ""
     node_text = f" (node {info['node']})" if info.get("node") is not None else ""
@@ -108,9 +109,9 @@ def wait_verdict_from(seen: int, flagged: Mapping[int, Sequence[tuple[str, float
                f"longer")
         usual = f"Usually {WHY}."
     text = (f"straggler: rank {rank}{place}{node_text}, slow in {why} (a step: {wall:.3f} s), in "
-            f"{len(flagged[worst])} of {seen} windows; every rank waits for it at each collective. {usual}")
+            f"{hits[worst]} of {seen} windows; every rank waits for it at each collective. {usual}")
     return {"rank": rank, "node": info.get("node"), "host": info.get("host"), "ratio": round((wall + by) / wall, 3)
-            if wall > 0 else None, "windows_slow": len(flagged[worst]), "windows": seen,
+            if wall > 0 else None, "windows_slow": hits[worst], "windows": seen,
             "ranks": [where[r].get("rank", r) for r in named], "local_ranks": [info["local_rank"]]
             if isinstance(info.get("local_rank"), int) else [], "whole_node": None, "slow_in": slow_in,
             "seconds_per_step": round(by, 6), "text": text}
@@ -139,14 +140,15 @@ def wait_gap(ranks: Sequence[Mapping[str, Any]]) -> Optional[float]:
 
 
 def wait_even_from(last: Sequence[Mapping[str, Any]], gaps: Sequence[float]) -> Optional[str]:
-    """``wait_even_text`` from the newest window and every window's ``wait_gap`` (None left out)."""
+    """``wait_even_text`` from the newest window and every window's ``wait_gap`` (None left out; or
+    their ``Values``)."""
     unseen = next((UNSEEN[e["comm"]] for e in last if e.get("comm") in UNSEEN), None)
     if unseen:
         return (f"no rank's input stood out; a slow rank's compute cannot be named here: {unseen}, so waiting "
                 "is not told apart from computing")
     if not gaps:
         return None
-    return (f"ranks even: the rank that waited least in collectives waited {statistics.median(gaps):.0%} of a step "
+    return (f"ranks even: the rank that waited least in collectives waited {median_of(gaps):.0%} of a step "
             f"less than the others (median window){untimed_text(last)}")
 
 

@@ -75,9 +75,9 @@ class Tally:
         named = sorted(r for r, ratios in self.slow.items() if len(ratios) >= max(MIN_WINDOWS, SHARE * self.seen))
         if not named:
             return None
-        worst = max(named, key=lambda r: statistics.median(self.slow[r]))
+        worst = max(named, key=lambda r: median_of(self.slow[r]))
         info = self.where.get(worst, {})
-        ratio = statistics.median(self.slow[worst])
+        ratio = median_of(self.slow[worst])
         nodes_named = {self.where.get(r, {}).get("node") for r in named}
         whole_node = None
         if len(nodes_named) == 1 and None not in nodes_named:
@@ -114,11 +114,18 @@ def spread_of(ranks: Sequence[Mapping[str, Any]]) -> Optional[float]:
     return None
 
 
+def median_of(values: Any) -> float:
+    """The median of a sequence of numbers, or of a run's values kept in bounded memory (an object with
+    its own ``median()``: ``fsdpctl.metrics.quantiles.Values``)."""
+    own = getattr(values, "median", None)
+    return own() if callable(own) else statistics.median(values)
+
+
 def even_text_from(spreads: Sequence[float]) -> Optional[str]:
-    """``even_text`` from the windows' spreads (``spread_of`` each, None left out)."""
+    """``even_text`` from the windows' spreads (``spread_of`` each, None left out; or their ``Values``)."""
     if not spreads:
         return None
-    return f"ranks even: the slowest rank's compute was {statistics.median(spreads):.2f}x the median (median window)"
+    return f"ranks even: the slowest rank's compute was {median_of(spreads):.2f}x the median (median window)"
 
 
 def even_text(windows: Sequence[Sequence[Mapping[str, Any]]]) -> Optional[str]:
