@@ -423,26 +423,7 @@ def test_doctor_collectives_through_slurm(lab, slurm, tmp_path):
 
 
 @pytest.mark.parametrize("via", ["sbatch", "submitit"])
-def test_a_user_project_through_slurm(lab, slurm, tmp_path, via):
-    from tests.integration.user_project import write_project
-
-    project = write_project(tmp_path / "project")
-    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--via", via,
-                     "--code", str(project), "--follow", "--", "-m", "proj.train", "two words", "$(touch PWNED)")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    run_id = result.stdout.strip().splitlines()[0]
-    run_dir = tmp_path / "work" / "runs" / run_id
-    out = {p.name: json.loads(p.read_text()) for p in (run_dir / "out").glob("rank*.json")}
-    assert sorted(out) == ["rank0.json", "rank1.json"] and {r["host"] for r in out.values()} == {"n1", "n2"}
-    assert all(r["argv"] == ["two words", "$(touch PWNED)"] and r["cwd"] == str(run_dir / "code")
-               for r in out.values())
-    assert not (run_dir / "code" / "data").exists() and not list(tmp_path.rglob("PWNED"))
-    logs = fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
-    assert "[n1 r0] user step=4 loss=" in logs
-
-
-@pytest.mark.parametrize("via", ["sbatch", "submitit"])
-def test_a_secret_reaches_every_rank_through_slurm_and_no_file(lab, slurm, tmp_path, via):
+def test_a_user_project_through_slurm_gets_its_arguments_and_a_secret_in_no_file(lab, slurm, tmp_path, via):
     import hashlib
 
     from tests.integration.test_secrets import SECRET, leaks, readable_by_others
@@ -454,15 +435,20 @@ def test_a_secret_reaches_every_rank_through_slurm_and_no_file(lab, slurm, tmp_p
     result = subprocess.run(lab.in_client([sys.executable, "-m", "fsdpctl", "submit", "--slurm", "-p",
                                            str(profile(lab, tmp_path, 8)), "--via", via, "--code", str(project),
                                            "--env", "USER_SECRET", "--env", "PRINT_SECRET=1", "--follow",
-                                           "--", "train.py"]),
+                                           "--", "-m", "proj.train", "two words", "$(touch PWNED)"]),
                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     run_id = result.stdout.strip().splitlines()[0]
     run_dir = tmp_path / "work" / "runs" / run_id
-    records = [json.loads(p.read_text()) for p in (run_dir / "out").glob("rank*.json")]
-    assert len(records) == 2 and {r["secret_sha256"] for r in records} == {hashlib.sha256(SECRET.encode()).hexdigest()}
+    out = {p.name: json.loads(p.read_text()) for p in (run_dir / "out").glob("rank*.json")}
+    assert sorted(out) == ["rank0.json", "rank1.json"] and {r["host"] for r in out.values()} == {"n1", "n2"}
+    assert all(r["argv"] == ["two words", "$(touch PWNED)"] and r["cwd"] == str(run_dir / "code")
+               for r in out.values())
+    assert not (run_dir / "code" / "data").exists() and not list(tmp_path.rglob("PWNED"))
+    assert {r["secret_sha256"] for r in out.values()} == {hashlib.sha256(SECRET.encode()).hexdigest()}
     assert "the secret is: ***" in result.stdout and "zq8" not in result.stdout + result.stderr
-    assert "the secret is: ***" in fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
+    logs = fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
+    assert "[n1 r0] user step=4 loss=" in logs and "the secret is: ***" in logs
     assert leaks(run_dir, tmp_path / "runs") == []  # the batch script, submitit's files, every log
     assert readable_by_others(run_dir, tmp_path / "runs") == []
 

@@ -32,7 +32,7 @@ def check_against_the_allocator(trainer, tmp_path, preset, name, flags):
     # 26.5 (+14.6% of the first). So a measurement off by more than 12% is taken again, up to three
     # times, and one of them must be within 12%.
     offs = []
-    for attempt in range(3):
+    for attempt in range(2):
         result = trainer(tmp_path / f"try{attempt}", "--preset", preset, *SHAPE, *flags, nproc=2)
         memory = result.summary()["step_memory"]
         measured = max(memory["measured_peak_bytes_per_rank"])
@@ -54,8 +54,9 @@ def check_against_the_allocator(trainer, tmp_path, preset, name, flags):
 def test_every_peak_of_a_second_step_lies_between_the_trace_without_gloos_copies_and_the_estimate(
         trainer, tmp_path):
     """FSDP2, full sharding, 2 ranks, batch 8 x 128 tokens of the default 5,000-token vocabulary, run
-    three times. The allocator's peak of step 2 moves with when gloo's threads let go of their copies
-    of each collective's buffer: none held, the last one of each kind, or the last two. The estimate
+    twice (a third run cost 45 s of CI for one more sample of the same spread). The allocator's peak
+    of step 2 moves with when gloo's threads let go of their copies of each collective's buffer: none
+    held, the last one of each kind, or the last two. The estimate
     is the top of that spread and the same trace without the copies (a GPU's) its bottom: tiny 110.3
     and 117.7 MiB, small 313.1 and 349.0; the peaks seen here were tiny 110.3 to 117.7 and small 319.9
     to 349.0 (that one under the whole suite). Every peak must lie between the two, within 3%. Before a
@@ -67,7 +68,7 @@ def test_every_peak_of_a_second_step_lies_between_the_trace_without_gloos_copies
 
     preset = "tiny"
     peaks, estimates = [], set()
-    for attempt in range(3):
+    for attempt in range(2):
         result = trainer(tmp_path / f"try{attempt}", "--preset", preset, *SHAPE, "--vocab-size", "5000", nproc=2)
         memory = result.summary()["step_memory"]
         peaks.append(max(memory["measured_peak_bytes_per_rank"]))
