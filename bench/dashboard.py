@@ -11,6 +11,11 @@
      the launcher's CPU and the nodes' new SSH sessions over a window with none open and with 20
      event streams open, and the server's own CPU. Goal: the nodes and the launcher unchanged.
 
+  4. (``--parts lengths``) one run shape, 1 node x 8 ranks, at 100,000 and 1,000,000 steps: the chart
+     index's size, its upkeep and the server's memory, this tree against the tree before its quantile
+     sketches, and the report's medians against the exact ones. Goal: flat within 2x from 100,000 to
+     1,000,000 steps; medians within the sketch's 0.2 %.
+
 Run as root: .venv/bin/python bench/dashboard.py [--runs 1000] [--steps 100000] [--window 30]
 """
 
@@ -135,14 +140,20 @@ def registry(args, root: Path, baseline: Optional[Path] = None) -> dict:
             **{f"cli_runs_json_median_s_{name}": round(sorted(times)[1], 3) for name, times in cli.items()}}
 
 
-def _write_rows(out, first: int, last: int, ranks_total: int, per_node: int, rng: random.Random, t0: float) -> None:
+def _write_rows(out, first: int, last: int, ranks_total: int, per_node: int, rng: random.Random, t0: float,
+                written: Optional[dict[str, list[float]]] = None) -> None:
     for step in range(first, last + 1):
         ranks = [{"rank": r, "node": r // per_node, "host": f"10.9.0.{r // per_node + 1}", "local_rank": r % per_node,
                   "compute_s": round(0.3 * (1.4 if r == 13 else 1.0) + rng.random() * 0.01, 6), "comm_s": 0.1,
                   "data_s": 0.001, "wall_s": 0.5, "mem_mb": 61000.0} for r in range(ranks_total)]
-        out.write(json.dumps({"kind": "train", "step": step, "loss": 10 / (1 + step / 1000),
-                              "tokens_per_s": 4.2e6, "mfu": 0.41, "time": t0 + step * 0.5, "step_time_s": 0.5,
-                              "ranks": ranks}) + "\n")
+        jitter = 1 + 0.1 * rng.random()  # a step's time as it varies: the medians are of something
+        figures = {"tokens_per_s": round(4.2e6 / jitter), "mfu": round(0.41 / jitter, 5),
+                   "step_time_s": round(0.5 * jitter, 6)}
+        if written is not None:
+            for key, value in figures.items():
+                written.setdefault(key, []).append(value)
+        out.write(json.dumps({"kind": "train", "step": step, "loss": 10 / (1 + step / 1000), **figures,
+                              "time": t0 + step * 0.5, "ranks": ranks}) + "\n")
 
 
 def _write_samples(live: Path, nodes: int, gpus: int, first: int, last: int, rng: random.Random, t0: float) -> None:
@@ -162,9 +173,11 @@ def _write_samples(live: Path, nodes: int, gpus: int, first: int, last: int, rng
                 out.write(json.dumps(line) + "\n")
 
 
-def generated_run(runs: Path, steps: int, nodes: int, per_node: int, keep_every: int) -> tuple[Any, dict]:
+def generated_run(runs: Path, steps: int, nodes: int, per_node: int, keep_every: int,
+                  written: Optional[dict[str, list[float]]] = None) -> tuple[Any, dict]:
     """A finished run as its collector leaves it: the copies written ``keep_every`` steps at a time, the
-    chart index kept after each batch by the collector's own code (``Collector.keep_index``)."""
+    copies read and the chart index kept after each batch by the collector's own code (``Collector.read``,
+    ``Collector.keep_index``)."""
     from fsdpctl.live.collector import Collector
 
     run = make_run(runs, 1, nodes, steps)
@@ -174,16 +187,19 @@ def generated_run(runs: Path, steps: int, nodes: int, per_node: int, keep_every:
     copy.parent.mkdir(parents=True)
     t0 = 1_790_000_000.0
     collector = Collector(run.root, run.plan)
-    kept_cpu = 0.0
+    kept_cpu = read_cpu = 0.0
     saves = 0
     with copy.open("w") as out:
         for first in range(1, steps + 1, keep_every):
             last = min(steps, first + keep_every - 1)
-            _write_rows(out, first, last, nodes * per_node, per_node, rng, t0)
+            _write_rows(out, first, last, nodes * per_node, per_node, rng, t0, written)
             out.flush()
             _write_samples(live, nodes, per_node, int((first - 1) * 0.5 / 5), int(last * 0.5 / 5), rng, t0)
             started = time.process_time()
-            collector.keep_index()
+            collector.read()  # what the collector does every few seconds: the copies' new rows into the charts
+            read_cpu += time.process_time() - started
+            started = time.process_time()
+            collector.keep_index()  # and every 60 s
             kept_cpu += time.process_time() - started
             saves += 1
     (live / "collect.json").write_text("{}")
@@ -193,6 +209,7 @@ def generated_run(runs: Path, steps: int, nodes: int, per_node: int, keep_every:
     return run, {"metrics_and_samples_mb": round(sum(p.stat().st_size for p in live.rglob("*.jsonl")) / 2**20),
                  "index_mb": round(index.stat().st_size / 2**20, 1), "index_kept_times": saves,
                  "index_upkeep_cpu_s_per_run_hour": round(kept_cpu / hours, 2),
+                 "reading_cpu_s_per_run_hour": round(read_cpu / hours, 2),
                  "index_upkeep_pct_of_a_core": round(100 * kept_cpu / (steps * 0.5), 3)}
 
 
@@ -253,6 +270,65 @@ def million_steps(args, root: Path) -> dict:
     run, made = generated_run(runs, args.million, 1, 8, 2000)
     return {"steps": args.million, **made, "this_tree": open_page(runs, run.run_id, root),
             "report_s": report_seconds(runs, run.run_id, root)}
+
+
+def report_json(runs: Path, run_id: str, root: Path, tree: Path = REPO) -> tuple[dict, float]:
+    """``fsdpctl report RUN --json --no-fetch`` of ``tree``: its figures and its wall seconds."""
+    env = {**fsdpctl_env(root), "FSDPCTL_RUNS_DIR": str(runs), "PYTHONPATH": str(tree)}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "fsdpctl", "report", run_id, "--json", "--no-fetch"], env=env,
+                          cwd=root, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout)["runs"][0], round(time.perf_counter() - started, 2)
+
+
+def run_lengths(args, root: Path, before: Optional[Path]) -> dict:
+    """The same run shape (1 node x 8 ranks) at each length: the chart index's size, its upkeep and the
+    server's memory of this tree, and at ``--before-lengths`` of the tree before too (its own bench, in
+    its own process, on the same rows); this tree's report medians against the exact medians of the
+    rows written."""
+    import statistics
+
+    out: dict[str, Any] = {}
+    for steps in (int(n) for n in args.lengths.split(",")):
+        runs = root / f"length-{steps}"
+        runs.mkdir()
+        written: dict[str, list[float]] = {}
+        run, made = generated_run(runs, steps, 1, 8, args.keep_every, written)
+        page = open_page(runs, run.run_id, root)
+        mine, mine_s = report_json(runs, run.run_id, root)
+        shutil.rmtree(runs)
+        medians = {}
+        for key, values in written.items():
+            exact = statistics.median(values)
+            medians[key] = {"this_tree": mine.get(key), "exact": exact,
+                            "relative_error": abs(mine[key] - exact) / abs(exact)
+                            if isinstance(mine.get(key), (int, float)) else None}
+        del written
+        out[str(steps)] = {"this_tree": {**made, "server_rss_mb": page["server_rss_mb"], "report_s": mine_s},
+                           "medians": medians}
+        if before is not None and str(steps) in args.before_lengths.split(","):
+            for name in ("dashboard.py", "harness.py"):  # this bench, on the tree before's code
+                shutil.copy(Path(__file__).parent / name, before / "bench" / name)
+            theirs = subprocess.run([sys.executable, str(before / "bench" / "dashboard.py"), "--parts", "million",
+                                     "--million", str(steps), "--keep-every", str(args.keep_every)],
+                                    env={**os.environ, "PYTHONPATH": str(before)}, check=True, capture_output=True,
+                                    text=True)
+            made_before = json.loads(theirs.stdout[theirs.stdout.index("{"):])["million_steps"]
+            out[str(steps)]["tree_before"] = {
+                "index_mb": made_before["index_mb"],
+                "index_upkeep_cpu_s_per_run_hour": made_before["index_upkeep_cpu_s_per_run_hour"],
+                "server_rss_mb": made_before["this_tree"]["server_rss_mb"], "report_s": made_before["report_s"]}
+        _keep_lengths(out)  # each length as it is measured: the longest takes the better part of an hour
+    return out
+
+
+def _keep_lengths(measured: dict) -> None:
+    """``measured`` added to the lengths kept in ``dashboard_lengths.json``."""
+    path = RESULTS / "dashboard_lengths.json"
+    kept = json.loads(path.read_text()) if path.exists() else {"benchmark": "dashboard", "run_lengths": {}}
+    kept["run_lengths"] = {**kept.get("run_lengths", {}), **measured}
+    RESULTS.mkdir(exist_ok=True)
+    path.write_text(json.dumps(kept, indent=2) + "\n")
 
 
 def pages_on_a_live_run(args, root: Path) -> dict:
@@ -324,7 +400,11 @@ def main() -> None:
     parser.add_argument("--million", type=int, default=1_000_000, help="steps of the longest run (0: not run)")
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--baseline-rev", default="8160d95", help="the tree before the chart index")
-    parser.add_argument("--parts", default="registry,long,million,pages")
+    parser.add_argument("--parts", default="registry,long,million,pages",
+                        help="also: lengths (the index and the server at --lengths steps, against --before-rev)")
+    parser.add_argument("--lengths", default="100000,1000000")
+    parser.add_argument("--before-rev", default="e2f25a3", help="the tree before the index's sketches")
+    parser.add_argument("--before-lengths", default="100000,1000000", help="lengths the tree before is run at too")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     root = Path(tempfile.mkdtemp(prefix="fsdpctl-bench-dashboard-"))
@@ -344,11 +424,25 @@ def main() -> None:
             result["million_steps"] = million_steps(args, root)
         if "pages" in parts:
             result["pages"] = pages_on_a_live_run(args, root)
+        if "lengths" in parts:
+            before = root / "before"
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(before), args.before_rev],
+                           check=True, capture_output=True)
+            try:
+                result["run_lengths"] = run_lengths(args, root, before if args.before_lengths else None)
+            finally:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)],
+                               capture_output=True)
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "dashboard.json").write_text(json.dumps(result, indent=2) + "\n")
+    if parts == {"lengths"}:  # a file of its own, each length's figures added to those kept
+        path = RESULTS / "dashboard_lengths.json"
+        result["run_lengths"] = json.loads(path.read_text())["run_lengths"]
+    else:
+        path = RESULTS / "dashboard.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

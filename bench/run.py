@@ -69,6 +69,23 @@ def _views_at_scale(add, out: list) -> None:
         million = board["million_steps"]
         add("dashboard: first page of a 1,000,000-step run (8 ranks), seconds", million["this_tree"]["first_s"], 2,
             "{:.2f}", note=f" ({million['this_tree']['page_kb']} KB; report {million['report_s']} s)")
+    lengths = load("dashboard_lengths").get("run_lengths", {})
+    if len(lengths) >= 2:
+        short, long_ = (lengths[k] for k in sorted(lengths, key=int)[::len(lengths) - 1])
+        steps = sorted(lengths, key=int)
+        mine = (short["this_tree"], long_["this_tree"])
+        theirs = (short.get("tree_before", {}), long_.get("tree_before", {}))
+        add(f"chart index, {int(steps[-1]):,} / {int(steps[0]):,} steps (8 ranks): size ratio",
+            mine[1]["index_mb"] / max(mine[0]["index_mb"], 1e-9), 2, "{:.2f}",
+            note=f" ({mine[0]['index_mb']} -> {mine[1]['index_mb']} MB; the tree before: "
+                 f"{theirs[0].get('index_mb', '-')} -> {theirs[1].get('index_mb', '-')} MB)")
+        add("dashboard server's memory, the same two runs: ratio", mine[1]["server_rss_mb"] / mine[0]["server_rss_mb"],
+            2, "{:.2f}", note=f" ({mine[0]['server_rss_mb']:.0f} -> {mine[1]['server_rss_mb']:.0f} MB; "
+                              f"the tree before: {theirs[0].get('server_rss_mb', '-')} -> "
+                              f"{theirs[1].get('server_rss_mb', '-')} MB)")
+        worst = max(m["relative_error"] or 0.0 for k in steps for m in lengths[k]["medians"].values())
+        add("report's medians (tokens/s, MFU, step time) from the sketch / exact: largest relative error", worst,
+            0.002, "{:.5f}")
     if board.get("registry"):
         reg = board["registry"]
         add("`fsdpctl runs --json`, 1,000 runs, seconds", reg.get("cli_runs_json_median_s_this_tree"), 0.3, "{:.2f}",
