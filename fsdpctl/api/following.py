@@ -124,9 +124,11 @@ def follow(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, 
     emit(RunEnded(run.run_id, outcome, str(run.root)))
     if act and not outcome.left:  # who acts on the run gives its MLflow parent run the end (a restart: again)
         mark_parent(run.plan, end_status(outcome.state), emit)
+    copied = getattr(follower, "copied", None)  # the nodes' own files, still on their way here once the end is said
+    fetched = copied() if copied is not None else None
     failure = outcome.first_failure
     if act and outcome.state.is_failure and (failure is None or failure.kind == "exit"):
-        flight_after_failure(backend, run, echo=emit.notice)
+        flight_after_failure(backend, run, echo=emit.notice, fetched=fetched)
     if outcome.interrupted_by is not None and not signals:
         raise KeyboardInterrupt
     return outcome

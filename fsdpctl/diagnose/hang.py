@@ -16,7 +16,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ..backends.hang_watch import HANG_EXIT, HangVerdict, HangWatch
 from ..rundir.paths import private_dir, write_private
@@ -142,11 +142,13 @@ def _gather(backend: Backend, run: RunDir, silent: float) -> tuple[Failure, list
     return failure, lines
 
 
-def flight_after_failure(backend: Backend, run: RunDir, echo: Callable[[str], None]) -> None:
+def flight_after_failure(backend: Backend, run: RunDir, echo: Callable[[str], None],
+                         fetched: Optional[dict[str, list[str]]] = None) -> None:
     """After a failed run: the dumps torch's NCCL watchdog wrote when a collective timed out
-    (``flight/on-timeout/`` on the nodes), brought to ``runs/<id>/flight/`` and read."""
+    (``flight/on-timeout/`` on the nodes), brought to ``runs/<id>/flight/`` and read. ``fetched``:
+    the dumps already copied as the nodes ended (the follower's), by node; none are fetched again."""
     with _one_reader(run.root):
-        lines, _ = collect_flight(backend, run, run.root / "flight", "flight/on-timeout")
+        lines, _ = collect_flight(backend, run, run.root / "flight", "flight/on-timeout", fetched)
     if lines:
         echo("fsdpctl: flight recorder, dumped by torch when the collective timed out:")
         for line in lines:
@@ -154,13 +156,13 @@ def flight_after_failure(backend: Backend, run: RunDir, echo: Callable[[str], No
         echo(f"fsdpctl: kept in {run.root / 'flight'}")
 
 
-def collect_flight(backend: Backend, run: RunDir, into: Path, path: str = "flight"
-                   ) -> tuple[list[str], list[Disagreement]]:
+def collect_flight(backend: Backend, run: RunDir, into: Path, path: str = "flight",
+                   fetched: Optional[dict[str, list[str]]] = None) -> tuple[list[str], list[Disagreement]]:
     """Every rank's flight-recorder dumps under ``path``, one folder per kind (``rank_<N>`` files, ranks
     being global), each read for the collective the ranks disagree on: (lines to show, what they
-    disagree on)."""
+    disagree on). ``fetched``: the files already here, by node (``backend.fetch``'s answer)."""
     fetched_here = (run.root / "fetched").resolve()
-    for files in backend.fetch(run, path).values():
+    for files in (fetched if fetched is not None else backend.fetch(run, path)).values():
         for name in files:
             dump = Path(name)
             if not dump.name.startswith("rank_") or dump.name.endswith(".tmp"):

@@ -142,12 +142,19 @@ def test_logs_follow_of_a_detached_run_reports_and_ends_a_hang_the_same_way(lab,
 def test_a_failed_run_brings_back_the_flight_recorder_dumps_torch_wrote(lab, tmp_path):
     """torch's NCCL watchdog dumps every rank's flight recorder into flight/on-timeout/ (fsdpctl points
     it there) before the ranks abort; gloo has no such watchdog, so the program writes the same real
-    dumps there itself, then rank 1 fails."""
+    dumps there itself, then rank 1 fails (exit 3): named, said before the dumps are read, and nothing
+    of the run left on either node."""
     project = write_project(tmp_path / "project")
     result = run(lab, tmp_path, "launch", "-p", str(hang_profile(lab, tmp_path, sys.executable)), "--code",
                  str(project), "--env", "DUMP_FLIGHT_RECORDER=1", "--env", "FAIL_RANK=1", "--", "train.py")
     assert result.returncode == 3, result.stderr[-3000:]
-    assert "fsdpctl: flight recorder, dumped by torch when the collective timed out:" in result.stderr
+    failed = f"FAILED: rank 1 (local rank 0) on {lab.hosts['n2'].address} (node 1) exited 3"
+    dumps = "fsdpctl: flight recorder, dumped by torch when the collective timed out:"
+    assert failed in result.stderr and "rank 1 failing on purpose" in result.stderr, result.stderr[-3000:]
+    assert dumps in result.stderr and result.stderr.index(failed) < result.stderr.index(dumps)
     assert "  on-timeout: dumps of rank(s) 0,1" in result.stderr, result.stderr[-3000:]
-    kept = run_dir_of(tmp_path) / "flight" / "on-timeout"
+    run_dir = run_dir_of(tmp_path)
+    kept = run_dir / "flight" / "on-timeout"
     assert sorted(p.name for p in kept.glob("rank_*")) == ["rank_0", "rank_1"]
+    assert not list((run_dir / "fetched").rglob("rank_*"))  # copied as each node ended, straight to their place
+    assert not processes_of(run_dir.name)

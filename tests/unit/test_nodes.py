@@ -33,11 +33,17 @@ rank = int(os.environ["FSDPCTL_NODE_RANK"])
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
 with open(f"pids{rank}", "w") as f:
     f.write(f"{os.getpid()} {child.pid}")
+os.makedirs(f"logs/node{rank}/attempt_0", exist_ok=True)  # torchrun's log folder
+with open(f"logs/node{rank}/attempt_0/stdout.log", "w") as f:
+    f.write(f"node {rank} as torchrun keeps it")
 print(f"node {rank} starting", flush=True)
 print(f"node {rank} to stderr", file=sys.stderr, flush=True)
 if rank == int(os.environ.get("FAIL_RANK", "-1")):
     time.sleep(float(os.environ.get("FAIL_AFTER", "0.5")))
     print(f"node {rank} failing", flush=True)
+    os.makedirs("flight/on-timeout", exist_ok=True)  # where torch's watchdog dumps before an abort
+    with open(f"flight/on-timeout/rank_{rank}", "w") as f:
+        f.write("a dump")
     child.kill()
     sys.exit(3)
 time.sleep(float(os.environ.get("RUN_SECONDS", "0.2")))
@@ -57,7 +63,8 @@ def profile_text(tmp_path: Path, env: dict[str, str], backend: str = "ssh") -> s
 
 
 def launch(tmp_path: Path, env: dict[str, str]):
-    """Start a two-node plan through the SSH backend, both "nodes" being this machine, and follow it."""
+    """Start a two-node plan through the SSH backend, both "nodes" being this machine, and follow it:
+    (plan, paths, outcome, lines, seconds followed, the flight-recorder dumps copied here)."""
     text = profile_text(tmp_path, env)
     profile = parse_profile(text, "t.yaml")
     plan = plan_run(profile, run_id="t-20261121-120000-abcd", local_run_dir=str(tmp_path / "local"))
@@ -68,7 +75,9 @@ def launch(tmp_path: Path, env: dict[str, str]):
     seen: list[tuple[int, str]] = []
     started = time.monotonic()
     outcome = follower.follow(lambda line: seen.append((line.node_rank, line.text)), signals=True)
-    return plan, run.paths, outcome, seen, time.monotonic() - started
+    took = time.monotonic() - started
+    flight = follower.copied()  # the nodes' torchrun logs and dumps, copied here as each node ended
+    return plan, run.paths, outcome, seen, took, flight
 
 
 def alive(pid: int) -> bool:
@@ -84,7 +93,7 @@ def pids_of(plan, rank: int) -> list[int]:
 
 
 def test_every_node_streams_and_succeeds(tmp_path):
-    plan, paths, result, seen, _ = launch(tmp_path, {"RUN_SECONDS": "0.1"})
+    plan, paths, result, seen, _, _ = launch(tmp_path, {"RUN_SECONDS": "0.1"})
     assert result.exit_code == 0 and result.first_failure is None
     assert (0, "node 0 starting") in seen and (1, "node 1 to stderr") in seen
     assert any(line.startswith("fsdpctl: node 1 of 2 on ") for rank, line in seen if rank == 1)
@@ -97,7 +106,7 @@ def test_every_node_streams_and_succeeds(tmp_path):
 
 
 def test_first_failure_stops_the_other_node_and_its_session_children(tmp_path):
-    plan, paths, result, seen, elapsed = launch(tmp_path, {"FAIL_RANK": "1", "RUN_SECONDS": "60"})
+    plan, paths, result, seen, elapsed, flight = launch(tmp_path, {"FAIL_RANK": "1", "RUN_SECONDS": "60"})
     assert result.exit_code == 3
     assert result.first_failure.node_rank == 1 and result.first_failure.host == "10.9.0.2"
     assert "node 1 failing" in result.first_failure.last_lines
@@ -107,6 +116,13 @@ def test_first_failure_stops_the_other_node_and_its_session_children(tmp_path):
     record = json.loads(paths.run_record.read_text())
     assert record["state"] == "failed" and record["first_failure"]["exit_code"] == 3
     assert record["nodes"][0]["exit_code"] == 128 + signal.SIGTERM
+    # each node's torchrun logs and flight-recorder dumps were copied here as it ended, in their places
+    local = paths.logs.parent
+    assert [(local / "logs" / f"node{r}" / "attempt_0" / "stdout.log").read_text() for r in (0, 1)] == \
+        ["node 0 as torchrun keeps it", "node 1 as torchrun keeps it"]
+    # (both "nodes" share one run directory here, as on a shared file system: each finds the dump)
+    assert sorted(flight) == ["node 0 (10.9.0.1)", "node 1 (10.9.0.2)"]
+    assert {name for names in flight.values() for name in names} == {str(local / "flight/on-timeout/rank_1")}
 
 
 def test_stop_run_ends_only_that_run(tmp_path):

@@ -139,6 +139,26 @@ def test_without_a_first_signal_every_process_gets_term_at_once(tmp_path):
         tree.kill()
 
 
+def test_the_agents_end_returns_once_the_processes_are_gone_and_starts_a_shell_only_to_clean_up(tmp_path):
+    """Another node failed: TERM, and the end is said as soon as nothing of the run is left, not after
+    the grace; a bare run has no containers to remove, so no shell is started for them."""
+    started: list[list[str]] = []
+    agent.run_quietly = lambda argv, timeout: started.append(argv)  # the probe's, on a node
+    try:
+        for n, cleanup in enumerate((None, "true", "echo removing containers")):
+            (tmp_path / f"end{n}").mkdir()
+            run_id, tree = start_tree(tmp_path / f"end{n}", "save")
+            try:
+                began = time.monotonic()
+                assert agent.end_run(run_id, 20.0, cleanup=cleanup) == []
+                assert time.monotonic() - began < 10, "the end waited out the grace"
+            finally:
+                tree.kill()
+    finally:
+        del agent.run_quietly
+    assert started == [["bash", "-c", "echo removing containers"]]
+
+
 def test_the_node_agent_and_the_workload_name_one_stop_marker():
     """The agent's source runs on a node with nothing of fsdpctl imported: its own copy of the name."""
     assert agent.STOP_MARKER == STOP_MARKER

@@ -250,6 +250,15 @@ def _is_rank(pid):
         return False
 
 
+def _alive(pid):
+    """Whether ``pid`` still runs (a zombie waiting for its parent to read its end does not)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def rank_roots(pids):
     """The ranks among ``pids``: processes torchrun started whose parent is not one (a rank's own
     children, data loader workers, are left to the rank)."""
@@ -297,15 +306,20 @@ def end_run(run_id, grace, node_rank=None, attempt=None, cleanup=None, first=Non
             time.sleep(0.1)
         grace = min(grace, 2.0)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in run_processes(run_id, node_rank, attempt):
+        signalled = run_processes(run_id, node_rank, attempt)
+        for pid in signalled:
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
+        # Waited on by pid, not by scanning every process's environment again and again: with many
+        # ranks to a node, or nodes sharing a machine, the scans held up the node's end. The next
+        # round, and the count returned, scan again.
         deadline = time.time() + (grace if sig == signal.SIGTERM else 1.0)
-        while run_processes(run_id, node_rank, attempt) and time.time() < deadline:
-            time.sleep(0.1)
-    run_quietly(["bash", "-c", cleanup or "true"], 90)  # noqa: F821 - comes with the probe's source
+        while any(_alive(pid) for pid in signalled) and time.time() < deadline:
+            time.sleep(0.05)
+    if cleanup and cleanup != "true":  # a bare run has no containers to remove: no shell to start
+        run_quietly(["bash", "-c", cleanup], 90)  # noqa: F821 - comes with the probe's source
     return run_processes(run_id, node_rank, attempt)
 
 

@@ -223,10 +223,11 @@ STAGED = ("pkg", "code")
 """What fsdpctl itself put in a run directory (copies of the workload and the code): never fetched back."""
 
 
-def fetch_command(run_dir: str, path: str) -> str:
-    """``path`` (relative to the run directory) as a base64 tar.gz (the transports carry text), or a
-    line saying it is not there."""
-    return (f"cd {quote_path(run_dir)} && if [ -e {shlex.quote(path)} ]; then "
+def fetch_command(run_dir: str, *paths: str) -> str:
+    """The ``paths`` that exist (relative to the run directory) as one base64 tar.gz (the transports
+    carry text), or a line saying none is there."""
+    return (f"cd {quote_path(run_dir)} && set -- && for p in {' '.join(shlex.quote(p) for p in paths)}; do "
+            f'if [ -e "$p" ]; then set -- "$@" "$p"; fi; done; if [ $# -gt 0 ]; then '
             f"tar -czf - {' '.join(f'--exclude=./{name}' for name in STAGED)} --exclude='./.stage.*' "
-            f"-- {shlex.quote(path)} | base64 -w0; "
+            f'-- "$@" | base64 -w0; '
             f"else echo '{FETCH_MISSING}'; fi")

@@ -34,7 +34,7 @@ from ..transport import Transport
 from .commands import side_files_command
 from .feeds import AgentFeed, TailFeed
 from .log_copy import complete_logs
-from .runs import NodeRun, RunResult, fetch_logs, node_records, read_error_file, read_node_text, recorded_node_runs
+from .runs import EndFetch, NodeRun, RunResult, node_records, read_error_file, read_node_text, recorded_node_runs
 from .supervisor import Supervisor
 
 
@@ -48,6 +48,8 @@ class NodesFollower:
         self.owner = started is not None
         self.started = started or []
         self.collect = collect or self.owner
+        self.fetch: Optional[EndFetch] = None  # the owner's copies of the nodes' files, begun as each ended
+        self.node_runs: list[NodeRun] = []
         self.collecting = False
         """This follower is the run's collector (its owner always is; a detached run's follower too):
         it keeps the logs here and the copies of the nodes' side files, unless another process
@@ -79,10 +81,16 @@ class NodesFollower:
         # The values are in this environment (they were read from it at launch; a follower in another
         # shell may have them too); the nodes mask their logs themselves as well.
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
+        # The owner copies each node's torchrun logs here as that node ends (a run directory of this
+        # machine's own has them in place already).
+        here = Path(plan.run_dir).expanduser().resolve() == run.root.resolve()
+        fetch = EndFetch(plan, run.root, masker.bytes if masker else None) if owner and not here else None
+        self.fetch, self.node_runs = fetch, node_runs
         result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, grace=plan.stop_grace,
                             write_local=owner or collector is not None,
                             stop_on_interrupt=owner, mask=masker.text if masker else None, watch=watch, signals=signals,
                             leave=None if owner else leave, collector=collector,
+                            on_end=fetch.node_ended if fetch is not None else None,
                             **self._timeline(collector)).run()
         if result.left:
             return Outcome(exit_code=0, state=RunState.RUNNING, message=f"stopped following; run {plan.run_id} goes on")
@@ -117,6 +125,13 @@ class NodesFollower:
             return side_files_command(plan.run_dir, plan.host_python, node.rank, node.pid, specs) if specs else None
         return command
 
+    def copied(self) -> Optional[dict[str, list[str]]]:
+        """Wait for the copies of the nodes' torchrun logs and flight-recorder dumps, begun as each node
+        ended: the run's end is said first. The dumps that came, by node; None where this follower
+        copies nothing (it is not the run's owner, or the run directory is this machine's own)."""
+        fetch, self.fetch = self.fetch, None
+        return fetch.finish(self.node_runs) if fetch is not None else None
+
     def _settle(self, result: RunResult, node_runs: list[NodeRun], masker: Masker) -> Outcome:
         """The end as the nodes left it: the failing rank's own error read, the logs brought whole,
         the run recorded by whoever may record it."""
@@ -141,8 +156,6 @@ class NodesFollower:
         recorded = {"finished_at": now(), "exit_code": exit_code, "first_failure": failure}
         notes: list[str] = []
         if owner:
-            if Path(plan.run_dir).expanduser().resolve() != run.root.resolve():
-                fetch_logs(plan, node_runs, run.root, masker.bytes if masker else None)
             # Every stream ran to its node's end: the copies here are whole (a lost node's is not).
             run.change(state=state, nodes=node_records(node_runs), logs_complete=not lost, **recorded)
             if lost:  # what a cut stream's node logged since, if it answers now (a lost node is not asked)

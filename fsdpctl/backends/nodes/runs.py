@@ -137,16 +137,18 @@ def first_failure_of(run: NodeRun, failed_at: str | None = None) -> Failure:
                             lost=(run.lost_reason or "it stopped answering") if lost else None)
 
 
-def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,
+def fetch_from_node(transport: Transport, run_dir: str, path: str | Sequence[str], dest: Path,
                     timeout: float = FETCH_TIMEOUT) -> list[str]:
-    """Copy ``path`` (under the node's run directory) into ``dest``; returns the files that came
-    (empty when the node has no such path). Raises HostError."""
-    status, out, err = transport.run(marked(fetch_command(run_dir, path)), timeout)
+    """Copy ``path`` (under the node's run directory; several: those that exist, in one command) into
+    ``dest``; returns the files that came (empty when the node has none of them). Raises HostError."""
+    paths = (path,) if isinstance(path, str) else tuple(path)
+    status, out, err = transport.run(marked(fetch_command(run_dir, *paths)), timeout)
     out = after_mark(out).strip()
     if out == FETCH_MISSING or (status == 0 and not out):
         return []
     if status != 0:
-        raise HostError(transport.host, "fetch", f"could not read {path}: {err.strip() or f'exit {status}'}",
+        why = err.strip() or f"exit {status}"
+        raise HostError(transport.host, "fetch", f"could not read {', '.join(paths)}: {why}",
                         "look at the run directory on that node")
     private_dir(dest)
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)), mode="r:gz") as tar:
@@ -160,23 +162,51 @@ def fetch_from_node(transport: Transport, run_dir: str, path: str, dest: Path,
         return sorted(str(dest / m.name) for m in members if m.isfile())
 
 
-def fetch_logs(plan: LaunchPlan, runs: Sequence[NodeRun], local_dir: Path,
-               mask_bytes: Callable[[bytes], bytes] | None = None) -> None:
-    """Copy each node's torchrun log folder (``logs/node<R>``) into the local run directory, with the
-    run's secrets masked in every file (``mask_bytes``)."""
-    def fetch(run: NodeRun) -> None:
-        if run.state == NodeState.LOST:
-            return  # it does not answer: its streamed log is here anyway
-        try:
-            files = fetch_from_node(run.transport, plan.run_dir, f"logs/node{run.rank}", local_dir)
-        except HostError:
-            return
-        for name in files if mask_bytes else ():
-            data = Path(name).read_bytes()
-            if (masked := mask_bytes(data)) != data:
-                Path(name).write_bytes(masked)
+FLIGHT_ON_TIMEOUT = "flight/on-timeout"
+"""Where torch's NCCL watchdog dumps its flight recorder when a collective times out (the plan's
+``TORCH_FR_DUMP_TEMP_FILE``), under a node's run directory."""
 
-    _parallel(fetch, runs)
+
+class EndFetch:
+    """Each node's torchrun log folder (``logs/node<R>``) and flight-recorder dumps, copied into the
+    local run directory as soon as that node has ended, while the others are still being stopped:
+    the run's end is said when the last node ends, not after a copy from every node. The run's
+    secrets are masked in the logs (``mask_bytes``)."""
+
+    def __init__(self, plan: LaunchPlan, local_dir: Path, mask_bytes: Callable[[bytes], bytes] | None = None):
+        self.plan, self.local_dir, self.mask_bytes = plan, local_dir, mask_bytes
+        self.pool = ThreadPoolExecutor(max_workers=fan_out(len(plan.nodes)), thread_name_prefix="fsdpctl-fetch")
+        self.fetches: dict[int, Any] = {}
+
+    def node_ended(self, run: NodeRun) -> None:
+        """Start copying ``run``'s files (its script has ended: torchrun wrote its last)."""
+        if run.rank not in self.fetches and run.state != NodeState.LOST:
+            self.fetches[run.rank] = self.pool.submit(self._fetch, run)
+
+    def finish(self, runs: Sequence[NodeRun]) -> dict[str, list[str]]:
+        """Every node's copy done (those not started yet: now; a lost node's: never, it does not
+        answer and its streamed log is here anyway); the flight-recorder dumps that came, by node."""
+        for run in runs:
+            self.node_ended(run)
+        try:
+            return {label: flight for label, flight in (self.fetches[r.rank].result() for r in runs
+                                                        if r.rank in self.fetches)}
+        finally:
+            self.pool.shutdown(wait=False)
+
+    def _fetch(self, run: NodeRun) -> tuple[str, list[str]]:
+        label = f"node {run.rank} ({run.node.host})"
+        logs = f"logs/node{run.rank}"
+        try:
+            files = fetch_from_node(run.transport, self.plan.run_dir, (logs, FLIGHT_ON_TIMEOUT), self.local_dir)
+        except HostError as exc:
+            return f"{label}: {exc.detail}", []
+        for name in files if self.mask_bytes else ():
+            if Path(name).is_relative_to(self.local_dir / logs):  # a flight dump is torch's pickle: left whole
+                data = Path(name).read_bytes()
+                if (masked := self.mask_bytes(data)) != data:
+                    Path(name).write_bytes(masked)
+        return label, [name for name in files if Path(name).is_relative_to(self.local_dir / FLIGHT_ON_TIMEOUT)]
 
 
 def recorded_node_runs(run: RunDir, connect: Callable[[NodeSpec], Transport]) -> list[NodeRun]:

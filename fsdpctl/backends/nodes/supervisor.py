@@ -58,7 +58,8 @@ class Supervisor:
                  grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True,
                  mask: Callable[[str], str] | None = None, watch: HangWatch | None = None, signals: bool = False,
                  leave: threading.Event | None = None, collector: Collector | None = None,
-                 timeline: Timeline | None = None, save_timeline: Callable[[Timeline], None] | None = None):
+                 timeline: Timeline | None = None, save_timeline: Callable[[Timeline], None] | None = None,
+                 on_end: Callable[[NodeRun], None] | None = None):
         self.plan, self.runs, self.log_dir, self.sink, self.grace = plan, runs, log_dir, sink, grace
         self.stop_signal = plan.stop_signal
         batch = getattr(sink, "lines", None)  # a sink that takes a batch at once (see api.events)
@@ -88,6 +89,7 @@ class Supervisor:
         self.timeline = timeline  # the moments the nodes' lines show (the collector keeps them)
         self.moments = LineMoments(timeline) if timeline is not None else None
         self.save_timeline = save_timeline
+        self.on_end = on_end  # told of each node whose script ended (its files are final)
         self.timeline_saved = 0.0
         self.began = time.monotonic()
         self.rendezvous_said = timeline is None
@@ -343,6 +345,8 @@ class Supervisor:
                 self.timeline.reached("exit", run.rank)
             run.exit_code = answer.code
             run.state = NodeState.SUCCEEDED if run.exit_code == 0 else NodeState.FAILED
+            if self.on_end is not None:
+                self.on_end(run)
         elif isinstance(answer, Lost):
             run.state, run.exit_code, run.lost_reason = NodeState.LOST, NODE_LOST_EXIT, answer.why
             run.tail.append(LogLine(run.rank, run.node.host,
