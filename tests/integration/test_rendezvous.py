@@ -49,7 +49,7 @@ def where_lines(result) -> list[dict[str, str]]:
 @pytest.mark.parametrize("backend", ["c10d", "static"])
 def test_the_rendezvous_is_on_the_host_the_profile_names(lab, tmp_path, backend):
     code = program(tmp_path)
-    for host in ("n1", "n2"):
+    for host in ("n2",):  # n1 holds it when none is named: only another host shows the setting at work
         address = lab.hosts[host].address
         path = profile_with(lab, tmp_path, f"rendezvous:\n  backend: {backend}\n  host: {address}\n",
                             name=f"{backend}-{host}")

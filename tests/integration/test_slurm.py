@@ -61,17 +61,14 @@ def queue(slurm) -> str:
     return subprocess.run(slurm.client(["squeue", "-h"]), capture_output=True, text=True, timeout=30).stdout
 
 
-@pytest.mark.parametrize("via", ["sbatch", "submitit"])
-def test_two_node_job_completes(lab, slurm, tmp_path, via):
-    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--via", via,
-                     "--follow")
+def test_two_node_job_completes(lab, slurm, tmp_path):
+    """Through sbatch (submitit's own batch script, its completion and status: the user project's
+    submitit job below)."""
+    result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 8)), "--follow")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     run_id = result.stdout.strip().splitlines()[0]
     run_dir = tmp_path / "work" / "runs" / run_id
-    if via == "submitit":  # submitit's own batch script, in the run's own folder
-        assert "submitit.core._submit" in next((run_dir / "submitit").glob("*_submission.sh")).read_text()
-    else:
-        assert (run_dir / "sbatch.sh").is_file() and not (run_dir / "submitit").exists()
+    assert (run_dir / "sbatch.sh").is_file() and not (run_dir / "submitit").exists()
     assert re.fullmatch(r"slurmlab-\d{8}-\d{6}-[0-9a-f]{4}", run_id)
     assert "COMPLETED (exit 0)" in result.stderr
     logs = fsdpctl(lab, slurm, tmp_path, "logs", run_id).stdout
@@ -111,7 +108,7 @@ def test_dry_run_submits_nothing(lab, slurm, tmp_path, via):
     assert queue(slurm) == before and not (tmp_path / "runs").exists() and not (tmp_path / "work").exists()
 
 
-@pytest.mark.parametrize("via", ["sbatch", "submitit"])
+@pytest.mark.parametrize("via", ["submitit"])  # sbatch's job: the interrupted follow's, below
 def test_stop_mid_run_ends_every_process_on_both_nodes(lab, slurm, tmp_path, via):
     result = fsdpctl(lab, slurm, tmp_path, "submit", "--slurm", "-p", str(profile(lab, tmp_path, 5000)), "--via", via)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -176,15 +173,22 @@ def test_an_interrupted_follow_says_the_job_goes_on_and_how_to_end_it(lab, slurm
     assert f"stopped following; Slurm job {job_id} goes on (end it with `fsdpctl stop {run_dir.name}` " \
            f"or `scancel {job_id}`)" in err
     assert "Traceback" not in err
-    assert job_id in queue(slurm) and processes_of(run_dir.name)  # the job is Slurm's: it went on
-    assert fsdpctl(lab, slurm, tmp_path, "stop", run_dir.name).returncode == 0
+    # the job is Slurm's: it went on, on both nodes, and every view says so
+    assert job_id in queue(slurm) and processes_of(run_dir.name, node_rank=0) and processes_of(run_dir.name,
+                                                                                               node_rank=1)
+    assert states_shown(lab, slurm, tmp_path, run_dir.name) == ["running"] * 4  # Slurm's word, in every view
+    stopped = fsdpctl(lab, slurm, tmp_path, "stop", run_dir.name)
+    assert stopped.returncode == 0, stopped.stderr
     deadline = time.monotonic() + 30
     while processes_of(run_dir.name) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not processes_of(run_dir.name)
+    assert states_shown(lab, slurm, tmp_path, run_dir.name) == ["stopped"] * 4
 
 
-@pytest.mark.parametrize("spares", [0, 1], ids=["no-spare", "a-spare-held"])
+# Without a spare, a failing rank's exit code, status and last lines on Slurm: the backend contract's
+# test_a_failing_rank_gives_the_run_its_exit_code_and_is_named.
+@pytest.mark.parametrize("spares", [1], ids=["a-spare-held"])
 def test_a_failing_job_reports_failed_with_its_exit_code(lab, slurm, tmp_path, spares):
     bad = profile(lab, tmp_path, 8, extra_train="  dataset: /nonexistent/corpus\n")
     held = ("--spares", "1", "--partition", "spares") if spares else ()
@@ -440,6 +444,13 @@ def test_a_user_project_through_slurm_gets_its_arguments_and_a_secret_in_no_file
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     run_id = result.stdout.strip().splitlines()[0]
     run_dir = tmp_path / "work" / "runs" / run_id
+    assert "COMPLETED (exit 0)" in result.stderr
+    status = json.loads(fsdpctl(lab, slurm, tmp_path, "status", run_id, "--json").stdout)
+    assert status["state"] == "succeeded" and status["job_id"] and [n["host"] for n in status["nodes"]] == ["n1", "n2"]
+    if via == "submitit":  # submitit's own batch script, in the run's own folder
+        assert "submitit.core._submit" in next((run_dir / "submitit").glob("*_submission.sh")).read_text()
+    else:
+        assert (run_dir / "sbatch.sh").is_file() and not (run_dir / "submitit").exists()
     out = {p.name: json.loads(p.read_text()) for p in (run_dir / "out").glob("rank*.json")}
     assert sorted(out) == ["rank0.json", "rank1.json"] and {r["host"] for r in out.values()} == {"n1", "n2"}
     assert all(r["argv"] == ["two words", "$(touch PWNED)"] and r["cwd"] == str(run_dir / "code")

@@ -15,7 +15,6 @@ SHARDED_SGD = {
     "fsdp2-full": ["--fsdp", "2", "--sharding", "full"],
     "fsdp2-no-shard": ["--fsdp", "2", "--sharding", "no-shard"],
     "fsdp1-full": ["--fsdp", "1", "--sharding", "full"],
-    "fsdp1-grad-op": ["--fsdp", "1", "--sharding", "grad-op"],
     "fsdp1-no-shard": ["--fsdp", "1", "--sharding", "no-shard"],
 }
 
