@@ -74,7 +74,7 @@ def clab(tmp_path_factory):
     stores = {name: podman.Store(root / f"store-{name}") for name in ("shared", "odd", "empty")}
     lab = Lab(root, NAMES).up()
     try:
-        stores["shared"].load(archive)
+        podman_image.load(stores["shared"], archive)
         podman.other_image(stores["odd"])
         setup = podman.cgroup_setup()
         for name, store in (("c1", "shared"), ("c2", "shared"), ("c3", "odd"), ("c4", "empty")):

@@ -195,16 +195,6 @@ class Store:
             raise PodmanError(done.returncode, argv, done.stdout, done.stderr)
         return done
 
-    def load(self, archive: Path, image: str = IMAGE) -> str:
-        """Load an archive (``image_archive()``) into this store, named ``image``; returns the image id."""
-        done = self.podman("load", "-q", "-i", archive, timeout=900)
-        loaded = re.findall(r"Loaded image(?:\(s\))?: *(\S+)", done.stdout)
-        if image not in loaded and not self.has_image(image):
-            if not loaded:
-                raise RuntimeError(f"podman load {archive} named no image: {_tail(done.stdout + done.stderr)}")
-            self.podman("tag", loaded[-1].split(",")[0], image)
-        return self.image_id(image)
-
     def has_image(self, image: str = IMAGE) -> bool:
         return self.podman("image", "exists", image, check=False).returncode == 0
 
