@@ -120,6 +120,7 @@ def test_first_failure_stops_the_other_node_and_its_session_children(tmp_path):
     local = paths.logs.parent
     assert [(local / "logs" / f"node{r}" / "attempt_0" / "stdout.log").read_text() for r in (0, 1)] == \
         ["node 0 as torchrun keeps it", "node 1 as torchrun keeps it"]
+    assert all(not p.stat().st_mode & 0o077 for p in (local / "flight", local / "flight" / "on-timeout"))
     # (both "nodes" share one run directory here, as on a shared file system: each finds the dump)
     assert sorted(flight) == ["node 0 (10.9.0.1)", "node 1 (10.9.0.2)"]
     assert {name for names in flight.values() for name in names} == {str(local / "flight/on-timeout/rank_1")}

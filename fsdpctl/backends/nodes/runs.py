@@ -155,6 +155,7 @@ def fetch_from_node(transport: Transport, run_dir: str, path: str | Sequence[str
         members = [m for m in tar.getmembers() if m.isfile() or m.isdir()]
         for member in members:  # this user's only here, whatever the node's modes were (torchrun's are 0755)
             member.mode = 0o700 if member.mode & 0o100 else 0o600
+            private_dir((dest / member.name).parent)  # a folder above it (flight/ of flight/on-timeout) too
         tar.extractall(dest, members=members, filter="data")
         for member in members:
             if member.isdir():  # the data filter makes folders with the umask's mode
