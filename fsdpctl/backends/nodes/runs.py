@@ -105,11 +105,6 @@ class RunResult:
         return self.signal is None and failure is not None and failure.kind == "hang"
 
 
-def _parallel(fn: Callable[[NodeRun], Any], runs: Sequence[NodeRun]) -> list[Any]:
-    with ThreadPoolExecutor(max_workers=fan_out(len(runs))) as pool:
-        return list(pool.map(fn, runs))
-
-
 def stop_run(run_id: str, transports: Sequence[Transport], grace: float = GRACE_SECONDS,
              runtime: str | None = None, first: str | None = None, run_dir: str | None = None) -> dict[str, str]:
     """End every process of ``run_id`` on every node (and remove its containers, with the ``runtime``
