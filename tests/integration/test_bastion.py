@@ -1,7 +1,7 @@
 """Hosts behind a bastion, on a namespace testbed of its own: a bastion whose sshd keeps OpenSSH's
 defaults (MaxStartups 10:30:100), 24 hosts the launcher's namespace cannot reach but through it, and a
 second bastion that refuses the launcher's key. ``ssh.proxy_jump`` in the profile: doctor reaches every
-host every time (several repeats) over one connection to the bastion; a launch runs through it; a jump
+host every time (several repeats) over one connection to the bastion; a launch of 12 runs through it; a jump
 chain is followed; a bastion that refuses the key says so in one line."""
 
 from __future__ import annotations
@@ -81,21 +81,26 @@ def test_doctor_reaches_24_hosts_behind_a_default_bastion_every_time_over_one_co
 PROGRAM = "import os, socket\nprint(f'behind host={socket.gethostname()} rank={os.environ[\"RANK\"]}', flush=True)\n"
 
 
-def test_a_launch_of_24_hosts_behind_the_bastion(bastion_lab, tmp_path):
+def test_a_launch_of_12_hosts_behind_the_bastion(bastion_lab, tmp_path):
+    """Twelve, past the bastion's MaxStartups start of 10, all over its one connection (24 torchruns
+    cost the suite a minute of both cores for the same proof; doctor above reaches all 24). The
+    rendezvous gives up well before the test does, so a stuck one ends with the launcher's own account."""
     lab = bastion_lab
     code = tmp_path / "code"
     code.mkdir()
     (code / "behind.py").write_text(PROGRAM)
-    path = profile(lab, tmp_path, BEHIND, f"root@{lab.hosts['jump'].address}", name="all")
+    hosts = BEHIND[:12]
+    path = profile(lab, tmp_path, hosts, f"root@{lab.hosts['jump'].address}", name="all",
+                   extra="rendezvous:\n  timeout: 240\n")
     before, started = accepted(lab, "jump"), time.monotonic()
-    launched = run(lab, tmp_path, "launch", "-p", str(path), "--code", str(code), "--", "behind.py", timeout=600)
+    launched = run(lab, tmp_path, "launch", "-p", str(path), "--code", str(code), "--", "behind.py", timeout=480)
     took = time.monotonic() - started
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     said = sorted(line.split("behind host=")[1].split()[0] for line in launched.stdout.splitlines()
                   if "behind host=" in line)
-    assert said == sorted(BEHIND), said
+    assert said == sorted(hosts), said
     assert accepted(lab, "jump") - before == 1 and dropped(lab, "jump") == 0
-    print(f"\n--- launch of 24 hosts behind one default bastion: {took:.1f} s, 1 bastion connection, "
+    print(f"\n--- launch of 12 hosts behind one default bastion: {took:.1f} s, 1 bastion connection, "
           f"{dropped(lab, 'jump')} dropped ---")
 
 

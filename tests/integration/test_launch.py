@@ -41,7 +41,13 @@ def fsdpctl(lab, tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]
 
 def run(lab, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     argv, env = fsdpctl(lab, tmp_path, *args)
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    try:
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    except subprocess.TimeoutExpired as exc:  # what it said before it was killed: where it waited
+        said = [(part or b"").decode(errors="replace") if isinstance(part, bytes) else part or ""
+                for part in (exc.stdout, exc.stderr)]
+        raise AssertionError(f"fsdpctl {' '.join(args[:1])} did not end within {timeout:g} s; its stdout's end:\n"
+                             f"{said[0][-4000:]}\nits stderr's end:\n{said[1][-4000:]}") from None
 
 
 class Started:
