@@ -3,7 +3,8 @@ first spare that passes its checks, and the run finishes with an uninterrupted r
 
 Hosts n1 and n2 run; n3 (another torch: it fails the checks) and n4 (its card named eth1) are the
 spares; the launcher runs in its own namespace, outside the profile. The bundled workload saves a
-checkpoint every 10 of its 40 steps; a link is cut once step 15 is logged.
+checkpoint every 10 of its 40 steps; a link is cut once step 15 is logged (n1's: it holds the
+rendezvous, which moves to the spare).
 """
 
 from __future__ import annotations
@@ -68,66 +69,58 @@ def launch_and_cut(lab, tmp_path: Path, profile: Path, victim: str, *extra: str)
 
 def test_a_node_that_loses_its_link_is_replaced_by_the_first_good_spare_and_the_run_finishes(lab, tmp_path,
                                                                                             straight):
+    """The node lost is n1, which holds the rendezvous: the spare takes its place there too."""
     n1, n2, n3, n4 = (lab.hosts[n].address for n in ("n1", "n2", "n3", "n4"))
     profile = spares_profile(lab, tmp_path)
-    code, err, run_dir = launch_and_cut(lab, tmp_path, profile, "n2")
+    code, err, run_dir = launch_and_cut(lab, tmp_path, profile, "n1")
     replacing = [line for line in err.splitlines() if "spare" in line or "replaces" in line or "attempt 2" in line]
     print("\n--- the launcher, on the replacement ---\n" + "\n".join(replacing))
     assert code == 0, err[-3000:]
     assert f"spare {n3} failed its check and is excluded until restored: torch 2.99.0+fake" in err
     assert f"spare host(s) checked: {n4} passes" in err
-    assert f"{n4} replaces {n2} for attempt 2: lost: nothing heard from it since" in err
+    assert f"{n4} replaces {n1} for attempt 2: lost: nothing heard from it since" in err
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["master_host"] == n4 and [n["host"] for n in plan["nodes"]] == [n4, n2]
     losses, _ = metrics(run_dir)
     assert sorted(losses) == list(range(1, 41)) and losses == straight, "the spare's run trains as an uninterrupted one"
 
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "succeeded" and record["attempt"] == 2 and record["from_step"] == 10
-    assert [n["host"] for n in record["nodes"]] == [n1, n4]
+    assert [n["host"] for n in record["nodes"]] == [n4, n2]
     assert [n["host"] for n in record["attempts"][0]["nodes"]] == [n1, n2]
-    assert [(r["host"], r["by"]) for r in record["replacements"]] == [(n2, n4)]
+    assert [(r["host"], r["by"]) for r in record["replacements"]] == [(n1, n4)]
     recovery = record["recovery"]
     assert recovery["stood_still_s"] > int(NODE_TIMEOUT) and recovery["steps_redone"] >= 5, recovery
     status = run(lab, tmp_path, "status", run_dir.name).stdout
     print(f"--- status ---\n{status}")
-    assert f"attempt 2: {n4} in the place of {n2} (lost: nothing heard from it since" in status
+    assert f"attempt 2: {n4} in the place of {n1} (lost: nothing heard from it since" in status
     assert f"stood still {recovery['stood_still_s']:.1f} s, {recovery['steps_redone']} step(s) done again" in status
-    # where each global rank is after the replacement: c10d ranks the nodes by address, n1's below n4's
-    assert f"node 0 {n1} (global rank 0): succeeded" in status and f"node 1 {n4} (global rank 1): succeeded" in status
+    # where each global rank is after the replacement: c10d ranks the nodes by address, n2's below n4's
+    assert f"node 0 {n4} (global rank 1): succeeded" in status and f"node 1 {n2} (global rank 0): succeeded" in status
 
     reported = run(lab, tmp_path, "report", run_dir.name)
     assert reported.returncode == 0, reported.stderr[-2000:]
-    assert f"attempt 2: {n4} in the place of {n2} (lost: nothing heard" in reported.stdout
+    assert f"attempt 2: {n4} in the place of {n1} (lost: nothing heard" in reported.stdout
 
     listed = run(lab, tmp_path, "hosts", "-p", str(profile))
     print(f"--- hosts ---\n{listed.stdout}")
-    assert listed.stdout.splitlines()[:2] == [f"{n1}\tactive\tnode 0", f"{n4}\tactive\tnode 1 in the place of {n2}"]
+    assert listed.stdout.splitlines()[:2] == [f"{n4}\tactive\tnode 0 in the place of {n1}", f"{n2}\tactive\tnode 1"]
     excluded = {h["host"]: h for h in json.loads(run(lab, tmp_path, "hosts", "-p", str(profile), "--json").stdout)
                 if h["role"] == "excluded"}
-    assert excluded[n2]["reason"].startswith("lost: nothing heard") and excluded[n2]["run_id"] == run_dir.name
+    assert excluded[n1]["reason"].startswith("lost: nothing heard") and excluded[n1]["run_id"] == run_dir.name
     assert excluded[n3]["reason"].startswith("failed the preflight: torch 2.99.0+fake")
 
     again = run(lab, tmp_path, "launch", "-p", str(profile), "--dry-run", "--json")
     assert again.returncode == 0, again.stderr
-    assert [n["host"] for n in json.loads(again.stdout)["plan"]["nodes"]] == [n1, n4]
-    assert f"{n4} runs in the place of {n2}, excluded: lost: nothing heard" in again.stderr
+    assert [n["host"] for n in json.loads(again.stdout)["plan"]["nodes"]] == [n4, n2]
+    assert f"{n4} runs in the place of {n1}, excluded: lost: nothing heard" in again.stderr
 
-    restored = run(lab, tmp_path, "hosts", "-p", str(profile), "--restore", n2)
+    restored = run(lab, tmp_path, "hosts", "-p", str(profile), "--restore", n1)
     assert restored.returncode == 0, restored.stderr[-2000:]
     assert run(lab, tmp_path, "hosts", "-p", str(profile)).stdout.splitlines()[:3] == [
         f"{n1}\tactive\tnode 0", f"{n2}\tactive\tnode 1", f"{n4}\tspare"]
     refused = run(lab, tmp_path, "hosts", "-p", str(profile), "--restore", n3)
     assert refused.returncode == 2 and f"--restore {n3}: it still fails its check (torch" in refused.stderr
-    assert not processes_of(run_dir.name)
-
-
-def test_losing_the_host_that_holds_the_rendezvous_moves_it_to_the_spare(lab, tmp_path, straight):
-    n1, n2, n4 = (lab.hosts[n].address for n in ("n1", "n2", "n4"))
-    code, err, run_dir = launch_and_cut(lab, tmp_path, spares_profile(lab, tmp_path), "n1")
-    assert code == 0, err[-3000:]
-    assert f"{n4} replaces {n1} for attempt 2: lost" in err
-    plan = json.loads((run_dir / "plan.json").read_text())
-    assert plan["master_host"] == n4 and [n["host"] for n in plan["nodes"]] == [n4, n2]
-    assert metrics(run_dir)[0] == straight
     assert not processes_of(run_dir.name)
 
 
