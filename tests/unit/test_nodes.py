@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from fsdpctl.backends import plan_run, render_scripts
-from fsdpctl.backends.nodes.runs import stop_run
+from fsdpctl.backends.nodes.runs import relative_to_run, stop_run
 from fsdpctl.backends.ssh import SSHBackend
 from fsdpctl.backends.transport import LocalTransport
 from fsdpctl.bundle import Payload, node_payload
@@ -45,6 +45,17 @@ if rank == int(os.environ.get("FAIL_RANK", "-1")):
     with open(f"flight/on-timeout/rank_{rank}", "w") as f:
         f.write("a dump")
     child.kill()
+    if os.environ.get("FAIL_AS") == "signal":  # as torchrun says a rank killed after its program ended
+        folder = f"logs/node{rank}/attempt_0/{rank}"
+        os.makedirs(folder, exist_ok=True)
+        with open(f"{folder}/error.json", "w") as f:
+            f.write('{"message": {"message": "RuntimeError: in the rank itself"}}')
+        os.makedirs("exits", exist_ok=True)
+        with open(f"exits/rank{rank}", "w") as f:
+            f.write(f"attempt {os.environ['FSDPCTL_ATTEMPT']}\\n")
+        print("Root Cause (first observed failure):", f"[0]:", f"  rank      : {rank} (local_rank: 0)",
+              "  exitcode  : -9 (pid: 4242)", f"  error_file: {os.getcwd()}/{folder}/error.json", sep="\\n", flush=True)
+        sys.exit(137)
     sys.exit(3)
 time.sleep(float(os.environ.get("RUN_SECONDS", "0.2")))
 print(f"step=1 loss=1.0 node {rank} done", flush=True)
@@ -62,14 +73,29 @@ def profile_text(tmp_path: Path, env: dict[str, str], backend: str = "ssh") -> s
             f"workdir: {tmp_path}/work\nenv:\n{env_lines}")
 
 
-def launch(tmp_path: Path, env: dict[str, str]):
+class CountingTransport(LocalTransport):
+    """This machine, keeping every command run on it (the stream and the agent's session are not
+    commands)."""
+
+    def __init__(self, cwd: Path, commands: list[str]):
+        super().__init__(cwd)
+        self.commands = commands
+
+    def run(self, command: str, timeout: float, stdin: bytes | None = None):
+        self.commands.append(command)
+        return super().run(command, timeout, stdin)
+
+
+def launch(tmp_path: Path, env: dict[str, str], commands: list[str] | None = None):
     """Start a two-node plan through the SSH backend, both "nodes" being this machine, and follow it:
-    (plan, paths, outcome, lines, seconds followed, the flight-recorder dumps copied here)."""
+    (plan, paths, outcome, lines, seconds followed, the flight-recorder dumps copied here).
+    ``commands`` gets every command run on a node."""
     text = profile_text(tmp_path, env)
     profile = parse_profile(text, "t.yaml")
     plan = plan_run(profile, run_id="t-20261121-120000-abcd", local_run_dir=str(tmp_path / "local"))
     scripts = render_scripts(plan)
-    backend = SSHBackend(profile, connect=lambda host: LocalTransport(tmp_path))
+    kept = commands if commands is not None else []
+    backend = SSHBackend(profile, connect=lambda host: CountingTransport(tmp_path, kept))
     run = create_run(plan, profile, scripts, text)
     follower = backend.start(run, Payload(node_payload(scripts)), detached=False)
     seen: list[tuple[int, str]] = []
@@ -124,6 +150,30 @@ def test_first_failure_stops_the_other_node_and_its_session_children(tmp_path):
     # (both "nodes" share one run directory here, as on a shared file system: each finds the dump)
     assert sorted(flight) == ["node 0 (10.9.0.1)", "node 1 (10.9.0.2)"]
     assert {name for names in flight.values() for name in names} == {str(local / "flight/on-timeout/rank_1")}
+
+
+def test_a_failing_ranks_error_file_and_end_marker_are_read_from_the_copy_not_on_its_node(tmp_path):
+    """The failing node ends first and its files are copied at once: the rank's own error and
+    whether its program had ended before the signal are read here, so no shell starts on the node
+    between the nodes' end and the failure being said."""
+    commands: list[str] = []
+    plan, paths, result, seen, _, _ = launch(tmp_path, {"FAIL_RANK": "1", "FAIL_AS": "signal", "RUN_SECONDS": "60"},
+                                             commands)
+    failure = result.first_failure
+    assert failure.node_rank == 1 and failure.rank == 1 and failure.signal == 9, failure
+    assert failure.error == "RuntimeError: in the rank itself" and failure.in_shutdown, failure
+    local = paths.logs.parent
+    assert (local / "exits" / "rank1").read_text() == f"attempt {plan.attempt}\n"
+    assert [c for c in commands if "tar -czf" in c] and not [c for c in commands if "cat " in c], commands
+
+
+def test_a_path_a_rank_names_is_placed_in_the_run_directory_only_when_it_stays_there():
+    run_id = "t-20261121-120000-abcd"
+    assert relative_to_run(f"/home/u/work/runs/{run_id}/logs/node1/x/error.json", run_id) == "logs/node1/x/error.json"
+    assert relative_to_run(f"~/work/runs/{run_id}/exits/rank3", run_id) == "exits/rank3"
+    assert relative_to_run(f"/w/runs/{run_id}/logs/node1/../../../../etc/passwd", run_id) is None
+    assert relative_to_run("/w/runs/other-run/logs/node1/error.json", run_id) is None
+    assert relative_to_run("/etc/passwd", run_id) is None
 
 
 def test_stop_run_ends_only_that_run(tmp_path):

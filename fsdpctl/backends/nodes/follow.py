@@ -132,6 +132,22 @@ class NodesFollower:
         fetch, self.fetch = self.fetch, None
         return fetch.finish(self.node_runs) if fetch is not None else None
 
+    def _reader(self, node_run: NodeRun) -> Callable[[str], Optional[str]]:
+        """A small file of ``node_run``'s node, by its path there: from the copy begun as that node
+        ended when it holds the file's folder (no new shell on the node before the end is said), else
+        read on the node."""
+        fetch = self.fetch
+
+        def read(path: str) -> Optional[str]:
+            local = fetch.copy_of(node_run.rank, path) if fetch is not None else None
+            if local is None:
+                return read_node_text(node_run.transport, path)
+            try:
+                return local.read_text(errors="replace")
+            except OSError:  # not on the node when it was copied
+                return None
+        return read
+
     def _settle(self, result: RunResult, node_runs: list[NodeRun], masker: Masker) -> Outcome:
         """The end as the nodes left it: the failing rank's own error read, the logs brought whole,
         the run recorded by whoever may record it."""
@@ -139,11 +155,11 @@ class NodesFollower:
         failure = result.first_failure
         if failure and failure.kind == "exit":
             failing = next(r for r in node_runs if r.rank == failure.node_rank)
+            read = self._reader(failing)
             if failure.error_file:
-                error = read_error_file(failing.transport, failure.error_file)
+                error = read_error_file(read, failure.error_file)
                 failure = dataclasses.replace(failure, error=masker.text(error) if error else error)
-            failure = in_shutdown(failure, plan.run_dir, plan.attempt,
-                                  lambda path: read_node_text(failing.transport, path))
+            failure = in_shutdown(failure, plan.run_dir, plan.attempt, read)
         state, record = result.settled.state, run.record
         exit_code = result.exit_code
         if record.stopped_at and state in (RunState.SUCCEEDED, RunState.FAILED, RunState.UNKNOWN):

@@ -15,11 +15,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import HostError
+from ...node.startup.sitecustomize import ENDED_DIR
 from ...plan.types import LaunchPlan, NodeSpec
 from ...rundir.lines import LineSplitter
 from ...rundir.outcome import Settled
@@ -185,24 +187,52 @@ class EndFetch:
         for run in runs:
             self.node_ended(run)
         try:
-            return {label: flight for label, flight in (self.fetches[r.rank].result() for r in runs
-                                                        if r.rank in self.fetches)}
+            return {label: flight for label, flight, _ in (self.fetches[r.rank].result() for r in runs
+                                                           if r.rank in self.fetches)}
         finally:
             self.pool.shutdown(wait=False)
 
-    def _fetch(self, run: NodeRun) -> tuple[str, list[str]]:
+    def copy_of(self, rank: int, node_path: str, wait: float = COMMAND_TIMEOUT) -> Path | None:
+        """Where the copy here of ``node_path`` (a file under node ``rank``'s run directory, as the
+        node names it) is once that node's copy is done, whether or not the node had it; None when
+        the copy does not hold that path, failed, or is not done within ``wait`` seconds: read it on
+        the node. The failing node ends first, so its copy is usually done by the time it is asked."""
+        future = self.fetches.get(rank)
+        relative = relative_to_run(node_path, self.plan.run_id)
+        if future is None or relative is None or not relative.startswith((f"logs/node{rank}/", f"{ENDED_DIR}/")):
+            return None
+        try:
+            if not future.result(timeout=wait)[2]:
+                return None
+        except FutureTimeout:
+            return None
+        local = (self.local_dir / relative).resolve()
+        return local if local.is_relative_to(self.local_dir.resolve()) else None
+
+    def _fetch(self, run: NodeRun) -> tuple[str, list[str], bool]:
         label = f"node {run.rank} ({run.node.host})"
         logs = f"logs/node{run.rank}"
         try:
-            files = fetch_from_node(run.transport, self.plan.run_dir, (logs, FLIGHT_ON_TIMEOUT), self.local_dir)
+            files = fetch_from_node(run.transport, self.plan.run_dir, (logs, FLIGHT_ON_TIMEOUT, ENDED_DIR),
+                                    self.local_dir)
         except HostError as exc:
-            return f"{label}: {exc.detail}", []
+            return f"{label}: {exc.detail}", [], False
         for name in files if self.mask_bytes else ():
             if Path(name).is_relative_to(self.local_dir / logs):  # a flight dump is torch's pickle: left whole
                 data = Path(name).read_bytes()
                 if (masked := self.mask_bytes(data)) != data:
                     Path(name).write_bytes(masked)
-        return label, [name for name in files if Path(name).is_relative_to(self.local_dir / FLIGHT_ON_TIMEOUT)]
+        return label, [name for name in files if Path(name).is_relative_to(self.local_dir / FLIGHT_ON_TIMEOUT)], True
+
+
+def relative_to_run(node_path: str, run_id: str) -> str | None:
+    """``node_path`` (absolute, or under ``~``, as a node or its torchrun names it) relative to the
+    run's directory there (``<workdir>/runs/<run id>``); None when it is not under it. A path a
+    rank's output gave is not trusted: one that climbs out (``..``) is not under it."""
+    _, found, rest = node_path.partition(f"/runs/{run_id}/")
+    if not found or not rest or ".." in Path(rest).parts:
+        return None
+    return rest
 
 
 def recorded_node_runs(run: RunDir, connect: Callable[[NodeSpec], Transport]) -> list[NodeRun]:
@@ -221,9 +251,10 @@ def read_node_text(transport: Transport, path: str) -> str | None:
     return after_mark(out) if status == 0 else None
 
 
-def read_error_file(transport: Transport, path: str) -> str | None:
-    """The message of a failed rank's torchelastic error file (written by @record), read on its node."""
-    text = read_node_text(transport, path)
+def read_error_file(read: Callable[[str], str | None], path: str) -> str | None:
+    """The message of a failed rank's torchelastic error file (written by @record); ``read`` gives a
+    file's text (on its node, or from the copy of it here)."""
+    text = read(path)
     try:
         message = json.loads(text).get("message", {}) if text is not None else None
     except (ValueError, AttributeError):
