@@ -118,6 +118,7 @@ def main() -> None:
         victim_empty: list[float] = []  # torchrun there noticed its rank's death and ended
         first_other: list[float] = []  # the first other node empty: fsdpctl's stop reached the nodes
         failed_lines: list[float] = []
+        all_empty: list[float] = []  # every node: the run's own count
         named_gone: list[float] = []  # the user's count: no process naming beat.py on any node
         left_over: list[dict[int, str]] = []  # named after the run's own count said empty
 
@@ -152,6 +153,7 @@ def main() -> None:
             others = [t for r, t in enumerate(per_node) if r != victim]
             first_other.append(min(others))
             failed_lines.append(failed_line)
+            all_empty.append(empty)
             named_gone.append(gone)
             left_over.append(after)
             return empty
@@ -187,6 +189,11 @@ def main() -> None:
                   "no process on a node names beat.py (ps)": named_gone}
         for values in phases.values():
             del values[0]  # the warm-up's
+        del all_empty[0]
+        # The launcher's own lag, per run: what a user waits for once nothing of the run is left.
+        phases["every node empty -> the FAILED line"] = [f - e for f, e in zip(failed_lines, all_empty, strict=True)]
+        phases["every node empty -> the launcher exits"] = [x - e for x, e in
+                                                            zip(launcher_exit, all_empty, strict=True)]
         ours = statistics.median(samples[case])
         report(f"teardown_{args.nodes}", baseline, summarize(samples, baseline),
                {"goal": f"the other nodes empty <= {GOAL_SECONDS} s after a rank dies", "empty_median_s": ours,
@@ -194,7 +201,7 @@ def main() -> None:
                 "left_after_the_runs_count": [sorted(set(found.values())) for found in left_over[1:]]})
         print(f"  every node empty {ours:.2f} s after the kill (goal <= {GOAL_SECONDS} s)")
         for name, values in phases.items():
-            print(f"  {name:32s} {statistics.median(values):6.2f} s")
+            print(f"  {name:32s} {statistics.median(values):6.2f} s (runs: {', '.join(f'{v:.2f}' for v in values)})")
         for found in left_over[1:]:
             for line in sorted(set(found.values())):
                 print(f"  named beat.py after the kill: {line}")
