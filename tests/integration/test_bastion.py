@@ -1,8 +1,10 @@
 """Hosts behind a bastion, on a namespace testbed of its own: a bastion whose sshd keeps OpenSSH's
-defaults (MaxStartups 10:30:100), 24 hosts the launcher's namespace cannot reach but through it, and a
-second bastion that refuses the launcher's key. ``ssh.proxy_jump`` in the profile: doctor reaches every
-host every time (several repeats) over one connection to the bastion; a launch of 12 runs through it; a jump
-chain is followed; a bastion that refuses the key says so in one line."""
+defaults (MaxStartups 10:30:100), 24 hosts the launcher's namespace cannot reach but through it, a
+second bastion that refuses the launcher's key, and a host whose sshd drops every connection but one
+still being set up (MaxStartups 1:100:1). ``ssh.proxy_jump`` in the profile: doctor reaches every host
+every time (several repeats) over one connection to the bastion; a launch of 12 runs through it; a jump
+chain is followed; a bastion that refuses the key says so in one line. Without a bastion, a launch
+whose connections the crowded sshd drops still reaches every node."""
 
 from __future__ import annotations
 
@@ -20,17 +22,34 @@ from tests.testbed.lab import Lab
 
 pytestmark = pytest.mark.integration
 BEHIND = [f"b{i}" for i in range(1, 25)]
+CROWDED = 6
+
+
+def crowded_addresses(lab: Lab) -> list[str]:
+    """The crowded host's own address and five more of its namespace's, past every host of the lab."""
+    return [lab.hosts["crowded"].address, *(f"{lab.subnet}.{200 + i}" for i in range(CROWDED - 1))]
 
 
 @pytest.fixture(scope="module")
 def bastion_lab(tmp_path_factory):
     require_netns()
-    lab = Lab(tmp_path_factory.mktemp("bastionlab"), ["jump", "refuser", *BEHIND]).up()
+    lab = Lab(tmp_path_factory.mktemp("bastionlab"), ["jump", "refuser", "crowded", *BEHIND]).up()
     try:
         lab.start_sshd("jump", openssh_defaults=True)
         nobody = lab.root / "nobody_keys"
         nobody.write_text("")
         lab.start_sshd("refuser", openssh_defaults=True, authorized_keys=nobody)
+        # one sshd that drops every connection past the first still being set up, on several addresses: the
+        # nodes of a profile that all reach one sshd at once (as through a login node's) are dropped but one
+        crowded = lab.hosts["crowded"]
+        for address in crowded_addresses(lab)[1:]:
+            subprocess.run(["ip", "-n", crowded.namespace, "addr", "add", f"{address}/{lab.prefix}", "dev", "eth0"],
+                           check=True, timeout=30)
+        lab.start_sshd("crowded", openssh_defaults=True, extra_config="MaxStartups 1:100:1\n" + "".join(
+            f"ListenAddress {address}\n" for address in crowded_addresses(lab)[1:]))
+        public = " ".join((crowded.dir / "ssh_host_ed25519_key.pub").read_text().split()[:2])
+        with lab.known_hosts.open("a") as handle:
+            handle.writelines(f"{address} {public}\n" for address in crowded_addresses(lab))
         for name in BEHIND:
             lab.start_sshd(name)
         for name in BEHIND:  # the launcher's namespace reaches them only through a bastion
@@ -102,6 +121,30 @@ def test_a_launch_of_12_hosts_behind_the_bastion(bastion_lab, tmp_path):
     assert accepted(lab, "jump") - before == 1 and dropped(lab, "jump") == 0
     print(f"\n--- launch of 12 hosts behind one default bastion: {took:.1f} s, 1 bastion connection, "
           f"{dropped(lab, 'jump')} dropped ---")
+
+
+def test_a_launch_whose_connections_an_sshd_drops_past_maxstartups_still_reaches_every_node(bastion_lab, tmp_path):
+    """Six nodes on one sshd (its addresses) that drops every connection but one while they are set up:
+    each dropped one is tried again, at paced and spread-out moments, and every node runs."""
+    lab = bastion_lab
+    crowded = lab.hosts["crowded"]
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "behind.py").write_text(PROGRAM)
+    text = lab.profile_yaml(["crowded"], python=sys.executable, name="crowded")
+    hosts = "".join(f"  - host: {address}\n    port: 22\n" for address in crowded_addresses(lab))
+    path = tmp_path / "crowded.yaml"
+    path.write_text(text.replace(f"  - host: {crowded.address}\n    port: {crowded.port}\n", hosts))
+    before = dropped(lab, "crowded")
+    launched = run(lab, tmp_path, "launch", "-p", str(path), "--no-preflight", "--code", str(code), "--", "behind.py",
+                   timeout=300)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    ranks = sorted(int(line.split("rank=")[1]) for line in launched.stdout.splitlines() if "behind host=" in line)
+    assert ranks == list(range(CROWDED)), launched.stdout[-3000:]
+    assert dropped(lab, "crowded") - before >= 1  # the sshd did drop some: they were tried again
+    assert "Traceback" not in launched.stdout + launched.stderr  # paramiko's own log of each drop stays out
+    print(f"\n--- 6 nodes on one sshd with MaxStartups 1:100:1: {dropped(lab, 'crowded') - before} connections "
+          f"dropped and tried again ---")
 
 
 def test_a_launch_through_the_bastion_and_a_chain_of_two(bastion_lab, tmp_path):
