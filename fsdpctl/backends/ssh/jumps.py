@@ -3,11 +3,13 @@
 A ProxyJump chain ``a,user@b:2222`` is followed as OpenSSH follows it; every host behind a jump host
 is a channel over one connection to it per process (as OpenSSH's ControlMaster shares one), so 24
 hosts behind a bastion cost the bastion one connection, not 24 that its MaxStartups may drop. And a
-process opens at most ``HANDSHAKES_PER_SSHD`` connections at once to any one sshd.
+process opens at most ``HANDSHAKES_PER_SSHD`` connections at once to any one sshd, and tries one
+that an sshd dropped again after a pause spread at random (``retry_pause``).
 """
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +18,11 @@ from typing import Any
 HANDSHAKES_PER_SSHD = 8
 """Connections to one sshd still being set up at once, at most: OpenSSH's default MaxStartups
 (10:30:100) starts dropping new ones at random once 10 are unauthenticated."""
+CONNECT_TRIES = 8
+"""Tries of a connection that was dropped while it was set up (a busy sshd's MaxStartups), before the
+host counts as unreachable: 16 to 47 s of pauses in all (``retry_pause``)."""
+RETRY_PAUSE_CAP = 8.0
+"""The longest pause between two tries of a dropped connection, before its spread."""
 
 
 @dataclass(frozen=True)
@@ -97,3 +104,10 @@ def handshake_slot(hostname: str, port: int) -> threading.BoundedSemaphore:
 def _alive(transport: Any) -> bool:
     inner = transport.client.get_transport() if transport.client is not None else None
     return inner is not None and inner.is_active()
+
+
+def retry_pause(dropped: int) -> float:
+    """Seconds to wait before trying a connection dropped ``dropped`` times: doubling from 0.5 s up to
+    ``RETRY_PAUSE_CAP``, each spread over half to one and a half of itself, so the connections an
+    sshd dropped together do not all come back at the same moment (and are dropped together again)."""
+    return min(RETRY_PAUSE_CAP, 0.5 * 2 ** (dropped - 1)) * random.uniform(0.5, 1.5)

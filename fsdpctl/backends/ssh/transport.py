@@ -11,7 +11,6 @@ import dataclasses
 import errno
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -23,7 +22,7 @@ import paramiko
 from ...errors import HostError
 from ...profiles.schema import HostSpec, SSHSpec
 from ..transport import MarkerReader, ReadingSession, read_lines
-from .jumps import JUMPS, Hop, handshake_slot, jump_chain
+from .jumps import CONNECT_TRIES, JUMPS, Hop, handshake_slot, jump_chain, retry_pause
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 KEEPALIVE_SECONDS = 5
@@ -33,24 +32,12 @@ IDLE_POLL_SECONDS = 1.0
 measured here; 0.07 ms at 1 s). Data is read the moment it arrives either way; only a close and the
 keepalive are noticed on these wakes, and the keepalive is 5 s."""
 SEND_CHUNK = 1 << 16  # at least one packet's worth (paramiko's largest is 32 KiB)
-CONNECT_TRIES = 8
-"""Tries of a connection that was dropped while it was set up (a busy sshd's MaxStartups), before the
-host counts as unreachable: about 40 s of pauses in all (``retry_pause``)."""
-RETRY_PAUSE_CAP = 8.0
-"""The longest pause between two tries of a dropped connection, before its spread."""
 
 # paramiko logs a dropped connection's traceback at ERROR; with no handler of the program's own,
 # Python's last-resort handler would print it in the user's terminal, even for a connection that
 # the next try makes. Every failure is said as one SSHError instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
-
-
-def retry_pause(dropped: int) -> float:
-    """Seconds to wait before trying a connection dropped ``dropped`` times: doubling from 0.5 s up to
-    ``RETRY_PAUSE_CAP``, each spread over half to one and a half of itself, so the connections an
-    sshd dropped together do not all come back at the same moment (and are dropped together again)."""
-    return min(RETRY_PAUSE_CAP, 0.5 * 2 ** (dropped - 1)) * random.uniform(0.5, 1.5)
 
 
 class SSHError(HostError):
