@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import require_netns
-from tests.integration.test_launch import run
+from tests.integration.test_launch import run, run_dir_of
 from tests.testbed.lab import Lab
 
 pytestmark = pytest.mark.integration
@@ -143,6 +143,10 @@ def test_a_launch_whose_connections_an_sshd_drops_past_maxstartups_still_reaches
     assert ranks == list(range(CROWDED)), launched.stdout[-3000:]
     assert dropped(lab, "crowded") - before >= 1  # the sshd did drop some: they were tried again
     assert "Traceback" not in launched.stdout + launched.stderr  # paramiko's own log of each drop stays out
+    timeline = json.loads((run_dir_of(tmp_path) / "run.json").read_text())["timeline"]["phases"]
+    assert 1 <= len(timeline["dropped"]) < CROWDED, timeline  # the nodes tried again, in the run's timeline
+    timings = run(lab, tmp_path, "status", "--timings", run_dir_of(tmp_path).name).stdout
+    assert "dropped by its sshd, tried again" in timings, timings
     print(f"\n--- 6 nodes on one sshd with MaxStartups 1:100:1: {dropped(lab, 'crowded') - before} connections "
           f"dropped and tried again ---")
 

@@ -65,6 +65,10 @@ class NodeStarter:
         if opening is not None:
             with self.timeline.span("connect", rank):
                 opening()
+            drops = getattr(transport, "drops", None)
+            if drops:  # its sshd dropped the connection (MaxStartups) and it was tried again: when
+                self.timeline.begin("dropped", rank, at=drops[0])
+                self.timeline.end("dropped", rank, at=drops[-1])
         with self.timeline.span("stage", rank):
             session = transport.session(marked(agent_command(self.python, args)))
             self.sessions[rank] = session

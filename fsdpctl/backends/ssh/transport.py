@@ -33,11 +33,9 @@ measured here; 0.07 ms at 1 s). Data is read the moment it arrives either way; o
 keepalive are noticed on these wakes, and the keepalive is 5 s."""
 SEND_CHUNK = 1 << 16  # at least one packet's worth (paramiko's largest is 32 KiB)
 
-# paramiko logs a dropped connection's traceback at ERROR; with no handler of the program's own,
-# Python's last-resort handler would print it in the user's terminal, even for a connection that
-# the next try makes. Every failure is said as one SSHError instead.
+# paramiko logs a dropped connection's traceback at ERROR: with no handler, Python's last-resort one
+# prints it in the terminal, even for one the next try makes. Each failure is one SSHError instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-logging.getLogger("paramiko").propagate = False
 
 
 class SSHError(HostError):
@@ -234,6 +232,7 @@ class SSHTransport:
         self.jump: SSHTransport | None = None
         self.jump_key: tuple | None = None
         self.seen = (*seen, self.target.hostname)
+        self.drops: list[float] = []  # when the sshd dropped this connection while it was set up (epoch s)
         """The hosts this connection goes through to get here: a jump host never jumps through itself."""
 
     def _client(self, target: Target) -> paramiko.SSHClient:
@@ -304,6 +303,7 @@ class SSHTransport:
             except Exception as exc:  # paramiko and socket errors of every kind become one SSHError
                 self._drop_jump()
                 dropped += 1
+                self.drops.append(time.time())
                 if _dropped(exc) and dropped < CONNECT_TRIES:
                     time.sleep(retry_pause(dropped))
                     continue
