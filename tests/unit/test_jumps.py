@@ -6,7 +6,18 @@ import threading
 
 import pytest
 
-from fsdpctl.backends.ssh.jumps import HANDSHAKES_PER_SSHD, Hop, Jumps, handshake_slot, jump_chain
+from fsdpctl.backends.ssh.jumps import (
+    CONNECT_TRIES,
+    HANDSHAKES_AT_ONCE,
+    HANDSHAKES_PER_SSHD,
+    RETRY_PAUSE_CAP,
+    Hop,
+    Jumps,
+    handshake_slot,
+    jump_chain,
+    retry_pause,
+    sshd_slots,
+)
 
 
 def test_a_proxyjump_chain_is_read_as_openssh_writes_it():
@@ -80,12 +91,50 @@ def test_a_jump_host_that_fails_to_connect_is_not_kept():
 
 
 def test_handshakes_to_one_sshd_are_bounded_below_openssh_maxstartups():
-    slot = handshake_slot("10.0.0.9", 22)
-    assert slot is handshake_slot("10.0.0.9", 22) and slot is not handshake_slot("10.0.0.9", 2222)
+    slot = sshd_slots("10.0.0.9", 22)
+    assert slot is sshd_slots("10.0.0.9", 22) and slot is not sshd_slots("10.0.0.9", 2222)
     taken = [slot.acquire(blocking=False) for _ in range(HANDSHAKES_PER_SSHD + 1)]
     assert taken == [True] * HANDSHAKES_PER_SSHD + [False] and HANDSHAKES_PER_SSHD < 10
     for _ in range(HANDSHAKES_PER_SSHD):
         slot.release()
+
+
+def test_handshakes_to_all_hosts_at_once_are_bounded_and_each_waits_for_both_slots():
+    import time
+
+    under_way, most, lock, done = [0], [0], threading.Lock(), threading.Event()
+
+    def handshake(host: str) -> None:
+        with handshake_slot(host, 22):
+            with lock:
+                under_way[0] += 1
+                most[0] = max(most[0], under_way[0])
+            done.wait(30)  # a handshake that takes its time: the others wait for a slot
+            with lock:
+                under_way[0] -= 1
+
+    threads = [threading.Thread(target=handshake, args=(f"10.1.{i // 200}.{i % 200}",)) for i in range(300)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 20
+    while most[0] < HANDSHAKES_AT_ONCE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # room for any past the bound to show
+    held = most[0]
+    done.set()
+    for thread in threads:
+        thread.join(30)
+    assert held == HANDSHAKES_AT_ONCE and under_way[0] == 0, (held, under_way)  # 300 hosts: the process's bound
+    assert HANDSHAKES_AT_ONCE * 0.007 < 1.0  # at the measured 7 ms each, far inside a connect timeout
+
+
+def test_the_pauses_before_another_try_double_up_to_a_cap_and_are_spread():
+    pauses = [[retry_pause(n) for _ in range(200)] for n in range(1, CONNECT_TRIES)]
+    for n, seen in enumerate(pauses, start=1):
+        base = min(RETRY_PAUSE_CAP, 0.5 * 2 ** (n - 1))
+        assert all(0.5 * base <= p <= 1.5 * base for p in seen)
+        assert max(seen) - min(seen) > 0.5 * base  # spread: not all at the same moment
+    assert 10 < sum(min(RETRY_PAUSE_CAP, 0.5 * 2 ** (n - 1)) for n in range(1, CONNECT_TRIES)) < 60
 
 
 def test_a_connection_dropped_while_set_up_is_worth_another_try_and_a_refusal_is_not():

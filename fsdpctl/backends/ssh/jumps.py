@@ -3,7 +3,8 @@
 A ProxyJump chain ``a,user@b:2222`` is followed as OpenSSH follows it; every host behind a jump host
 is a channel over one connection to it per process (as OpenSSH's ControlMaster shares one), so 24
 hosts behind a bastion cost the bastion one connection, not 24 that its MaxStartups may drop. And a
-process opens at most ``HANDSHAKES_PER_SSHD`` connections at once to any one sshd, and tries one
+process opens at most ``HANDSHAKES_PER_SSHD`` connections at once to any one sshd (and
+``HANDSHAKES_AT_ONCE`` to all), and tries one
 that an sshd dropped again after a pause spread at random (``retry_pause``).
 """
 
@@ -11,13 +12,19 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 HANDSHAKES_PER_SSHD = 8
 """Connections to one sshd still being set up at once, at most: OpenSSH's default MaxStartups
 (10:30:100) starts dropping new ones at random once 10 are unauthenticated."""
+HANDSHAKES_AT_ONCE = 64
+"""Handshakes under way at once from this process, to all hosts: each costs the launcher 6-7 ms of
+CPU (measured at 64 and 256 nodes, docs/performance.md), mostly under the GIL, so 1,024 started at
+once take about 7 s to finish together, near the 10 s connect timeout; 64 at a time take 0.45 s each
+and as long in all. The wait for a slot is not part of a host's timeout."""
 CONNECT_TRIES = 8
 """Tries of a connection that was dropped while it was set up (a busy sshd's MaxStartups), before the
 host counts as unreachable: 16 to 47 s of pauses in all (``retry_pause``)."""
@@ -94,11 +101,21 @@ class Jumps:
 JUMPS = Jumps()
 _HANDSHAKES: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 _HANDSHAKES_LOCK = threading.Lock()
+_ANY_HANDSHAKES = threading.BoundedSemaphore(HANDSHAKES_AT_ONCE)
 
 
-def handshake_slot(hostname: str, port: int) -> threading.BoundedSemaphore:
+def sshd_slots(hostname: str, port: int) -> threading.BoundedSemaphore:
+    """The handshakes one sshd may have under way from this process at once."""
     with _HANDSHAKES_LOCK:
         return _HANDSHAKES.setdefault((hostname, port), threading.BoundedSemaphore(HANDSHAKES_PER_SSHD))
+
+
+@contextmanager
+def handshake_slot(hostname: str, port: int) -> Iterator[None]:
+    """``with handshake_slot(host, port):`` one handshake, once both that sshd and this process have
+    room for it (the sshd's slot first: whoever holds one of the process's slots can go on)."""
+    with sshd_slots(hostname, port), _ANY_HANDSHAKES:
+        yield
 
 
 def _alive(transport: Any) -> bool:
