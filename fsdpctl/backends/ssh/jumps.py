@@ -4,8 +4,8 @@ A ProxyJump chain ``a,user@b:2222`` is followed as OpenSSH follows it; every hos
 is a channel over one connection to it per process (as OpenSSH's ControlMaster shares one), so 24
 hosts behind a bastion cost the bastion one connection, not 24 that its MaxStartups may drop. And a
 process opens at most ``HANDSHAKES_PER_SSHD`` connections at once to any one sshd (and
-``HANDSHAKES_AT_ONCE`` to all), and tries one
-that an sshd dropped again after a pause spread at random (``retry_pause``).
+``HANDSHAKES_AT_ONCE`` to all), and tries one that an sshd dropped again after a pause spread at
+random (``retry_pause``).
 """
 
 from __future__ import annotations
