@@ -466,13 +466,15 @@ def test_a_user_project_through_slurm_gets_its_arguments_and_a_secret_in_no_file
 
 def test_stacks_and_the_hang_watchdog_on_a_slurm_job(lab, slurm, tmp_path):
     """`fsdpctl stacks` goes into the job with `srun --overlap` (one task per node); a hang that
-    `submit --follow` sees is cancelled with its stacks and flight-recorder dumps kept."""
+    `submit --follow` sees is cancelled with its stacks and flight-recorder dumps kept. The watchdog
+    waits 45 s: with 20, a loaded CI machine's `stacks` (an srun step, py-spy on four ranks) was still
+    running when the watchdog cancelled the job, and Slurm ended the step with it."""
     from tests.integration.user_project import write_project
 
     project = write_project(tmp_path / "project")
     follower, run_dir = follow_submit(
         lab, slurm, tmp_path, "-p", str(profile(lab, tmp_path, 8)), "--nproc-per-node", "2", "--code", str(project),
-        "--env", "STEPS=1000", "--env", "HANG_RANK=3", "--env", "STEP_SLEEP=0.2", "--hang-timeout", "20", "--",
+        "--env", "STEPS=1000", "--env", "HANG_RANK=3", "--env", "STEP_SLEEP=0.2", "--hang-timeout", "45", "--",
         "train.py")
     try:
         wait_for_line(run_dir / "node0.log", r"user step=2 ")
