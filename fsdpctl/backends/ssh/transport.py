@@ -232,8 +232,8 @@ class SSHTransport:
         self.jump: SSHTransport | None = None
         self.jump_key: tuple | None = None
         self.seen = (*seen, self.target.hostname)
-        self.drops: list[float] = []  # when the sshd dropped this connection while it was set up (epoch s)
         """The hosts this connection goes through to get here: a jump host never jumps through itself."""
+        self.drops: list[float] = []  # when its sshd dropped it while it was set up, and it was tried again
 
     def _client(self, target: Target) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -303,8 +303,8 @@ class SSHTransport:
             except Exception as exc:  # paramiko and socket errors of every kind become one SSHError
                 self._drop_jump()
                 dropped += 1
-                self.drops.append(time.time())
                 if _dropped(exc) and dropped < CONNECT_TRIES:
+                    self.drops.append(time.time())
                     time.sleep(retry_pause(dropped))
                     continue
                 error = _classify(target, exc, timeout)
