@@ -131,6 +131,37 @@ def test_every_node_streams_and_succeeds(tmp_path):
     assert (Path(plan.run_dir) / "pkg" / "fsdpctl" / "workload" / "train.py").is_file()  # shipped
 
 
+class SlowToStage(LocalTransport):
+    """This machine, whose agent's command starts ``delay`` seconds late: a node staged long after
+    the others, as the last of a thousand nodes staged by one launcher is."""
+
+    def __init__(self, cwd: Path, delay: float):
+        super().__init__(cwd)
+        self.delay = delay
+
+    def session(self, command: str):
+        time.sleep(self.delay)
+        return super().session(command)
+
+
+def test_a_node_started_first_waits_past_the_node_timeout_for_the_last_ones_staging(tmp_path):
+    """Node 0 gets ``go`` at once; node 1 is staged 4 s later, past the node timeout of 3 s. The
+    starter's heartbeats keep node 0's agent from taking the launcher for gone meanwhile (it used to
+    end its node: "its agent's connection closed before the node ended", at 64 nodes on the testbed)."""
+    text = profile_text(tmp_path, {"RUN_SECONDS": "5"}) + "node_timeout: 3\n"
+    profile = parse_profile(text, "t.yaml")
+    plan = plan_run(profile, run_id="t-20261129-120000-abcd", local_run_dir=str(tmp_path / "local"))
+    scripts = render_scripts(plan)
+    backend = SSHBackend(profile, connect=lambda host: SlowToStage(tmp_path, 4.0 if host == "10.9.0.2" else 0.0))
+    run = create_run(plan, profile, scripts, text)
+    follower = backend.start(run, Payload(node_payload(scripts)), detached=False)
+    seen: list[tuple[int, str]] = []
+    outcome = follower.follow(lambda line: seen.append((line.node_rank, line.text)), signals=True)
+    assert outcome.exit_code == 0 and outcome.first_failure is None, seen
+    assert (0, "step=1 loss=1.0 node 0 done") in seen and (1, "step=1 loss=1.0 node 1 done") in seen
+    assert not any("ended its processes" in text for _, text in seen)
+
+
 def test_first_failure_stops_the_other_node_and_its_session_children(tmp_path):
     plan, paths, result, seen, elapsed, flight = launch(tmp_path, {"FAIL_RANK": "1", "RUN_SECONDS": "60"})
     assert result.exit_code == 3

@@ -161,10 +161,26 @@ def _agent(tmp_path, rank, probe):
     return session, facts
 
 
+class Beating:
+    """An agent's session where a heartbeat follows every line sent, as the starter's may."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def send(self, data: bytes) -> None:
+        self.session.send(data)
+        self.session.send(b"hb\n")
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
 def test_in_a_launch_the_port_round_is_asked_of_the_agents_which_then_still_start_their_nodes(tmp_path):
     """The agents that answered the probe (and wait for ``go``) answer the port round too, with no
     command of its own: the other node's probe is over before the master's begins, the round reaches
-    the master, and both agents then start their node scripts."""
+    the master, and both agents then start their node scripts. Heartbeats come between every two
+    lines, as the starter sends them to staged agents: the master's wait for ``over`` and each
+    agent's wait for ``go`` read past them."""
     from fsdpctl.backends.nodes.agent import AGENT_STARTED
     from fsdpctl.backends.nodes.starter import AgentSessions
     from fsdpctl.backends.transport import LocalTransport
@@ -177,10 +193,12 @@ def test_in_a_launch_the_port_round_is_asked_of_the_agents_which_then_still_star
     other, other_facts = _agent(tmp_path, 1, {"workdir": str(tmp_path), **asked[1]})
     master, master_facts = _agent(tmp_path, 0, {"workdir": str(tmp_path), **asked[0]})
     assert not other_facts["connect"]["reached"]  # nobody listened while it tried
+    for session in (master, other):
+        session.send(b"hb\n")  # while it waits for its word
     jobs = [HostJob(rank, LocalTransport(), asked[rank]) for rank in (0, 1)]
     reports = [HostReport("a", 0, master_facts, port_checks(master_facts)),
                HostReport("b", 1, other_facts, port_checks(other_facts))]
-    recheck_ports(jobs, reports, AgentSessions({0: master, 1: other}))
+    recheck_ports(jobs, reports, AgentSessions({0: Beating(master), 1: Beating(other)}))
     assert [c.status for r in reports for c in r.checks] == ["pass", "pass"], reports
     assert reports[0].facts["listen"]["peers"] == ["127.0.0.1"]
     for session in (master, other):

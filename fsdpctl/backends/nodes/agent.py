@@ -18,10 +18,11 @@ secret_bytes, probe, go_timeout):
    nodes' probes did not reach the master's rendezvous port, the launcher may ask for a port round
    (``port <json>``: ``port_probe.answer_port``; the master listens until ``over``), each answered
    between the same sentinels;
-3. it reads one line: ``go <node_timeout>`` starts the node; anything else (or the end of input,
-   or ``go_timeout`` seconds) does not, and what this agent staged is removed again; with
-   ``archive`` (a later attempt of the run), the last attempt's files of this node move into
-   ``archive.to`` first;
+3. it reads one line past the launcher's heartbeats (``hb``, sent to every staged agent while the
+   others are staged and probed): ``go <node_timeout>`` starts the node; anything else (or the end
+   of input, or ``go_timeout`` seconds of silence) does not, and what this agent staged is removed
+   again; with ``archive`` (a later attempt of the run), the last attempt's files of this node move
+   into ``archive.to`` first;
 4. it starts ``bash node<R>.sh`` in a session of its own, with the secrets in its environment
    (never on disk or in a command line), writing ``node<R>.pid``, ``node<R>.log`` (through
    ``fsdpctl.node.mask`` when there are secrets) and, when it ends, ``node<R>.exit``; prints
@@ -128,6 +129,15 @@ class Input:
                 return ""
             line += byte
         return line.decode("utf-8", "replace").strip()
+
+    def read_word(self, timeout):
+        """The launcher's next line other than a heartbeat, each line within ``timeout`` seconds ('' on
+        end of input or silence). Staged agents hear heartbeats while they wait for ``go``: a launcher
+        staging a thousand nodes is still there, however long the last ones take."""
+        while True:
+            line = self.read_line(timeout)
+            if line != HEARTBEAT:
+                return line
 
 
 class _Limited:
@@ -354,11 +364,11 @@ def agent(args):
     if args.get("probe") is not None:
         answer(collect(args["probe"]))  # noqa: F821 - the probe's functions come first in the source
     go_timeout = args.get("go_timeout", 120.0)
-    line = inp.read_line(go_timeout)
+    line = inp.read_word(go_timeout)
     while line.startswith(PORT_WORD + " "):  # noqa: F821 - a port round (port_probe, in the probe's source)
         asked = json.loads(line[len(PORT_WORD) + 1:])  # noqa: F821
-        answer(answer_port(asked, lambda: inp.read_line(go_timeout), say))  # noqa: F821
-        line = inp.read_line(go_timeout)
+        answer(answer_port(asked, lambda: inp.read_word(go_timeout), say))  # noqa: F821
+        line = inp.read_word(go_timeout)
     word = line.split()
     if word[:1] != [GO]:
         for name in placed:

@@ -3,10 +3,15 @@
 With a preflight, each node's agent unpacks the payload, answers the probe and waits; once every
 node's answer is judged, the launcher says ``go`` on each open session and the nodes start at once.
 A launch that stops at the preflight closes the sessions instead: the agents remove what they staged.
+
+From the moment a node's payload is sent until the launch's follower takes over, its agent hears a
+heartbeat every few seconds: staging a thousand nodes from one launcher takes longer than the node
+timeout, and an agent that heard nothing for that long would take the launcher for gone.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +29,7 @@ from ...rundir.state import NodeState
 from ...rundir.timeline import timeline_for
 from ...shell import OUTPUT_MARK, marked
 from ..transport import Session, Transport, fan_out
-from .agent import GO
+from .agent import GO, HEARTBEAT, heartbeat_seconds
 from .commands import AGENT_REFUSED, AGENT_STARTED, agent_command
 from .runs import COMMAND_TIMEOUT, NodeRun, stop_run
 
@@ -39,6 +44,10 @@ class NodeStarter:
         self.plan, self.payload, self.connect, self.python = plan, payload, connect, python
         self.nodes = {node.node_rank: node for node in plan.nodes}
         self.sessions: dict[int, Session] = {}
+        self.beating: dict[int, Session] = {}
+        """Agents sent their whole payload and not yet followed: they hear ``hb`` until ``close``."""
+        self.quiet = threading.Event()
+        self.beats = threading.Thread(target=self._beat, daemon=True)
         self.timeline = timeline_for(plan.run_id, plan.attempt)
         self.budget = COMMAND_TIMEOUT + 0.5 * len(plan.nodes)
         """Seconds a node may take to be staged and started: more with more nodes, all sent their
@@ -75,8 +84,27 @@ class NodeStarter:
             for chunk in self.payload.files.chunks():  # the tar as it is made: never all of it in memory
                 session.send(chunk)
             session.send(secrets)
+            self._keep_alive(rank, session)
             session.read_until(OUTPUT_MARK, timeout)
         return session
+
+    def _keep_alive(self, rank: int, session: Session) -> None:
+        """Heartbeats to this agent from now on (its payload is out: they come after its last byte)."""
+        self.beating[rank] = session
+        if not self.beats.is_alive() and not self.quiet.is_set():
+            try:
+                self.beats.start()
+            except RuntimeError:
+                pass  # another node's thread started it a moment ago
+
+    def _beat(self) -> None:
+        every = heartbeat_seconds(self.plan.node_timeout)
+        while not self.quiet.wait(every):
+            for session in self.beating.copy().values():  # dict.copy holds the GIL: nodes join as it goes
+                try:
+                    session.send(f"{HEARTBEAT}\n".encode())
+                except (HostError, OSError):
+                    pass  # the agent has ended: reading its session says why
 
     def port_sessions(self) -> AgentSessions:
         """Where the preflight's port round asks each node: its agent, which answered the probe and
@@ -92,6 +120,7 @@ class NodeStarter:
             if END in out:
                 return 0, out, ""
             self.sessions.pop(job.node_rank, None)
+            self.beating.pop(job.node_rank, None)
             status, rest, err = session.finish(timeout)  # it ended before answering: say why
             return status, out + rest, err
         return run
@@ -113,6 +142,7 @@ class NodeStarter:
                 run.pid, run.state, run.session = int(words[0]), NodeState.RUNNING, session
                 self.sessions.pop(run.rank, None)  # the run's now: closed when following ends
                 return
+            self.beating.pop(run.rank, None)
             status, rest, err = session.finish(COMMAND_TIMEOUT)
             self.sessions.pop(run.rank, None)
             if status != 0 or not words or not words[0].isdigit():
@@ -137,7 +167,10 @@ class NodeStarter:
         return runs
 
     def close(self) -> None:
-        """Close what is still open: an agent that never heard ``go`` starts nothing and cleans up."""
+        """Close what is still open: an agent that never heard ``go`` starts nothing and cleans up. The
+        heartbeats stop: a started node's are the follower's from now on."""
+        self.quiet.set()
+        self.beating.clear()
         for session in self.sessions.values():
             session.close()
         self.sessions.clear()

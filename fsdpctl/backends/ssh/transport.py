@@ -166,19 +166,20 @@ def _transport(sock, **kwargs) -> paramiko.Transport:
     return transport
 
 
-def send_all(channel: paramiko.Channel, data: bytes) -> None:
-    """Send ``data`` through the channel. paramiko's own sendall copies what is left after every
-    packet (``s = s[sent:]``): quadratic, 50 MB took 9-12 s here. This copies one packet at a time."""
+def send_all(channel: paramiko.Channel, data: bytes, lock: threading.Lock | None = None) -> None:
+    """Send ``data`` through the channel (whole, under ``lock``: a send can go out in pieces). paramiko's
+    sendall copies what is left after every packet (quadratic: 50 MB took 9-12 s here); this does not."""
     view, offset = memoryview(data), 0
-    while offset < len(view):
-        offset += channel.send(bytes(view[offset:offset + SEND_CHUNK]))
+    with lock or threading.Lock():
+        while offset < len(view):
+            offset += channel.send(bytes(view[offset:offset + SEND_CHUNK]))
 
 
 class _SSHSession(ReadingSession):
-    """One exec channel to talk to: stdin written as we go, stdout read up to markers."""
+    """One exec channel to talk to: stdin written as we go (by any thread), stdout read up to markers."""
 
     def __init__(self, host: str, channel: paramiko.Channel):
-        self.host, self.channel = host, channel
+        self.host, self.channel, self.sending = host, channel, threading.Lock()
         self.reader = MarkerReader(host, self._recv)
 
     def _recv(self, seconds: float) -> bytes:
@@ -187,7 +188,7 @@ class _SSHSession(ReadingSession):
 
     def send(self, data: bytes) -> None:
         try:
-            send_all(self.channel, data)
+            send_all(self.channel, data, self.sending)
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise SSHError(self.host, "ssh", f"the connection broke while sending ({exc})",
                            "check the node and the network to it") from None
@@ -336,8 +337,7 @@ class SSHTransport:
             if stdin:
                 send_all(channel, stdin)
             channel.shutdown_write()
-            # stderr is buffered by paramiko meanwhile (a probe writes little there), so reading
-            # stdout to its end first cannot deadlock.
+            # stderr waits in paramiko's buffer meanwhile (a probe writes little there): no deadlock
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
