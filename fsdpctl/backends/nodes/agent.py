@@ -131,9 +131,8 @@ class Input:
         return line.decode("utf-8", "replace").strip()
 
     def read_word(self, timeout):
-        """The launcher's next line other than a heartbeat, each line within ``timeout`` seconds ('' on
-        end of input or silence). Staged agents hear heartbeats while they wait for ``go``: a launcher
-        staging a thousand nodes is still there, however long the last ones take."""
+        """The launcher's next line past its heartbeats (which a staged agent hears while the others
+        are staged), each line within ``timeout`` seconds ('' on end of input or silence)."""
         while True:
             line = self.read_line(timeout)
             if line != HEARTBEAT:
