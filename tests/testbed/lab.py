@@ -13,6 +13,7 @@ Loopback mode (no CAP_NET_ADMIN): sshd per host on 127.<x>.<y>.K with its own po
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import shlex
@@ -82,7 +83,7 @@ class Lab:
     hosts: dict[str, Host] = field(default_factory=dict)
     subnet: str = ""
     prefix: int = 24
-    """The subnet's length: a /23 (two /24s) for more than 250 hosts."""
+    """The subnet's length: a /24 up to 250 hosts, a /23, /22 or /21 for more."""
     tag: str = ""
     client_ns: str | None = None
     switch_ns: str | None = None
@@ -118,11 +119,12 @@ class Lab:
     def _network_up(self) -> None:
         # Guard first: until teardown, the root namespace answers "unreachable" for the subnet. A
         # subnet whose guard exists already belongs to another lab: take another.
-        self.prefix = 24 if len(self.names) <= PER_24 else 23
-        if len(self.names) > 2 * PER_24:
-            raise ValueError(f"a lab holds up to {2 * PER_24} hosts")
+        blocks = 1 << max(0, math.ceil(math.log2(max(1, len(self.names)) / PER_24)))  # /24s: 1, 2, 4 or 8
+        if blocks > MAX_24S:
+            raise ValueError(f"a lab holds up to {MAX_24S * PER_24} hosts")
+        self.prefix = 24 - blocks.bit_length() + 1
         for _ in range(50):
-            self.subnet = f"10.251.{random.randrange(1, 125) * 2}"  # even: the first half of a /23
+            self.subnet = f"10.251.{random.randrange(1, 248 // blocks) * blocks}"  # the block's first /24
             guard = _run("ip", "route", "add", "unreachable", f"{self.subnet}.0/{self.prefix}", check=False)
             if guard.returncode == 0:
                 break
@@ -130,14 +132,21 @@ class Lab:
             raise RuntimeError(f"cannot add a guard route in 10.251.0.0/16: {guard.stderr.strip()}")
         self._guard = True
         self.switch_ns = self._add_namespace(f"{self.tag}sw")
-        _run("ip", "-n", self.switch_ns, "link", "add", "br0", "type", "bridge")
-        _run("ip", "-n", self.switch_ns, "link", "set", "br0", "up")
         members = [(name, i) for i, name in enumerate(self.names, start=1)] + [("client", 0)]
-        for name, i in members:
+        bridges = math.ceil(len(members) / PORTS_PER_BRIDGE)  # a bridge takes up to 1,023 ports
+        for b in range(bridges):
+            _run("ip", "-n", self.switch_ns, "link", "add", f"br{b}", "type", "bridge")
+            _run("ip", "-n", self.switch_ns, "link", "set", f"br{b}", "up")
+            if b:  # joined to the first one: one Ethernet segment
+                _run("ip", "-n", self.switch_ns, "link", "add", f"up{b}", "type", "veth", "peer", "name", f"down{b}")
+                for end, bridge in ((f"up{b}", "br0"), (f"down{b}", f"br{b}")):
+                    _run("ip", "-n", self.switch_ns, "link", "set", end, "master", bridge)
+                    _run("ip", "-n", self.switch_ns, "link", "set", end, "up")
+        for n, (name, i) in enumerate(members):
             ns = self._add_namespace(f"{self.tag}{name}")
             _run("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}",
                  "netns", self.switch_ns)
-            _run("ip", "-n", self.switch_ns, "link", "set", f"p{i}", "master", "br0")
+            _run("ip", "-n", self.switch_ns, "link", "set", f"p{i}", "master", f"br{n // PORTS_PER_BRIDGE}")
             _run("ip", "-n", self.switch_ns, "link", "set", f"p{i}", "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
             _run("ip", "-n", ns, "addr", "add", f"{self.address(i)}/{self.prefix}", "dev", "eth0")
@@ -153,14 +162,13 @@ class Lab:
             (folder / "hosts").write_text(hosts_file)
 
     def address(self, index: int) -> str:
-        """The address of the lab's host ``index`` (1-based; 0 is the client, at .254): past 250 hosts,
-        in the /23's second half."""
+        """The address of the lab's host ``index`` (1-based; 0 is the client, at .254): 250 hosts in
+        each /24 of the lab's block, in turn."""
         if index == 0:
             return f"{self.subnet}.254"
-        if index <= PER_24:
-            return f"{self.subnet}.{index}"
         head, _, third = self.subnet.rpartition(".")
-        return f"{head}.{int(third) + 1}.{index - PER_24}"
+        block, last = divmod(index - 1, PER_24)
+        return f"{head}.{int(third) + block}.{last + 1}"
 
     def _keys(self) -> None:
         key = self.root / "ssh" / "id_ed25519"
@@ -326,7 +334,10 @@ def _kill(pid: int) -> None:
 
 
 PER_24 = 250
-"""Hosts in a lab's first /24 (.1-.250; .254 is the client)."""
+"""Hosts in each /24 of a lab's block (.1-.250; the first one's .254 is the client)."""
+MAX_24S = 8
+"""A lab's largest block, a /21: 2,000 hosts."""
+PORTS_PER_BRIDGE = 1000
 
 
 def _pids_in_namespaces(names: list[str]) -> dict[str, list[int]]:
