@@ -30,6 +30,15 @@ def test_accept_new_records_unknown_keys_then_reuses_them(lab, tmp_path):
     assert lab.hosts["n1"].address in recorded and host_key in recorded
     rc, _, _ = doctor_json(lab, tmp_path, text)
     assert rc == 0 and known.read_text() == recorded  # known now: nothing appended twice
+    # Hashed as OpenSSH's HashKnownHosts writes it, among 2,000 other hosts' lines: still found, and
+    # with the reject policy nothing is appended.
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(known)], check=True, capture_output=True)
+    others = "".join(f"10.1.{i // 250}.{i % 250 + 1} ssh-ed25519 {host_key}\n" for i in range(2000))
+    known.write_text(others + known.read_text())
+    hashed = known.read_text()
+    assert lab.hosts["n1"].address not in hashed
+    rc, data, err = doctor_json(lab, tmp_path, text.replace("host_key_policy: accept-new", "host_key_policy: reject"))
+    assert rc == 0 and known.read_text() == hashed, (data, err)
 
 
 def test_changed_host_key_is_refused_even_with_accept_new(lab, tmp_path):

@@ -23,8 +23,8 @@ from ...errors import HostError
 from ...profiles.schema import HostSpec, SSHSpec
 from ..transport import MarkerReader, ReadingSession, read_lines
 from .jumps import CONNECT_TRIES, JUMPS, Hop, handshake_slot, jump_chain, retry_pause
+from .known_hosts import AcceptNew, known_hosts_name, known_lines
 
-_KNOWN_HOSTS_LOCK = threading.Lock()
 KEEPALIVE_SECONDS = 5
 IDLE_POLL_SECONDS = 1.0
 """How often a connection's paramiko thread wakes when nothing arrives, once connected (paramiko's
@@ -78,26 +78,6 @@ def resolve_target(host: HostSpec | str, ssh: SSHSpec, config: paramiko.SSHConfi
     )
 
 
-def _known_hosts_name(hostname: str, port: int) -> str:
-    return hostname if port == 22 else f"[{hostname}]:{port}"
-
-
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """Record an unknown host's key in known_hosts (appended, under a lock) and go on."""
-
-    def __init__(self, known_hosts: str, port: int):
-        self.known_hosts = known_hosts
-        self.port = port
-
-    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko's hook
-        entry = paramiko.hostkeys.HostKeyEntry([_known_hosts_name(hostname, self.port)], key)
-        with _KNOWN_HOSTS_LOCK:
-            Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True)
-            with open(self.known_hosts, "a", encoding="utf-8") as handle:
-                handle.write(entry.to_line())
-        client.get_host_keys().add(_known_hosts_name(hostname, self.port), key.get_name(), key)
-
-
 def _classify(target: Target, exc: BaseException, timeout: float) -> SSHError:
     where = f"{target.hostname}:{target.port}"
     if isinstance(exc, socket.gaierror):
@@ -107,7 +87,7 @@ def _classify(target: Target, exc: BaseException, timeout: float) -> SSHError:
         return SSHError(target.alias, "changed-host-key",
                         f"host key of {where} differs from the one in {target.known_hosts}",
                         f"if the host was reinstalled, remove the old key: ssh-keygen -R "
-                        f"{_known_hosts_name(target.hostname, target.port)!r} -f {target.known_hosts}")
+                        f"{known_hosts_name(target.hostname, target.port)!r} -f {target.known_hosts}")
     if isinstance(exc, paramiko.AuthenticationException):
         return SSHError(target.alias, "auth", f"authentication failed as {target.user or 'the local user'}",
                         "check ssh.user and ssh.identity_file, or that the key is in the node's authorized_keys")
@@ -238,10 +218,17 @@ class SSHTransport:
 
     def _client(self, target: Target) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        if os.path.isfile(target.known_hosts):
-            client.load_host_keys(target.known_hosts)
+        name, keys, types = known_hosts_name(target.hostname, target.port), client.get_host_keys(), set()
+        for line in known_lines(target.known_hosts, name):  # not load_host_keys: O(lines^2) per connection
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
+            except paramiko.SSHException:
+                continue  # paramiko's own reading skips it too
+            if entry is not None and entry.key.get_name() not in types:  # the first of a type is the one checked
+                types.add(entry.key.get_name())
+                keys.add(name, entry.key.get_name(), entry.key)
         if self.spec.host_key_policy == "accept-new":
-            client.set_missing_host_key_policy(_AcceptNewPolicy(target.known_hosts, target.port))
+            client.set_missing_host_key_policy(AcceptNew(target.known_hosts, target.port))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         return client
