@@ -25,7 +25,7 @@ PHASES: dict[str, str] = {
     "submit": "submitted to the scheduler",
     "queued": "waited in the queue",
     "connect": "connected",
-    "dropped": "dropped by its sshd, tried again",
+    "dropped": "dropped by its sshd or its handshake timed out, tried again",
     "stage": "payload staged",
     "probe": "preflight probe answered",
     "parity": "parity judged",

@@ -146,7 +146,7 @@ def test_a_launch_whose_connections_an_sshd_drops_past_maxstartups_still_reaches
     timeline = json.loads((run_dir_of(tmp_path) / "run.json").read_text())["timeline"]["phases"]
     assert 1 <= len(timeline["dropped"]) < CROWDED, timeline  # the nodes tried again, in the run's timeline
     timings = run(lab, tmp_path, "status", "--timings", run_dir_of(tmp_path).name).stdout
-    assert "dropped by its sshd, tried again" in timings, timings
+    assert "dropped by its sshd or its handshake timed out, tried again" in timings, timings
     print(f"\n--- 6 nodes on one sshd with MaxStartups 1:100:1: {dropped(lab, 'crowded') - before} connections "
           f"dropped and tried again ---")
 

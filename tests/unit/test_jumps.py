@@ -151,3 +151,51 @@ def test_a_connection_dropped_while_set_up_is_worth_another_try_and_a_refusal_is
     assert not _dropped(socket.gaierror(-2, "Name or service not known"))
     assert not _dropped(ConnectionRefusedError(111, "Connection refused"))
     assert not _dropped(TimeoutError("timed out"))
+
+
+def test_a_handshake_that_does_not_end_within_the_timeout_is_tried_again_and_then_named(tmp_path, monkeypatch):
+    """A server that sends its banner and then says nothing more, as a host (or a launcher) too loaded
+    to finish the key exchange in time: paramiko's start_client returns silently at the timeout and
+    the next step says "No existing session". That is tried again, and in the end named as what it is."""
+    import socket
+
+    import paramiko
+
+    from fsdpctl.backends.ssh import transport
+    from fsdpctl.errors import HostError
+    from fsdpctl.profiles.schema import SSHSpec
+
+    assert transport._dropped(paramiko.SSHException("No existing session"))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")  # then nothing: the key exchange never ends
+
+    threading.Thread(target=serve, daemon=True).start()
+    monkeypatch.setattr(transport, "CONNECT_TRIES", 3)
+    monkeypatch.setattr(transport, "retry_pause", lambda dropped: 0.0)
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    ssh = SSHSpec(user="me", port=listener.getsockname()[1], identity_file=str(tmp_path / "none"),
+                  known_hosts=str(known), connect_timeout=0.5)
+    host = transport.SSHTransport("127.0.0.1", ssh, paramiko.SSHConfig())
+    try:
+        with pytest.raises(HostError) as raised:
+            host.connect()
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert len(accepted) == 3 and len(host.drops) == 2  # tried again twice, each time recorded
+    assert "handshake with 127.0.0.1" in raised.value.detail and "did not end within 0.5 s (tried 3 times)" in \
+        raised.value.detail, raised.value.detail
+    assert "connect_timeout" in raised.value.hint
