@@ -126,6 +126,25 @@ def test_the_payload_holds_scripts_workload_and_code(tmp_path):
     assert members["code/inside-link"].issym() and "code/outside-link" not in members
 
 
+def test_the_payload_goes_out_in_whole_pieces_not_one_per_header_and_file(tmp_path):
+    """Each piece is one SSH send to every node: the workload package's hundreds of headers, small
+    files and paddings are joined into pieces of 64 KiB or more, and a large file's reads pass as they
+    are; the bytes are the archive's all the same."""
+    import io
+    import tarfile
+
+    root = project(tmp_path / "p")
+    (root / "data" / "large.bin").write_bytes(os.urandom(300_000))
+    payload = node_payload({"node0.sh": "echo hi\n"}, collect_code(root, 10**6))
+    pieces = list(payload.chunks())
+    assert len(payload.entries) > 50 and len(pieces) <= len(payload) // (1 << 16) + 1
+    assert all(len(piece) >= 1 << 16 for piece in pieces[:-1])
+    whole = b"".join(pieces)
+    assert len(whole) == len(payload)
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        assert tar.extractfile("code/data/large.bin").read() == (root / "data" / "large.bin").read_bytes()
+
+
 def test_a_command_plans_its_ranks_in_the_code_folder(tmp_path):
     manifest = collect_code(project(tmp_path / "p"), 10**6)
     plan = plan_run(load_profile("two-node").profile, run_id="two-node-20261121-120000-abcd", local_run_dir="r",
@@ -197,3 +216,18 @@ def test_a_script_not_among_the_copied_files_is_refused_before_anything_starts(t
     with pytest.raises(UsageError, match="missing.py: not in the code folder"):
         fsdpctl.launch("local", ["missing.py"], code=project, runs_dir=runs)
     assert not runs.exists()  # refused before a run directory, let alone a node
+
+
+def test_each_node_gets_its_own_script_and_not_every_nodes():
+    import io
+    import tarfile
+
+    scripts = {f"node{r}.sh": f"echo node {r}\n" for r in range(300)}
+    payload = node_payload(scripts)
+    own = payload.for_node("node7.sh")
+    whole = own.getvalue()
+    assert len(whole) == len(own) < len(payload)
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        names = tar.getnames()
+        assert tar.extractfile("node7.sh").read() == b"echo node 7\n"
+    assert [n for n in names if n.endswith(".sh")] == ["node7.sh"] and "pkg/fsdpctl/workload/train.py" in names

@@ -56,8 +56,9 @@ class NodeStarter:
     def _agent(self, rank: int, probe: dict[str, Any] | None, timeout: float) -> Session:
         """The node's agent, its payload sent; what a chatty shell rc printed before it is read past."""
         secrets = self.payload.secret_blob()
+        files = self.payload.files.for_node(f"node{rank}.sh")
         args = {"run_id": self.plan.run_id, "run_dir": self.plan.run_dir, "rank": rank, "attempt": self.plan.attempt,
-                "bytes": len(self.payload.files),  # the tar's size, known before it is made
+                "bytes": len(files),  # the tar's size, known before it is made
                 "secret_bytes": len(secrets), "probe": probe,
                 # the others' probes may be pulling the image: wait as long as the slowest may take
                 "go_timeout": probe_timeout(self.plan.container, GO_TIMEOUT)}
@@ -81,7 +82,7 @@ class NodeStarter:
         with self.timeline.span("stage", rank):
             session = transport.session(marked(agent_command(self.python, args)))
             self.sessions[rank] = session
-            for chunk in self.payload.files.chunks():  # the tar as it is made: never all of it in memory
+            for chunk in files.chunks():  # the tar as it is made: never all of it in memory
                 session.send(chunk)
             session.send(secrets)
             self._keep_alive(rank, session)
