@@ -166,6 +166,8 @@ def test_a_handshake_that_does_not_end_within_the_timeout_is_tried_again_and_the
     from fsdpctl.profiles.schema import SSHSpec
 
     assert transport._dropped(paramiko.SSHException("No existing session"))
+    assert transport._dropped(paramiko.AuthenticationException("Authentication timeout."))
+    assert not transport._dropped(paramiko.AuthenticationException("Authentication failed."))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)

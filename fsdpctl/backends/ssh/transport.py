@@ -31,7 +31,7 @@ IDLE_POLL_SECONDS = 1.0
 0.1 s: 0.45 ms of launcher CPU per connection per second, 11 % of a core for 256 idle nodes,
 measured here; 0.07 ms at 1 s). Data is read the moment it arrives either way; only a close and the
 keepalive are noticed on these wakes, and the keepalive is 5 s."""
-_SLOW_HANDSHAKE = "no existing session"
+_SLOW_HANDSHAKE = ("no existing session", "authentication timeout")
 SEND_CHUNK = 1 << 16  # at least one packet's worth (paramiko's largest is 32 KiB)
 
 # paramiko logs a dropped connection's traceback at ERROR: with no handler, Python's last-resort one
@@ -81,6 +81,9 @@ def resolve_target(host: HostSpec | str, ssh: SSHSpec, config: paramiko.SSHConfi
 
 def _classify(target: Target, exc: BaseException, timeout: float) -> SSHError:
     where = f"{target.hostname}:{target.port}"
+    if _slow(exc):
+        return SSHError(target.alias, "ssh", f"the SSH handshake with {where} did not end within {timeout:g} s",
+                        "the host or this machine is overloaded: raise ssh.connect_timeout")
     if isinstance(exc, socket.gaierror):
         return SSHError(target.alias, "unresolved", f"host name {target.hostname!r} does not resolve",
                         "check the name in the profile and ~/.ssh/config, or give the IP address")
@@ -109,9 +112,6 @@ def _classify(target: Target, exc: BaseException, timeout: float) -> SSHError:
         return SSHError(target.alias, "unknown-host-key", f"host key of {where} is not in {target.known_hosts}",
                         f"verify it and add it (ssh-keyscan -p {target.port} {target.hostname} >> "
                         f"{target.known_hosts}), or set ssh.host_key_policy: accept-new")
-    if _SLOW_HANDSHAKE in text.lower():  # start_client gave up waiting, silently; the next step says this
-        return SSHError(target.alias, "ssh", f"the SSH handshake with {where} did not end within {timeout:g} s",
-                        "the host or this machine is overloaded: raise ssh.connect_timeout")
     if "banner" in text.lower():
         return SSHError(target.alias, "ssh", f"{where} did not speak SSH in time ({text})",
                         "check that the port is an SSH server's")
@@ -193,18 +193,22 @@ class _SSHSession(ReadingSession):
 
 
 def _dropped(exc: BaseException) -> bool:
-    """A connection the server dropped while it was being set up (what a busy sshd's MaxStartups
-    does), or whose key exchange did not end within the connect timeout (paramiko's "No existing
-    session": a loaded launcher or host), worth trying again; a refusal, a wrong key or a host that
-    does not answer is not."""
+    """Dropped while it was set up (a busy sshd's MaxStartups), or its handshake outlasted the timeout (a
+    loaded launcher or host): worth trying again; a refusal, a wrong key or a host that does not answer is not."""
+    if _slow(exc):
+        return True
     if isinstance(exc, (paramiko.AuthenticationException, paramiko.BadHostKeyException, socket.gaierror)):
         return False
     if isinstance(exc, (ConnectionResetError, EOFError)):
         return True
     text = str(exc).lower()
     return isinstance(exc, (paramiko.SSHException, OSError)) and (
-        "banner" in text or "reset by peer" in text or "connection closed" in text or "eof" in text
-        or _SLOW_HANDSHAKE in text)
+        "banner" in text or "reset by peer" in text or "connection closed" in text or "eof" in text)
+
+
+def _slow(exc: BaseException) -> bool:
+    """A handshake that outlasted the timeout (start_client gives up silently: the next step says it)."""
+    return any(words in str(exc).lower() for words in _SLOW_HANDSHAKE)
 
 
 class SSHTransport:
@@ -303,7 +307,7 @@ class SSHTransport:
                     time.sleep(retry_pause(dropped))
                     continue
                 error = _classify(target, exc, timeout)
-                if _dropped(exc) and _SLOW_HANDSHAKE in str(exc).lower():
+                if _slow(exc):
                     error = SSHError(target.alias, error.cause, f"{error.detail} (tried {dropped} times)", error.hint)
                 elif _dropped(exc):
                     error = SSHError(target.alias, error.cause, f"{error.detail} (dropped {dropped} times while the "
