@@ -88,6 +88,7 @@ class Lab:
     client_ns: str | None = None
     switch_ns: str | None = None
     _guard: bool = False
+    _neighbours: dict[str, int] = field(default_factory=dict)  # ARP table limits raised, as they were
     _created: list[str] = field(default_factory=list)  # the namespaces this lab made (all it removes)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -119,6 +120,7 @@ class Lab:
     def _network_up(self) -> None:
         # Guard first: until teardown, the root namespace answers "unreachable" for the subnet. A
         # subnet whose guard exists already belongs to another lab: take another.
+        self._grow_neighbour_table()
         blocks = 1 << max(0, math.ceil(math.log2(max(1, len(self.names)) / PER_24)))  # /24s: 1, 2, 4 or 8
         if blocks > MAX_24S:
             raise ValueError(f"a lab holds up to {MAX_24S * PER_24} hosts")
@@ -160,6 +162,20 @@ class Lab:
             folder = Path("/etc/netns") / f"{self.tag}{name}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "hosts").write_text(hosts_file)
+
+    def _grow_neighbour_table(self) -> None:
+        # The kernel's ARP table is one for all namespaces, 1,024 entries by default: the client's
+        # entry for each host, each host's for the client and for the master of its port check, and
+        # past that "No route to host" (a 512-host preflight hit it). Raised for a large lab only,
+        # and put back on teardown.
+        if len(self.names) <= 200:
+            return
+        for level, per_host in (("gc_thresh1", 2), ("gc_thresh2", 4), ("gc_thresh3", 8)):
+            path = Path(f"/proc/sys/net/ipv4/neigh/default/{level}")
+            before = int(path.read_text())
+            if before < per_host * len(self.names):
+                path.write_text(str(per_host * len(self.names)))
+                self._neighbours[level] = before
 
     def address(self, index: int) -> str:
         """The address of the lab's host ``index`` (1-based; 0 is the client, at .254): 250 hosts in
@@ -266,6 +282,9 @@ class Lab:
         if self._guard:
             _run("ip", "route", "del", "unreachable", f"{self.subnet}.0/{self.prefix}", check=False)
             self._guard = False
+        for level, before in self._neighbours.items():
+            Path(f"/proc/sys/net/ipv4/neigh/default/{level}").write_text(str(before))
+        self._neighbours.clear()
 
     # ---- helpers for tests --------------------------------------------------------------------
     def in_client(self, argv: list[str]) -> list[str]:
