@@ -73,9 +73,12 @@ def fsdpctl_env(root: Path) -> dict[str, str]:
     return env
 
 
-def start_lab(bench: str, names: tuple[str, ...] = ("n1", "n2")):
+def start_lab(bench: str, names: tuple[str, ...] = ("n1", "n2"), own_shell_rc: bool = False):
     """The namespace testbed with sshd on every host, for a benchmark: (root folder, lab). Exits
-    with the reason where it cannot be built (it needs root)."""
+    with the reason where it cannot be built (it needs root). ``own_shell_rc``: every host's sessions
+    read an empty ~/.bashrc of their own. This machine's runs ``pyenv init``, whose rehash takes one
+    lock in the home every fake host shares: past a few dozen hosts, sessions wait on each other for
+    it (a real node's rc runs on its own)."""
     import sys
     import tempfile
 
@@ -89,9 +92,12 @@ def start_lab(bench: str, names: tuple[str, ...] = ("n1", "n2")):
         sys.exit(f"{bench}: the namespace testbed {reason}")
     root = Path(tempfile.mkdtemp(prefix=f"fsdpctl-bench-{bench}-"))
     lab = Lab(root, list(names)).up()
+    rc = root / "node-bashrc"
+    rc.write_text("")
+    overlays = {str(Path.home() / ".bashrc"): rc} if own_shell_rc and (Path.home() / ".bashrc").is_file() else None
     try:
         for name in names:
-            lab.start_sshd(name)
+            lab.start_sshd(name, overlays=overlays)
     except BaseException:
         lab.down()
         raise

@@ -164,14 +164,30 @@ def curve(args) -> dict:
         lab.down()
 
 
+def available_kb() -> int:
+    """This machine's available memory (every fake node's processes included)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    return 0
+
+
 class Watch:
-    """The launcher's peak threads, open descriptors and memory, sampled every 0.1 s."""
+    """The launcher's peak threads, open descriptors and memory, and the least memory this machine
+    had available (the nodes' sshd sessions, shells and agents with it), sampled every 0.1 s."""
 
     def __init__(self, pid: int):
         self.pid, self.threads, self.fds, self.rss_kb = pid, 0, 0, 0
+        self.least_available_kb = available_kb()
+        self.began = time.perf_counter()
+        self.cpu: list[tuple[float, float]] = []  # (seconds since began, the launcher's CPU seconds)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
+
+    def cpu_by(self, seconds: float) -> float:
+        """The launcher's CPU seconds ``seconds`` after it began (the last sample before then)."""
+        return max((cpu for at, cpu in self.cpu if at <= seconds), default=0.0)
 
     def _loop(self) -> None:
         while not self.done.is_set():
@@ -181,6 +197,9 @@ class Watch:
                 self.threads = max(self.threads, int(fields["Threads"]))
                 self.rss_kb = max(self.rss_kb, int(fields["VmRSS"].split()[0]))
                 self.fds = max(self.fds, len(os.listdir(f"/proc/{self.pid}/fd")))
+                self.least_available_kb = min(self.least_available_kb, available_kb())
+                ticks = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()[11:13]
+                self.cpu.append((time.perf_counter() - self.began, sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")))
             except (OSError, KeyError, ValueError):
                 pass
             self.done.wait(0.1)
@@ -190,13 +209,16 @@ def model(args) -> dict:
     out = {}
     for size in [int(n) for n in args.model.split(",") if n]:
         names = [f"m{i}" for i in range(1, size + 1)]
-        root, lab = start_lab("launch_scale_model", tuple(names))
+        root, lab = start_lab("launch_scale_model", tuple(names), own_shell_rc=not args.shared_rc)
         try:
             env, code = fsdpctl_env(root), the_program(root)
             python = root / "python"
             python.write_text(STAND_IN.format(python=sys.executable))
             python.chmod(0o755)
             profile = profile_for(lab, root, names, str(python), f"m{size}")
+            # fsdpctl's default connect timeout, not the testbed's 3 s: a handshake here shares 2 cores
+            # with every other node's sshd, where a real node's has its own
+            profile.write_text(profile.read_text().replace("connect_timeout: 3\n", "connect_timeout: 10\n"))
             if args.model_node_timeout:  # every "node" shares this machine's cores with the launcher
                 profile.write_text(profile.read_text() + f"node_timeout: {args.model_node_timeout}\n")
             rows = []
@@ -210,6 +232,7 @@ def model(args) -> dict:
                                                               str(profile), *args.model_flags.split(),
                                                               "--code", str(code), "--", "five.py"]),
                                                env=env, stdout=err_file, stderr=subprocess.STDOUT)
+                idle_kb = available_kb()
                 watch = Watch(process.pid)
                 _, status, usage = os.wait4(process.pid, 0)  # its own CPU (`ip netns exec` execs it)
                 process.returncode = os.waitstatus_to_exitcode(status)
@@ -221,7 +244,10 @@ def model(args) -> dict:
                 (new,) = set((root / "runs").glob("*")) - before
                 stat = json.loads((root / "runs" / new.name / "run.json").read_text())
                 phases = timeline_of(root, new.name)
-                rows.append({"wall_s": took, "cpu_s": usage.ru_utime + usage.ru_stime,
+                dropped = len(((stat.get("timeline") or {}).get("phases") or {}).get("dropped") or {})
+                rows.append({"wall_s": took, "cpu_s": usage.ru_utime + usage.ru_stime, "dropped_nodes": dropped,
+                             "cpu_to_ranks_s": watch.cpu_by(phases.get("torchrun", took)),
+                             "testbed_mb": (idle_kb - watch.least_available_kb) / 1024,
                              "threads_peak": watch.threads, "fds_peak": watch.fds,
                              "rss_peak_mb": watch.rss_kb / 1024, "phases": phases,
                              "state": stat.get("state")})
@@ -234,6 +260,14 @@ def model(args) -> dict:
                 "threads_peak": max(r["threads_peak"] for r in rows), "fds_peak": max(r["fds_peak"] for r in rows),
                 "rss_peak_mb": round(max(r["rss_peak_mb"] for r in rows), 1),
                 "rss_kb_per_node": round(1024 * max(r["rss_peak_mb"] for r in rows) / size, 1),
+                "ranks_started_median_s": statistics.median(r["phases"].get("torchrun", 0) for r in rows),
+                "ranks_started_ms_per_node": round(1000 * statistics.median(r["phases"].get("torchrun", 0)
+                                                                            for r in rows) / size, 1),
+                "launcher_cpu_ms_per_node_to_ranks_started": round(
+                    1000 * statistics.median(r["cpu_to_ranks_s"] for r in rows) / size, 1),
+                "dropped_nodes_max": max(r["dropped_nodes"] for r in rows),
+                "testbed_memory_peak_mb": round(max(r["testbed_mb"] for r in rows)),
+                "testbed_memory_mb_per_node": round(max(r["testbed_mb"] for r in rows) / size, 2),
                 "timeline_done_at_s (fastest run)": best["phases"]}
             out[str(size)]["flags"] = args.model_flags
             out[str(size)]["node_timeout"] = args.model_node_timeout or 30
@@ -251,6 +285,8 @@ def main() -> None:
     parser.add_argument("--out", default="launch_scale")
     parser.add_argument("--model-node-timeout", type=int, default=0, help="the model profile's node_timeout")
     parser.add_argument("--model-flags", default="", help="launch flags for the model, e.g. --no-preflight")
+    parser.add_argument("--shared-rc", action="store_true", help="the model's hosts read this machine's ~/.bashrc "
+                        "(default: an empty one each, as a real node's own)")
     parser.add_argument("--before", default="", help="another checkout of fsdpctl, measured beside this one")
     args = parser.parse_args()
     data = {"benchmark": "launch_scale", "machine": machine(),
