@@ -170,8 +170,11 @@ class TarStream:
         header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
         if node_script:
             self.scripts[len(self.entries)] = info.name
-        self.entries.append((header, data, info.size))
-        self.size += len(header) + -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        self._append((header, data, info.size))
+
+    def _append(self, entry: tuple[bytes, bytes | Path | None, int]) -> None:
+        self.entries.append(entry)
+        self.size += len(entry[0]) + -(-entry[2] // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE  # data padded
 
     def for_node(self, script: str) -> TarStream:
         """This archive with one node script of all: ``script``, the one that node runs. Every node's
@@ -183,8 +186,7 @@ class TarStream:
         for index, entry in enumerate(self.entries):
             name = self.scripts.get(index)
             if name is None or name == script:
-                own.entries.append(entry)
-                own.size += len(entry[0]) + -(-entry[2] // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                own._append(entry)
         return own
 
     def __len__(self) -> int:
