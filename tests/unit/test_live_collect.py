@@ -219,3 +219,28 @@ def test_the_collector_keeps_the_runs_chart_index_as_the_copies_grow(tmp_path, m
     store = ChartStore(col.root, col.plan)
     store.update()
     assert store.index_loaded and store.to_json()["train"]["loss"]["x"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_agent_reads_the_side_files_with_the_logs_new_lines_so_both_leave_in_one_write(tmp_path, monkeypatch):
+    from fsdpctl.backends.nodes import agent_watch
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "node0.log").write_bytes(b"")
+    (tmp_path / "metrics.jsonl").write_bytes(b"")
+    watch = agent_watch.Watch("run", 0, 30.0, inp=None, side=SideFiles([{"path": "metrics.jsonl"}]))
+    now = time.time()
+    watch.pump_log()
+    watch.pump_side(now, ended=False)  # the first poll, with nothing yet
+    # a step: its row, then its line (as a program writes them), a tenth of the poll interval later
+    with open("metrics.jsonl", "ab") as rows, open("node0.log", "ab") as log:
+        rows.write(b'{"step": 1}\n')
+        log.write(b"step=1\n")
+    assert watch.pump_log() is False and watch.log_came
+    assert watch.pump_side(now + 0.15, ended=False)
+    assert [side for _, side in watch.data] == [False, True]  # the line's frame, then the row's: one write takes both
+    # without a new line, the side files wait for their own interval
+    with open("metrics.jsonl", "ab") as rows:
+        rows.write(b'{"step": 2}\n')
+    watch.pump_log()
+    assert not watch.pump_side(now + 0.3, ended=False)
+    assert watch.pump_side(now + 0.15 + agent_watch.SIDE_POLL_SECONDS, ended=False)

@@ -12,6 +12,9 @@ import time
 
 WRITE_BYTES = 64 << 10
 """Frames joined into one write at the most (a control message waits behind no more than this)."""
+SIDE_WITH_LOG_SECONDS = 0.1
+"""The side files are read with the log's new lines at most this often (a log that never stops
+does not have them read at every turn)."""
 
 try:  # on the node this file follows the agent's source, which defines these
     from .agent import (
@@ -52,7 +55,8 @@ class Watch:
         self.attempt, self.cleanup = attempt, cleanup
         self.stop_signal, self.stop_grace = stop  # what the launcher's stop gives the ranks first, and for how long
         self.side = side  # the side files (SideFiles), or None
-        self.next_side = 0.0
+        self.side_at = 0.0  # when the side files were last read
+        self.log_came = False  # the last pump_log queued something
         self.control = []  # messages that go before any log data still waiting
         self.data = collections.deque()  # (frame, is a side file's) of log and side data
         self.queued = 0  # bytes of log frames in ``data``
@@ -79,21 +83,27 @@ class Watch:
                 self.log = open("node%d.log" % self.rank, "rb")  # noqa: SIM115 - read as it grows, until exit
             except OSError:
                 return False
+        self.log_came = False
         while self.queued < OUT_LIMIT:
             chunk = self.log.read(1 << 16)
             if not chunk:
                 return False
+            self.log_came = True
             frame = ("%s%d\n" % (LINE, len(chunk))).encode() + chunk
             self.data.append((frame, False))
             self.queued += len(frame)
         return True
 
     def pump_side(self, now, ended):
-        """Queue what the side files gained (every poll interval; at each turn once the node has
-        ended, until they have nothing more); True when something was queued."""
-        if self.side is None or (not ended and now < self.next_side):
+        """Queue what the side files gained (every poll interval, and with the log's new lines, at
+        most every ``SIDE_WITH_LOG_SECONDS``: a program writes a step's row as it prints the step's line,
+        and both then leave in one write, one SSH packet for the launcher instead of two; at each turn
+        once the node has ended, until they have nothing more); True when something was queued."""
+        since = now - self.side_at
+        due = since >= SIDE_POLL_SECONDS or (self.log_came and since >= SIDE_WITH_LOG_SECONDS)
+        if self.side is None or (not ended and not due):
             return False
-        self.next_side = now + SIDE_POLL_SECONDS
+        self.side_at = now
         room = SIDE_LIMIT - self.side_queued
         if room <= 0:
             return False
