@@ -90,6 +90,30 @@ def test_scalars_read_back_with_their_tags_steps_wall_times_and_float32_values(t
     assert [e.summary.value[0].tensor.float_val[0] for e in loaded[1:]] == [as_float32(v) for _, v, _, _ in items]
 
 
+def test_scalars_at_one_step_are_one_event_that_tensorboard_reads_as_each_tags_scalar(tmp_path):
+    gpus = [(f"gpu/node3/gpu{g}/{name}", value) for g in range(8) for name, value in (("sm_clock_mhz", 1980 - g),
+                                                                                        ("temp_c", 60.5))]
+    with EventWriter(tmp_path / "tb") as writer:
+        writer.scalars_at(7, gpus, 1_700_000_000.25)
+        writer.scalars_at(8, [("gpu/node3/gpu0/sm_clock_mhz", 1095)], 1_700_000_005.25)
+        writer.scalars_at(9, [])  # nothing to write: no event
+        with pytest.raises(ValueError, match="cannot be empty"):
+            writer.scalars_at(9, [("ok", 1.0), ("", 2.0)])
+    events = raw_events(writer.path)
+    assert len(events) == 3  # the version's, then one per call
+    assert events[1].step == 7 and events[1].wall_time == 1_700_000_000.25
+    assert [(v.tag, v.simple_value) for v in events[1].summary.value] == [(tag, as_float32(v)) for tag, v in gpus]
+    # byte for byte what TensorBoard's own classes make of the same event
+    own = event_pb2.Event(wall_time=1_700_000_000.25, step=7, summary=summary_pb2.Summary(
+        value=[summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in gpus]))
+    assert events[1].SerializeToString() == own.SerializeToString()
+    accumulator = EventAccumulator(str(tmp_path / "tb"))
+    accumulator.Reload()
+    assert len(accumulator.Tags()["scalars"]) == 16
+    assert [(e.step, e.value) for e in accumulator.Scalars("gpu/node3/gpu0/sm_clock_mhz")] == [(7, 1980), (8, 1095)]
+    assert [(e.step, e.value) for e in accumulator.Scalars("gpu/node3/gpu7/temp_c")] == [(7, 60.5)]
+
+
 def test_non_finite_values_are_written_as_they_are_and_tensorboard_serves_them(tmp_path):
     with EventWriter(tmp_path) as writer:
         for step, value in enumerate([math.nan, math.inf, -math.inf, 1.0]):
@@ -278,6 +302,62 @@ def test_nan_and_infinities_are_written_as_prometheus_spells_them():
     assert re.findall(r" (\S+)$", text, re.MULTILINE)[-4:] == ["NaN", "+Inf", "-Inf", "1.1805916207174113e+21"]
     values = [s.value for s in parse(text)["m"].samples]
     assert math.isnan(values[0]) and values[1:] == [math.inf, -math.inf, 2.0**70]
+
+
+def client_text(families: list[Family]) -> str:
+    """What prometheus_client's own ``generate_latest`` writes of a registry holding ``families``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class Source:
+        def collect(self):
+            for family in families:
+                names = list(family.samples[0][0]) if family.samples else []
+                make = GaugeMetricFamily if family.type == "gauge" else CounterMetricFamily
+                metric = make(family.name, family.help, labels=names)
+                for labels, value in family.samples:
+                    metric.add_metric([labels[name] for name in names], value)
+                yield metric
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Source())
+    return generate_latest(registry).decode("utf-8")
+
+
+label_values = st.text(st.characters(exclude_categories=["Cs"])) | st.sampled_from(HOSTILE_VALUES)
+label_sets = st.lists(st.dictionaries(st.sampled_from(["gpu", "node", "host", "a", "Hostname", "pci_bus_id"]),
+                                      label_values, min_size=0, max_size=4), max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,12}", fullmatch=True),
+                          st.sampled_from(["gauge", "counter"]), st.text(), label_sets,
+                          st.lists(st.floats(), min_size=4, max_size=4)),
+                unique_by=lambda f: f[0].removesuffix("_total"), max_size=4))
+def test_the_text_is_prometheus_clients_own_byte_for_byte(drawn):
+    families = []
+    for name, kind, words, labels, values in drawn:
+        names = set(labels[0]) if labels else set()
+        kept, shown = [], set()
+        for one in labels:  # one set of label names per family, each label set once
+            key = tuple(sorted(one.items()))
+            if set(one) == names and key not in shown:
+                shown.add(key)
+                kept.append(one)
+        families.append(Family(name, words, kind, list(zip(kept, values, strict=False))))
+    assert render(families) == client_text(families)
+
+
+def test_families_sharing_one_label_dict_as_a_gpus_do_render_as_prometheus_client_does():
+    gpus = [{"run": "r", "gpu": str(g), "node": "0", "host": 'h"1', "Hostname": "h\\1", "pci_bus_id": "00:1"}
+            for g in range(3)]
+    families = [Family(name, "h", "gauge", [(labels, 1980.0 + g) for g, labels in enumerate(gpus)])
+                for name in ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP")]
+    families.append(Family("fsdpctl_restarts_total", "r", "counter", [(gpus[0], 2)]))
+    assert render(families) == client_text(families)
+    with pytest.raises(ValueError, match="one set of label names per family"):
+        render([Family("m", "h", "gauge", [({"a": "1"}, 1)]),
+                Family("n", "h", "gauge", [({"b": "1"}, 1), (gpus[0], 2)])])
 
 
 @pytest.mark.parametrize("family, bad", [
