@@ -20,7 +20,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
@@ -106,6 +106,11 @@ def _scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:
     return Event(wall_time=wall_time, step=step, summary=summary).SerializeToString()
 
 
+def _scalars_event(values: Sequence[tuple[str, float]], step: int, wall_time: float) -> bytes:
+    summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value)) for tag, value in values])
+    return Event(wall_time=wall_time, step=step, summary=summary).SerializeToString()
+
+
 def version_event(wall_time: float) -> bytes:
     """The Event every events file starts with: its wall time and ``file_version: "brain.Event:2"``."""
     return Event(wall_time=wall_time, file_version=FILE_VERSION).SerializeToString()
@@ -164,13 +169,28 @@ class EventWriter:
 
         The value is stored as float32, as TensorBoard's ``simple_value`` is; NaN and infinities are kept.
         """
+        self._checked(tag)
+        when = time.time() if wall_time is None else float(wall_time)
+        self._add(_scalar_event(tag, value, step, when))
+
+    def _checked(self, tag: str) -> None:
+        """Refuse a bad tag (each tag checked once)."""
         if tag not in self._tags:
             _check_tag(tag)
             if len(self._tags) >= _CACHE_LIMIT:
                 self._tags.clear()
             self._tags.add(tag)
+
+    def scalars_at(self, step: int, values: Sequence[tuple[str, float]], wall_time: float | None = None) -> None:
+        """Add each ``(tag, value)`` of ``values`` at one ``step`` and ``wall_time``, as one Event whose
+        summary holds them all (as TensorFlow's merged summaries are written; TensorBoard reads each value
+        as its tag's scalar): one record's framing and checksums instead of one per scalar."""
+        if not values:
+            return
+        for tag, _ in values:
+            self._checked(tag)
         when = time.time() if wall_time is None else float(wall_time)
-        self._add(_scalar_event(tag, value, step, when))
+        self._add(_scalars_event(values, step, when))
 
     def scalars(self, items: Iterable[tuple[str, float, int, float | None]]) -> None:
         """Add each ``(tag, value, step, wall_time)`` of ``items``, as :meth:`scalar` does."""

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..accounting.cache import due as goodput_due
 from ..errors import UsageError
 from ..rundir.paths import read_json, write_json_atomic
 from ..rundir.record import epoch
@@ -40,6 +39,12 @@ PROMETHEUS_SECONDS = 15.0
 """How often the textfile is written again: Prometheus scrapes every 15 s or so (DCGM-Exporter itself
 collects every 30 s by default); each write renders every GPU's and rank's figures (about 12 ms at 16 x 8
 GPUs), so writing it more often than it is read costs the launcher for nothing."""
+GOODPUT_SECONDS = 300.0
+"""How often the exports count the run's goodput again while it goes, at the least; and never more often
+than keeps counting under ``GOODPUT_SHARE`` of the time. The account reads every row of the run: at 64
+nodes two minutes in, 0.3 s of the launcher's CPU, what the whole launcher spends in 3 s; every 30 s
+(the views' pace) it was the largest part of what the exports cost. Its figures move by the minute."""
+GOODPUT_SHARE = 0.01
 RANK_FIGURES = (("compute_s", "compute_s", "fsdpctl_rank_compute_seconds", "Seconds of compute per step"),
                 ("comm_s", "collective_s", "fsdpctl_rank_collective_seconds",
                  "Seconds per step waiting on collectives not hidden behind compute"),
@@ -116,11 +121,12 @@ class LiveExports:
         self.own_reader = False
         self.gpus: dict[int, dict[str, Any]] = {}
         """Each node's newest GPU sample."""
+        self.gpu_tags: dict[tuple[Any, Any], tuple[str, ...]] = {}
         self.updated_at = 0.0
         self.textfile_at = 0.0
         self.goodput: Optional[Any] = None
         """The run's goodput account as last counted (``fsdpctl.accounting``), when (monotonic) and in how
-        long (``fsdpctl.accounting.cache.due``: counting it reads every row of the run)."""
+        long (``GOODPUT_SECONDS``: counting it reads every row of the run)."""
         self.goodput_at, self.goodput_took = float("-inf"), 0.0
         self.came = False
         self.written: tuple[int, int, int] = (0, 0, 0)
@@ -180,7 +186,8 @@ class LiveExports:
         feed = self.metrics
         if self.own_reader:
             self.reader.update()
-        if force or goodput_due(self.goodput_at, self.goodput_took, time.monotonic()):
+        since = time.monotonic() - self.goodput_at
+        if force or since >= max(GOODPUT_SECONDS, self.goodput_took / GOODPUT_SHARE):
             began = time.monotonic()
             self._guarded("goodput", self._count_goodput)
             self.goodput_at, self.goodput_took = time.monotonic(), time.monotonic() - began
@@ -206,13 +213,11 @@ class LiveExports:
     def _goodput_scalars(self, feed: MetricsFeed) -> None:
         """The account into TensorBoard at the newest step: ``goodput/*`` and ``badput/<category>_s``."""
         assert self.writer is not None and self.goodput is not None
-        step, wall = feed.step or 0, time.time()
-        for tag, value in (("goodput/ettr", self.goodput.ettr), ("goodput/strict", self.goodput.goodput)):
-            if value is not None:
-                self.writer.scalar(tag, value, step, wall)
-        for name, seconds in self.goodput.seconds.items():
-            if name != "productive":
-                self.writer.scalar(f"badput/{name}_s", seconds, step, wall)
+        values = [(tag, value) for tag, value in (("goodput/ettr", self.goodput.ettr),
+                                                  ("goodput/strict", self.goodput.goodput)) if value is not None]
+        values += [(f"badput/{name}_s", seconds) for name, seconds in self.goodput.seconds.items()
+                   if name != "productive"]
+        self.writer.scalars_at(feed.step or 0, values, time.time())
 
     def close(self) -> None:
         """The last of it; the textfile goes (a finished run is no longer current)."""
@@ -248,19 +253,18 @@ class LiveExports:
             self._guarded("TensorBoard", lambda: self._scalars(kind, row))
 
     def _scalars(self, kind: str, row: dict[str, Any]) -> None:
+        """A row's figures, one event for all of them (``EventWriter.scalars_at``)."""
         step, wall = row["step"], _number(row.get("time"))
         if kind == "val":
             if (value := _number(row.get("val_loss"))) is not None:
-                self.writer.scalar("loss/val", value, step, wall)
+                self.writer.scalars_at(step, [("loss/val", value)], wall)
             return
-        for key, tag, _, _ in RUN_FIGURES:
-            if (value := _number(row.get(key))) is not None:
-                self.writer.scalar(tag, value, step, wall)
+        values = [(tag, value) for key, tag, _, _ in RUN_FIGURES if (value := _number(row.get(key))) is not None]
         for entry in row.get("ranks") or ():
             if isinstance(entry, dict):
-                for key, name, _, _ in RANK_FIGURES:
-                    if (value := _number(entry.get(key))) is not None:
-                        self.writer.scalar(f"rank{entry.get('rank', 0)}/{name}", value, step, wall)
+                values += [(f"rank{entry.get('rank', 0)}/{name}", value) for key, name, _, _ in RANK_FIGURES
+                           if (value := _number(entry.get(key))) is not None]
+        self.writer.scalars_at(step, values, wall)
 
     def attempt_began(self, from_step: int) -> None:
         """A later attempt: its rows are written again from ``from_step`` on (the steps it trains again)."""
@@ -277,11 +281,21 @@ class LiveExports:
                 self._guarded("TensorBoard", lambda sample=sample, t=t: self._gpu_scalars(sample, t))
 
     def _gpu_scalars(self, sample: dict[str, Any], t: float) -> None:
-        second = max(0, int(t - self.began))
+        """A node's sample of its GPUs, one event for all their figures (``EventWriter.scalars_at``)."""
+        values = []
         for gpu in sample.get("gpus") or ():
-            for key, name, _, _ in GPU_FIGURES:
-                if (value := _number(gpu.get(key))) is not None:
-                    self.writer.scalar(f"gpu/node{sample['node']}/gpu{gpu.get('index')}/{name}", value, second, t)
+            tags = self._gpu_tags(sample["node"], gpu.get("index"))
+            values += [(tag, value) for (key, _, _, _), tag in zip(GPU_FIGURES, tags, strict=True)
+                       if (value := _number(gpu.get(key))) is not None]
+        self.writer.scalars_at(max(0, int(t - self.began)), values, t)
+
+    def _gpu_tags(self, node: Any, index: Any) -> tuple[str, ...]:
+        """A GPU's tags, one per figure (made once: every sample of every GPU names them)."""
+        tags = self.gpu_tags.get((node, index))
+        if tags is None:
+            tags = self.gpu_tags[(node, index)] = tuple(f"gpu/node{node}/gpu{index}/{name}"
+                                                        for _, name, _, _ in GPU_FIGURES)
+        return tags
 
     # ---- Prometheus ------------------------------------------------------------------------------
     def families(self, state: str = "running", feed: Optional[MetricsFeed] = None) -> list[Family]:

@@ -175,7 +175,7 @@ def test_a_full_disk_under_the_exporter_is_said_once_and_the_follow_the_charts_a
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(EventWriter, "scalar", full)
+    monkeypatch.setattr(EventWriter, "scalars_at", full)
     run, now = new_run(tmp_path), time.time()
     metrics = layout.collected(run.root, 0, "metrics.jsonl")
     write(metrics, "".join(row(s, now - 30 + s) for s in range(1, 11)))
