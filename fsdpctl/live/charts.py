@@ -143,8 +143,11 @@ class ChartStore:
             when = _number(row.get("time"))
             if when is not None:
                 for entry in ranks:
-                    self.rank_time.setdefault(int(entry.get("rank", 0)), Buckets()).add(
-                        when, _number(entry.get("compute_s")))
+                    rank = int(entry.get("rank", 0))
+                    series = self.rank_time.get(rank)
+                    if series is None:  # (made once: every row names every rank)
+                        series = self.rank_time[rank] = Buckets()
+                    series.add(when, _number(entry.get("compute_s")))
 
     def event(self, row: dict[str, Any]) -> None:
         """A rank's event row: what the report says of it (``Fold.event``)."""
@@ -166,7 +169,9 @@ class ChartStore:
             self.gpu_fold.add(sample)
             for gpu in sample.get("gpus") or ():
                 key = (node, host, str(gpu.get("index")))
-                series = self.gpus.setdefault(key, {name: Buckets() for name in (*GPU_FIGURES, "slowed")})
+                series = self.gpus.get(key)
+                if series is None:
+                    series = self.gpus[key] = {name: Buckets() for name in (*GPU_FIGURES, "slowed")}
                 for name in GPU_FIGURES:
                     series[name].add(t, _number(gpu.get(name)))
                 series["slowed"].add(t, 1.0 if gpu.get("reasons") else 0.0)

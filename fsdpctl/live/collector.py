@@ -59,6 +59,9 @@ def _specs(state: Mapping[str, Any], node_rank: int, host: str) -> list[dict[str
     return specs
 
 
+OPEN_COPIES = 256
+"""Copies kept open for appending at most (each node has up to four; a launcher of 1,024 nodes holds a
+socket per node already, under a limit of often 1,024 descriptors)."""
 READ_SECONDS = 2.0
 """How often the copies are read while a run goes, where the run has exports or someone listens to its
 rows (without, every ``INDEX_SECONDS``: the chart index is all that reads them here)."""
@@ -100,6 +103,8 @@ class Collector:
         self.bytes_taken = 0
         self.extra: dict[str, Any] = {}
         self.targets: dict[tuple[int, str], Path] = {}
+        self.open_copies: dict[Path, int] = {}
+        """Descriptors appending to the copies, the least recently written first (``_appender``)."""
         self.live = layout.live_dir(root)
         self.plan = plan
         self.from_step = from_step
@@ -134,28 +139,44 @@ class Collector:
         if node.get("host") != host:
             node.update(host=host, files={})  # a spare in the node's place: its files are others
         target = self.targets.get((node_rank, name))
-        if target is None:  # made once: a frame then costs an open, a write and a close
+        if target is None:  # made once
             target = self.targets[(node_rank, name)] = layout.collected(self.root, node_rank, name)
             private_dir(target.parent)
         inode_had, offset_had = node["files"].get(name) or (0, 0)
         goes_on = inode == inode_had and offset == offset_had
         prefix = b""
-        if name == layout.METRICS and self.attempt > 1 and _ends_a_line(target) and not _size(target):
+        if name == layout.METRICS and self.attempt > 1 and target not in self.open_copies and not _size(target):
             # a copy begun by a later attempt (a node it grew by) says whose its rows are, as the others do
             prefix = attempt_line(self.attempt, self.from_step).encode()
         if name in layout.WHOLE and offset == 0:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
         else:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             if not goes_on and not _ends_a_line(target):
                 prefix = b"\n"  # what was cut short stays a line of its own, the new file's first too
-        try:
-            _write_all(fd, prefix + data)
-        finally:
-            os.close(fd)
+            _write_all(self._appender(target), prefix + data)
         node["files"][name] = [inode, offset + len(data)]
         self.bytes_taken += len(data)
         self.changed = True
+
+    def _appender(self, target: Path) -> int:
+        """A descriptor appending to ``target``, kept open (a frame then costs a write, not an open, a
+        write and a close), the ``OPEN_COPIES`` used last at most."""
+        fd = self.open_copies.pop(target, None)
+        if fd is None:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if len(self.open_copies) >= OPEN_COPIES:
+                os.close(self.open_copies.pop(next(iter(self.open_copies))))
+        self.open_copies[target] = fd  # (the newest last)
+        return fd
+
+    def _close_copies(self) -> None:
+        for fd in self.open_copies.values():
+            os.close(fd)
+        self.open_copies.clear()
 
     def _mark_attempt(self, attempt: int, from_step: Optional[int]) -> None:
         """A later attempt begins: each metrics copy says so, so readers drop the rows the failed one
@@ -184,6 +205,8 @@ class Collector:
                 "bytes": self.bytes_taken, "nodes": [dict(n) for n in nodes()], **self.extra})
         if self.changed and (force or ended or now - self.saved_at >= SAVE_SECONDS):
             self.save()
+        if ended:
+            self._close_copies()  # (a later frame opens its copy again)
         index_due = ended or time.monotonic() - self.index_at >= INDEX_SECONDS
         every = self._read_every()
         if index_due or (every is not None and time.monotonic() - self.read_at >= every):
@@ -266,6 +289,7 @@ class Collector:
 
     def close(self) -> None:
         """The follower is done with the run: the exports' last word (after the run's end is recorded)."""
+        self._close_copies()
         if self.exports is not None:
             self._guarded("exports", self.exports.close)
 
