@@ -28,6 +28,7 @@ from ..rundir.state import Outcome
 from . import layout
 from .chart_index import INDEX_SECONDS
 from .copies import CopyReader
+from .exports import EVERY_SECONDS as EXPORT_SECONDS
 
 BEAT_SECONDS = 1.0
 """How often the follower says how the nodes stand."""
@@ -63,8 +64,9 @@ OPEN_COPIES = 256
 """Copies kept open for appending at most (each node has up to four; a launcher of 1,024 nodes holds a
 socket per node already, under a limit of often 1,024 descriptors)."""
 READ_SECONDS = 2.0
-"""How often the copies are read while a run goes, where the run has exports or someone listens to its
-rows (without, every ``INDEX_SECONDS``: the chart index is all that reads them here)."""
+"""How often the copies are read while a run goes where someone listens to its rows (where only the
+exports read them, as often as they are written: ``EXPORT_SECONDS``; where neither, every
+``INDEX_SECONDS``: the chart index is all that reads them here)."""
 EVENT_SECONDS = 0.25
 """How often the copies are read while someone listens to the ranks' events: an elastic run stops its
 attempt at a checkpoint to grow, and every second past the save is training done again."""
@@ -220,7 +222,9 @@ class Collector:
         """How often the copies are read between two index times (None: only then)."""
         if self.listeners:
             return EVENT_SECONDS
-        return READ_SECONDS if self.exports is not None or self.row_listeners else None
+        if self.row_listeners:
+            return READ_SECONDS
+        return EXPORT_SECONDS if self.exports is not None else None
 
     def on_events(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """``listener(row)`` for every event row (``fsdpctl.node.events``) the copies bring, from the

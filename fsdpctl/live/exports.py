@@ -33,8 +33,9 @@ INSTALL = "pip install 'fsdpctl[export]'"
 """What puts the writers' libraries here."""
 EXPORTED = "exported.json"
 """How far the exports have read each copy (``live/``): a later exporter of the run goes on from there."""
-EVERY_SECONDS = 2.0
-"""How often the exports are brought up to date while a run goes."""
+EVERY_SECONDS = 5.0
+"""How often the exports are brought up to date while a run goes (TensorBoard reads its files every 5 s
+or more; Prometheus scrapes every 15 s or so); the collector reads the copies for them as often."""
 PROMETHEUS_SECONDS = 15.0
 """How often the textfile is written again: Prometheus scrapes every 15 s or so (DCGM-Exporter itself
 collects every 30 s by default); each write renders every GPU's and rank's figures (about 12 ms at 16 x 8

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import threading
 import time
@@ -54,13 +55,17 @@ def live_dir(root: Path) -> Path:
     return root / LIVE
 
 
+@functools.lru_cache(maxsize=16384)
 def collected(root: Path, node_rank: int, name: str) -> Path:
-    """The copy here of a node's ``name`` (relative to its run directory)."""
+    """The copy here of a node's ``name`` (relative to its run directory). Kept: a collector asks for every
+    node's copies every two seconds, and a path costs more to make than to look up."""
     return root / LIVE / f"node{node_rank}" / name
 
 
+@functools.lru_cache(maxsize=256)
 def is_here(run_dir_on_nodes: str, root: Path) -> bool:
-    """The nodes write into this very directory."""
+    """The nodes write into this very directory (kept: resolving both paths walks every folder of them, and
+    a collector asks three times a read)."""
     try:
         return Path(run_dir_on_nodes).expanduser().resolve() == root.resolve()
     except OSError:
