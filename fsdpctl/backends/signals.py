@@ -9,8 +9,10 @@ from typing import Any
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class Interrupted(Exception):
-    """The launcher was told to stop (SIGINT, SIGTERM, SIGHUP)."""
+class Interrupted(BaseException):
+    """The launcher was told to stop (SIGINT, SIGTERM, SIGHUP). Not an Exception, as KeyboardInterrupt is
+    not: the handler raises it wherever the main thread is, and the guards around a live view's work
+    there (``except Exception``: a view never stops a run) must not take a stop for a view's failure."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)

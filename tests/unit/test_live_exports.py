@@ -194,6 +194,33 @@ def test_a_full_disk_under_the_exporter_is_said_once_and_the_follow_the_charts_a
     assert notes == ("TensorBoard export: [Errno 28] No space left on device",), notes  # said once
 
 
+@pytest.mark.parametrize("where", ["a consumer of the rows", "the exports", "the chart index"])
+def test_a_stop_signal_that_lands_in_the_collectors_work_stops_the_launcher(tmp_path, where, monkeypatch):
+    """The launcher's handler raises Interrupted wherever the main thread is. The collector's work runs on that
+    thread behind guards that say a failure once and go on: a SIGTERM or Ctrl-C landing there was taken for
+    a failed view and dropped, and the run went on (a 64-node launch ignored SIGTERM for 300 s)."""
+    import signal
+
+    from fsdpctl.backends.signals import Interrupted, raise_interrupted
+    from fsdpctl.live.charts import ChartStore
+
+    def stop(*args, **kwargs):
+        raise_interrupted(signal.SIGTERM, None)
+
+    if where == "a consumer of the rows":
+        monkeypatch.setattr(ChartStore, "row", stop)
+    elif where == "the exports":
+        monkeypatch.setattr(LiveExports, "families", stop)
+    else:
+        monkeypatch.setattr(ChartStore, "save_index", stop)
+    run, now = new_run(tmp_path), time.time()
+    write(layout.collected(run.root, 0, "metrics.jsonl"), "".join(row(s, now - 30 + s) for s in range(1, 11)))
+    col = collecting(run, tensorboard=str(tmp_path / "tb"), prometheus=str(tmp_path / "x.prom"))
+    with pytest.raises(Interrupted):
+        beat(col)
+    assert not col.problems and not col.exports.problems and not col.reader.problems
+
+
 def test_a_programs_odd_row_is_skipped_by_whom_it_cannot_take_and_every_other_row_goes_through(tmp_path):
     from fsdpctl.live.collector import with_export_notes
     from fsdpctl.rundir.state import Outcome, RunState
