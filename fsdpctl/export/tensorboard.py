@@ -134,9 +134,10 @@ def _make_folder(folder: Path) -> None:
 def _new_events_file(folder: Path, suffix: str) -> tuple[Path, BinaryIO]:
     """A new, empty events file in ``folder`` under TensorBoard's name for it, created exclusively."""
     while True:
-        # TensorBoard's own name: it sorts a folder's files by this timestamp, so keep its zero padding
+        # TensorBoard's own name. It reads a folder's files in the order of their names: the timestamp and
+        # the counter are zero-padded, so that a process's 10th writer of a second comes after its 9th.
         path = folder / (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
-                         f".{next(_file_counter)}{suffix}")
+                         f".{next(_file_counter):06d}{suffix}")
         try:
             return path, open(path, "xb")  # noqa: SIM115 (the writer keeps it open across calls; close() closes it)
         except FileExistsError:  # same second, same pid (a reused pid, a forked child): take the next number

@@ -217,15 +217,16 @@ def test_each_writer_gets_a_new_file_named_as_tensorboard_names_them(tmp_path, m
             return 1_700_000_000.9
 
     monkeypatch.setattr(tb, "time", FixedClock)
-    monkeypatch.setattr(tb, "_file_counter", itertools.count(5))
-    taken = tmp_path / f"events.out.tfevents.1700000000.{socket.gethostname()}.{os.getpid()}.5"
+    monkeypatch.setattr(tb, "_file_counter", itertools.count(9))
+    taken = tmp_path / f"events.out.tfevents.1700000000.{socket.gethostname()}.{os.getpid()}.000009"
     taken.write_bytes(b"someone else's")
     with EventWriter(tmp_path) as first, EventWriter(tmp_path, suffix=".v2") as second:
         first.scalar("a", 1.0, 0)
         second.scalar("a", 2.0, 0)
     assert taken.read_bytes() == b"someone else's"  # never rewritten: the writer took the next number
-    assert first.path.name == f"events.out.tfevents.1700000000.{socket.gethostname()}.{os.getpid()}.6"
-    assert second.path.name == f"events.out.tfevents.1700000000.{socket.gethostname()}.{os.getpid()}.7.v2"
+    assert first.path.name == f"events.out.tfevents.1700000000.{socket.gethostname()}.{os.getpid()}.000010"
+    assert second.path.name == f"events.out.tfevents.1700000000.{socket.gethostname()}.{os.getpid()}.000011.v2"
+    assert sorted([taken.name, first.path.name]) == [taken.name, first.path.name]  # TensorBoard's reading order
     assert [raw_events(w.path)[1].summary.value[0].simple_value for w in (first, second)] == [1.0, 2.0]
     with pytest.raises(ValueError, match="suffix"):
         EventWriter(tmp_path, suffix="/../escape")
