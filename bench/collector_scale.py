@@ -115,7 +115,10 @@ def main() -> None:
     parser.add_argument("--exported", default="this",
                         help="the trees run with the exports on (the others without): 'this,b07a85d' compares "
                              "two trees' collectors, exports on in both")
+    parser.add_argument("--shared-workdir", action="store_true",
+                        help="every host's run directory is one folder (storage the nodes share, the launcher not)")
     args = parser.parse_args()
+    out_name = "collector_scale_shared_workdir.json" if args.shared_workdir else "collector_scale.json"
     reason = netns_available()
     if reason:
         sys.exit(f"collector_scale: the namespace testbed {reason}")
@@ -131,18 +134,30 @@ def main() -> None:
     result = {"benchmark": "collector_scale", "machine": machine(), "trees": list(trees),
               "what": "the launcher's CPU while a run goes, per node per second: log, metrics rows every 0.5 s, "
                       "8 GPUs sampled every 5 s per node; this tree with its chart index and exports on",
-              "sizes": {}}
+              "workdir": "shared by the nodes" if args.shared_workdir else "each node its own", "sizes": {}}
     try:
         for size in [int(n) for n in args.nodes.split(",") if n]:
             names = [f"c{i}" for i in range(1, size + 1)]
             root = work / f"n{size}"
             lab = Lab(root / "lab", names).up()
+            # Every host's sessions read an empty ~/.bashrc of their own (harness.start_lab says why) and,
+            # unless --shared-workdir, see a work folder of their own, as separate machines have: nodes that
+            # share one run directory each send the same metrics.jsonl (every rank's rows, once per node).
+            rc = root / "node-bashrc"
+            rc.write_text("")
+            shared = {str(Path.home() / ".bashrc"): rc} if (Path.home() / ".bashrc").is_file() else {}
+            (lab.root / "work").mkdir(exist_ok=True)
             try:
                 for name in names:
                     scenario = lab.hosts[name].dir / "gpu.json"
                     bin_dir = fake_gpu.install(lab.hosts[name].dir / "bin", scenario)
                     fake_gpu.write_scenario(scenario, [fake_gpu.gpu(0x18 + g, **{"clocks.sm": 1980}) for g in range(8)])
-                    lab.start_sshd(name, f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n")
+                    overlays = dict(shared)
+                    if not args.shared_workdir:
+                        own = lab.hosts[name].dir / "work"
+                        own.mkdir(exist_ok=True)
+                        overlays[str(lab.root / "work")] = own
+                    lab.start_sshd(name, f"SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n", overlays=overlays)
                 python = root / "python"
                 python.write_text(STAND_IN.format(python=sys.executable))
                 python.chmod(0o755)
@@ -163,7 +178,7 @@ def main() -> None:
                     print(f"{size} nodes, {name}: {json.dumps(found[name])}", flush=True)
                 result["sizes"][str(size)] = found
                 RESULTS.mkdir(exist_ok=True)  # each size as it is done: a larger one may not finish
-                (RESULTS / "collector_scale.json").write_text(json.dumps(result, indent=2) + "\n")
+                (RESULTS / out_name).write_text(json.dumps(result, indent=2) + "\n")
             finally:
                 lab.down()
     finally:
@@ -172,7 +187,7 @@ def main() -> None:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
                                capture_output=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "collector_scale.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / out_name).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 

@@ -1,16 +1,18 @@
-"""What the export writers cost the launcher's CPU on a 16 x 8-GPU run, before and after they were handed
-to the ecosystem's libraries, in one run (interleaved repeats, CPU seconds of this process, all threads):
+"""What the export writers cost the launcher's CPU on a 16 x 8-GPU run, this tree's against those of
+``--rev``, in one run (interleaved repeats, CPU seconds of this process, all threads):
 
   TensorBoard: N scalars with the tags a 16 x 8 run writes (per step: 5 run figures and 4 per rank for
       128 ranks; per GPU sample: 6 figures for each of 128 GPUs), flushed every 2,000 scalars as the
       collector flushes every 2 s, through
-        old:       the hand-written writer (protobuf fields and CRC32C in Python), from git HEAD
-        new:       fsdpctl.export.tensorboard (tensorboardX's Event protobufs, google-crc32c's C CRC)
+        old:       fsdpctl.export.tensorboard of --rev (e2f25a3: the hand-written writer, protobuf
+                   fields and CRC32C in Python)
+        new:       this tree's (tensorboardX's Event protobufs, google-crc32c's C CRC), one scalar each
         tbx:       tensorboardX's own SummaryWriter.add_scalar, the writer not taken (for the record)
   Prometheus: M textfiles of that run (9 DCGM GPU families x 128 GPUs, 4 rank families x 128 ranks, the
       run's own figures), each rendered and replaced atomically, through
-        old:       the hand-written exposition text and escaping, from git HEAD
-        new:       fsdpctl.export.prometheus (prometheus_client's registry and generate_latest)
+        old:       fsdpctl.export.prometheus of --rev (e2f25a3: the hand-written text; 9d7badc:
+                   prometheus_client's registry and generate_latest)
+        new:       this tree's (the text generate_latest writes, formatted once per label set)
 Both outputs are read back (prometheus_client's parser; TensorBoard's loader) and must say the same.
 Run from the repository (no root needed):
   .venv/bin/python bench/export_writers.py [--events 50000] [--textfiles 100] [--repeats 5] [--rev HEAD]
@@ -158,7 +160,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--textfiles", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--rev", default="HEAD", help="the revision holding the hand-written writers")
+    parser.add_argument("--rev", default="HEAD", help="the revision whose writers are compared (e2f25a3: the "
+                                                      "hand-written ones; 9d7badc: prometheus_client's text)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -168,18 +171,18 @@ def main() -> None:
         checked = same_output(old_tb, items, old_prom, root / "check")
         (root / "textfile").mkdir()
         textfile = root / "textfile" / "fsdpctl_big.prom"
-        tb = interleaved({"tensorboard old (hand-written, Python CRC)": tensorboard_case(old_tb, items, root / "a"),
-                          "tensorboard new (tensorboardX protobufs, C CRC)": tensorboard_case(
+        tb = interleaved({"tensorboard old (--rev)": tensorboard_case(old_tb, items, root / "a"),
+                          "tensorboard new (this tree)": tensorboard_case(
                               new_tensorboard, items, root / "b"),
                           "tensorboardX SummaryWriter (not taken)": tensorboardx_case(items, root / "c")},
                          repeats=args.repeats)
-        prom = interleaved({"prometheus old (hand-written)": prometheus_case(old_prom, families(old_prom), textfile,
+        prom = interleaved({"prometheus old (--rev)": prometheus_case(old_prom, families(old_prom), textfile,
                                                                              args.textfiles),
-                            "prometheus new (prometheus_client)": prometheus_case(
+                            "prometheus new (this tree)": prometheus_case(
                                 new_prometheus, families(new_prometheus), textfile, args.textfiles)},
                            repeats=args.repeats)
-    tb_summary = summarize(tb, "tensorboard old (hand-written, Python CRC)")
-    prom_summary = summarize(prom, "prometheus old (hand-written)")
+    tb_summary = summarize(tb, "tensorboard old (--rev)")
+    prom_summary = summarize(prom, "prometheus old (--rev)")
     per_event = {name: row["median_s"] / args.events * 1e6 for name, row in tb_summary.items()}
     per_file = {name: row["median_s"] / args.textfiles * 1e3 for name, row in prom_summary.items()}
     # A 16 x 8 run writes about 517 scalars a step and 768 a second of GPU samples; at a step a second that is
@@ -187,8 +190,9 @@ def main() -> None:
     per_second = 517 + NODES * GPUS * len(GPU_FIGURES)
     launcher = {name: f"{us * per_second / 1e4:.2f}% of a core" for name, us in per_event.items()}
     launcher |= {name: f"{ms / 5 / 10:.2f}% of a core" for name, ms in per_file.items()}
-    report("export_writers", "old (each writer against its hand-written predecessor)", {**tb_summary, **prom_summary},
-           {"events": args.events, "textfiles": args.textfiles, "unit": "CPU seconds of this process (all threads)",
+    report("export_writers", f"old (each writer against its own at {args.rev})", {**tb_summary, **prom_summary},
+           {"rev": args.rev, "events": args.events, "textfiles": args.textfiles,
+            "unit": "CPU seconds of this process (all threads)",
             "tensorboard_us_per_scalar": per_event, "prometheus_ms_per_textfile": per_file,
             "launcher_cpu_16x8_run_step_per_second": launcher, "outputs_read_back_alike": checked})
     for name, us in per_event.items():

@@ -106,9 +106,9 @@ def _views_at_scale(add, out: list) -> None:
                         f"{mine['cpu_ms_per_node_per_s']:.2f}", "linear in nodes", "-"))
     writers = load("export_writers").get("cases", {})
     if writers:
-        tb = writers.get("tensorboard new (tensorboardX protobufs, C CRC)", {})
-        prom = writers.get("prometheus new (prometheus_client)", {})
-        out.append(("export writers' CPU / the hand-written ones: TensorBoard, Prometheus",
+        tb = writers.get("tensorboard new (this tree)", {})
+        prom = writers.get("prometheus new (this tree)", {})
+        out.append((f"export writers' CPU / those of {writers.get('rev', 'the tree before')}: TensorBoard, Prometheus",
                     f"{tb.get('ratio_to_baseline', 0):.2f}, {prom.get('ratio_to_baseline', 0):.2f}", "-", "-"))
 
 
