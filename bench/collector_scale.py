@@ -161,8 +161,11 @@ def main() -> None:
                 python = root / "python"
                 python.write_text(STAND_IN.format(python=sys.executable))
                 python.chmod(0o755)
+                # (the lab's 3 s connect timeout is for tests of a few hosts: 256 sessions opened on this
+                # machine's 2 cores, beside 256 sshds, take longer to open a channel, as in launch_scale)
                 base = lab.profile_yaml(names, python=str(python), name=f"c{size}",
-                                        extra="health:\n  sample_seconds: 5\nnode_timeout: 120\n")
+                                        extra="health:\n  sample_seconds: 5\nnode_timeout: 120\n").replace(
+                    "connect_timeout: 3\n", "connect_timeout: 10\n")
                 plain, exported = root / "plain.yaml", root / "exported.yaml"
                 plain.write_text(base)
                 (root / "prom").mkdir()
