@@ -104,11 +104,12 @@ def _views_at_scale(add, out: list) -> None:
         elif mine:
             out.append((f"launcher CPU while a {size}-node run goes, ms per node per second",
                         f"{mine['cpu_ms_per_node_per_s']:.2f}", "linear in nodes", "-"))
-    writers = load("export_writers").get("cases", {})
+    written = load("export_writers")
+    writers = written.get("cases", {})
     if writers:
         tb = writers.get("tensorboard new (this tree)", {})
         prom = writers.get("prometheus new (this tree)", {})
-        out.append((f"export writers' CPU / those of {writers.get('rev', 'the tree before')}: TensorBoard, Prometheus",
+        out.append((f"export writers' CPU / those of {written.get('rev', 'the tree before')}: TensorBoard, Prometheus",
                     f"{tb.get('ratio_to_baseline', 0):.2f}, {prom.get('ratio_to_baseline', 0):.2f}", "-", "-"))
 
 
