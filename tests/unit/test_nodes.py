@@ -308,3 +308,29 @@ def test_a_stale_attempts_wrapper_never_writes_the_next_attempts_exit_file(tmp_p
     ended(fresh, 0)
     assert (tmp_path / "node1.exit").read_text().strip() == "0"
     assert sorted(p.name for p in tmp_path.glob("node1.exit*")) == ["node1.exit"]
+
+
+def test_the_heartbeat_thread_starts_once_when_every_nodes_thread_reaches_it_together():
+    import threading
+
+    from fsdpctl.backends.nodes.starter import NodeStarter
+
+    starter = NodeStarter.__new__(NodeStarter)
+    starter.beating, starter.quiet = {}, threading.Event()
+    started = []
+    starter.beats = threading.Thread(target=lambda: started.append(1) or starter.quiet.wait(5), daemon=True)
+    starter.beats_lock = threading.Lock()
+    together = threading.Barrier(32)
+
+    def node(rank: int) -> None:
+        together.wait()
+        starter._keep_alive(rank, object())
+
+    threads = [threading.Thread(target=node, args=(rank,)) for rank in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    starter.quiet.set()
+    starter.beats.join(5)
+    assert started == [1] and len(starter.beating) == 32

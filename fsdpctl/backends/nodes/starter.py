@@ -48,6 +48,8 @@ class NodeStarter:
         """Agents sent their whole payload and not yet followed: they hear ``hb`` until ``close``."""
         self.quiet = threading.Event()
         self.beats = threading.Thread(target=self._beat, daemon=True)
+        self.beats_lock = threading.Lock()
+        """Held to start ``beats`` once: the nodes' threads reach ``_keep_alive`` together."""
         self.timeline = timeline_for(plan.run_id, plan.attempt)
         self.budget = COMMAND_TIMEOUT + 0.5 * len(plan.nodes)
         """Seconds a node may take to be staged and started: more with more nodes, all sent their
@@ -92,11 +94,11 @@ class NodeStarter:
     def _keep_alive(self, rank: int, session: Session) -> None:
         """Heartbeats to this agent from now on (its payload is out: they come after its last byte)."""
         self.beating[rank] = session
-        if not self.beats.is_alive() and not self.quiet.is_set():
-            try:
+        # Under a lock: two threads that both saw it not alive both started it, and the second OS thread
+        # printed CPython's "Exception ignored in thread started by" traceback (a KeyError in _limbo).
+        with self.beats_lock:
+            if self.beats.ident is None and not self.quiet.is_set():
                 self.beats.start()
-            except RuntimeError:
-                pass  # another node's thread started it a moment ago
 
     def _beat(self) -> None:
         every = heartbeat_seconds(self.plan.node_timeout)
