@@ -23,9 +23,10 @@ _COUNTED: dict[str, tuple[float, float, bool, Optional[dict[str, Any]], Optional
 its line)."""
 
 
-def due(counted_at: float, took: float, now: float) -> bool:
-    """Whether an account counted at ``counted_at`` (monotonic), in ``took`` seconds, is due again."""
-    return now - counted_at >= max(COUNT_EVERY_S, took / COST_SHARE)
+def due(counted_at: float, took: float, now: float, every: float = COUNT_EVERY_S, share: float = COST_SHARE) -> bool:
+    """Whether an account counted at ``counted_at`` (monotonic), in ``took`` seconds, is due again: ``every``
+    seconds on, and never more often than keeps counting under ``share`` of the time."""
+    return now - counted_at >= max(every, took / share)
 
 
 def counted(run: Any) -> tuple[Optional[dict[str, Any]], Optional[str]]:

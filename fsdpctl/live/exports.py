@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..accounting.cache import due as goodput_due
 from ..errors import UsageError
 from ..rundir.paths import read_json, write_json_atomic
 from ..rundir.record import epoch
@@ -187,8 +188,7 @@ class LiveExports:
         feed = self.metrics
         if self.own_reader:
             self.reader.update()
-        since = time.monotonic() - self.goodput_at
-        if force or since >= max(GOODPUT_SECONDS, self.goodput_took / GOODPUT_SHARE):
+        if force or goodput_due(self.goodput_at, self.goodput_took, time.monotonic(), GOODPUT_SECONDS, GOODPUT_SHARE):
             began = time.monotonic()
             self._guarded("goodput", self._count_goodput)
             self.goodput_at, self.goodput_took = time.monotonic(), time.monotonic() - began
