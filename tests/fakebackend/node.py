@@ -76,8 +76,12 @@ def main(args: dict) -> int:
                f"  exitcode  : {process.returncode} (pid: {process.pid})\n  error_file: <N/A>\n").encode())
         code = 1
     log.close()
-    with open(os.path.join(run_dir, f"node{node}.exit"), "w") as handle:
+    # Written aside and renamed, as the real nodes' wrapper does: a follower that read the file between
+    # its creation and its write saw no code (255), took it for a failure and stopped the other nodes.
+    exit_file = os.path.join(run_dir, f"node{node}.exit")
+    with open(f"{exit_file}.{os.getpid()}", "w") as handle:
         handle.write(f"{code}\n")
+    os.replace(f"{exit_file}.{os.getpid()}", exit_file)
     return code
 
 
