@@ -44,11 +44,12 @@ def hosts_placed_now(run: RunDir, inputs: Optional[dict[str, Any]] = None) -> Ho
     ``--exclude`` applied, short of hosts down to an elastic run's ``min_nodes`` (UsageError below it).
     ``inputs``: the run's inputs.json, when already read."""
     from ..hostpool.placing import place_hosts
+    from ..plan.elastic_policy import min_nodes_in
     from ..rundir.paths import read_json
     from ..rundir.rundir import INPUTS
 
     inputs = inputs if inputs is not None else read_json(run.root / INPUTS) or {}
-    return place_hosts(run.profile, tuple(inputs.get("exclude") or ()), run.plan.elastic.get("min_nodes", 0))
+    return place_hosts(run.profile, tuple(inputs.get("exclude") or ()), min_nodes_in(run.plan.elastic))
 
 
 def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
@@ -57,6 +58,7 @@ def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
     from, with ``train`` settings (``--steps``/``--epochs``) and ``changes`` (other Overrides fields)
     over them. ``profile``: the profile to place it with (default: the run's own, as it was);
     another may name other hosts, and the attempt then runs on those (run.json records its nodes)."""
+    from ..plan.elastic_policy import next_size
     from ..plan.make import make_plan
     from ..plan.types import overrides_from_json
     from ..rundir.paths import read_json
@@ -66,15 +68,12 @@ def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
     if not inputs:
         raise UsageError(f"run {run.run_id}: has no {INPUTS} (started by an older fsdpctl)",
                          "start it afresh with `fsdpctl launch`")
-    elastic = run.plan.elastic
     if profile is None and backend.takes_spares:
         choice = hosts_placed_now(run, inputs)
         profile, changes["full_nodes"] = choice.profile, changes.get("full_nodes") or choice.full
-    if elastic:  # how often its node count changed, this attempt's change counted
-        nodes = len(profile.hosts) if profile is not None and backend.takes_spares else run.plan.num_nodes
-        full = changes.get("full_nodes") or elastic["full_nodes"]
-        changes.update(full_nodes=full if nodes < full else None,
-                       elastic_changes=elastic.get("changes", 0) + (nodes != run.plan.num_nodes))
+    nodes = len(profile.hosts) if profile is not None and backend.takes_spares else run.plan.num_nodes
+    changes.update(next_size(run.plan.elastic, nodes_before=run.plan.num_nodes, nodes=nodes,
+                             full_nodes=changes.get("full_nodes")))
     overrides = overrides_from_json(inputs["overrides"])
     overrides = dataclasses.replace(overrides, train={**overrides.train, **train}, attempt=run.plan.attempt + 1,
                                     **{k: v for k, v in changes.items()

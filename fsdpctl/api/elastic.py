@@ -58,7 +58,7 @@ def batch_on(run: RunDir, nodes: int, emit: Emitter) -> BatchPlan:
     node): a larger per-rank batch when ``grow_batch`` is on, the GPUs' memory is known and a trace
     says it fits; else the batch as given, with more accumulation."""
     plan = run.plan
-    if plan.command or not plan.elastic:
+    if plan.command or plan.elastic is None:
         return BatchPlan(None)
     known = global_batch(run)
     if known is None:
@@ -89,7 +89,7 @@ def _larger_batch(run: RunDir, nodes: int, share: int, batch: int, emit: Emitter
     """The largest per-rank batch above ``batch`` (a divisor of ``share``) that ``estimate`` finds
     fits the GPUs on ``nodes`` nodes; None: none does, or nothing is known to hold it to."""
     elastic, profile = run.plan.elastic, run.profile
-    if not elastic.get("grow_batch") or profile.gpu_memory is None or profile.device == "cpu":
+    if elastic is None or not elastic.grow_batch or profile.gpu_memory is None or profile.device == "cpu":
         return None
     from ..profiles.loader import LoadedProfile
     from .estimate import estimate

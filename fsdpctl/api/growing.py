@@ -24,20 +24,21 @@ if TYPE_CHECKING:
 def short_of_nodes(run: RunDir) -> bool:
     """An elastic run whose attempt runs on fewer nodes than its full size."""
     elastic = run.plan.elastic
-    return bool(elastic) and run.plan.num_nodes < elastic["full_nodes"]
+    return elastic is not None and elastic.is_short(run.plan.num_nodes)
 
 
 def hosts_now(run: RunDir) -> Optional[HostChoice]:
     """The run's hosts as a launch would place them now, when there are more of them than this
     attempt has (its excluded hosts restored); None: no more."""
     from ..errors import UsageError
+    from ..plan.elastic_policy import grows_back
     from .attempts import hosts_placed_now
 
     try:
         choice = hosts_placed_now(run)
     except UsageError:
         return None
-    return choice if len(choice.hosts) > run.plan.num_nodes else None
+    return choice if grows_back(run.plan.elastic, nodes=run.plan.num_nodes, placeable=len(choice.hosts)) else None
 
 
 class GrowWatch:
@@ -46,7 +47,7 @@ class GrowWatch:
 
     def __init__(self, run: RunDir, emit: Emitter, inner: Optional[HangWatch] = None):
         self.run, self.inner, self.emit = run, inner, emit
-        self.recheck = bool(run.plan.elastic.get("recheck"))
+        self.recheck = run.plan.elastic is not None and run.plan.elastic.recheck
         self.grow_to: Optional[HostChoice] = None
         """The hosts the next attempt runs on (set at the checkpoint where the attempt is stopped)."""
         self.at_step: Optional[int] = None

@@ -87,7 +87,7 @@ def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
     if detach and prepared.plan.max_restarts:
         emit.notice(f"note: the profile's max_restarts ({prepared.plan.max_restarts}) does not apply to a detached "
                     f"run: restarts are made by the launcher that follows it", "warning")
-    if detach and prepared.plan.elastic:
+    if detach and prepared.plan.elastic is not None:
         emit.notice("note: elastic (min_nodes) does not apply to a detached run: the launcher that follows a run "
                     "shrinks and grows it", "warning")
     return start_prepared(prepared, emit, preflight=preflight, detach=detach, fetch=fetch, signals=handle_signals)

@@ -38,6 +38,7 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     from ..hostpool.blame import nodes_to_blame, unfit_hosts
     from ..hostpool.choice import choose_hosts
     from ..hostpool.placing import excluded_hosts
+    from ..plan.elastic_policy import goes_on_short, goes_without, min_nodes_in
     from ..rundir.attempts import begin_attempt
     from ..rundir.paths import read_json
     from ..rundir.rundir import INPUTS
@@ -57,15 +58,14 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     before = excluded_hosts(profile, tuple((read_json(run.root / INPUTS) or {}).get("exclude") or ()))
     suspects = nodes_to_blame(run.record.nodes, hardware_faults(run))
     lost = {n.host for n in run.record.nodes if n.state is NodeState.LOST}
-    min_nodes = run.plan.elastic.get("min_nodes", 0)
+    elastic = run.plan.elastic
     blamed: dict[str, str] = {}
     for host, why in suspects.items():
         without = choose_hosts(profile, {**before, **blamed, host: why})
         if not without.missing:
             blamed[host] = why
-        elif host in lost and min_nodes and len(without.hosts) >= min_nodes:
-            # Elastic: a host silent for the node timeout is not waited for again (its re-check would
-            # wait for SSH's timeout); it comes back by `hosts --restore` or the run's own re-check.
+        elif goes_without(elastic, lost=host in lost, hosts_left=len(without.hosts)):
+            # it comes back by `hosts --restore` or the run's own re-check (``elastic.recheck``)
             blamed[host] = why
             emit.notice(f"{host}: {why}; no spare left to take its place: attempt {number} goes on without it "
                         f"(elastic)", "warning")
@@ -76,9 +76,9 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     while True:
         excluded = {**before, **blamed}
         choice = choose_hosts(profile, excluded)
-        if choice.missing and not (min_nodes and len(choice.hosts) >= min_nodes):
+        if choice.missing and not goes_on_short(elastic, len(choice.hosts)):
             _remember(run, blamed)
-            below = f"; fewer than min_nodes {min_nodes} left" if min_nodes else ""
+            below = f"; fewer than min_nodes {min_nodes_in(elastic)} left" if elastic is not None else ""
             emit.notice(f"run {run.run_id} ends: {choice.shortage(excluded)}{below}", "error")
             return None
         for replacement in choice.replacements:
@@ -107,8 +107,8 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     _remember(run, blamed)
     replacements, resize = choice.replacements, change.record if change is not None else None
     if resize is not None:
-        emit.notice(f"run {run.run_id} goes on: attempt {number} {resize.describe()} (elastic, min_nodes {min_nodes})",
-                    "warning")
+        emit.notice(f"run {run.run_id} goes on: attempt {number} {resize.describe()} (elastic, min_nodes "
+                    f"{min_nodes_in(elastic)})", "warning")
     return start_attempt(backend, plan, payload, emit, detached=False, checked=checked,
                          open_run=lambda: _begun(begin_attempt(run, plan, scripts, attempt.from_step), replacements,
                                                  resize))

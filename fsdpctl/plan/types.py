@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
+from .elastic_policy import ElasticPlan, elastic_from_json
 from .environment import EnvPlan, env_plan_from_json
 
 if TYPE_CHECKING:
@@ -347,9 +348,8 @@ class LaunchPlan:
     export: Mapping[str, Any] = field(default_factory=dict)
     """Where the run's numbers go (``fsdpctl.plan.export``): ``tensorboard`` (this run's folder),
     ``prometheus`` (the textfile), ``wandb`` and ``mlflow`` (their settings)."""
-    elastic: Mapping[str, Any] = field(default_factory=dict)
-    """An elastic run (``fsdpctl.plan.elastic``): ``min_nodes``, ``full_nodes`` (its full size),
-    ``changes`` (how often its node count changed), ``recheck``, ``grow_batch``; empty: not elastic."""
+    elastic: Optional[ElasticPlan] = None
+    """An elastic run's part (``fsdpctl.plan.elastic``, which decides for it); None: not elastic."""
     environment: Optional[EnvPlan] = None
     """The environment every node makes before its ranks start, in which they run (``python`` is its)."""
 
@@ -381,7 +381,8 @@ def plan_from_json(data: dict[str, Any]) -> LaunchPlan:
                          "entry": tuple(data.get("entry", ())),
                          "code": _code_plan(data["code"]) if data.get("code") else None,
                          "container": container_from_json(data.get("container")),
-                         "environment": env_plan_from_json(data.get("environment"))})
+                         "environment": env_plan_from_json(data.get("environment")),
+                         "elastic": elastic_from_json(data.get("elastic"))})
 
 
 _LEGACY_PLAN_KEY = "slurm"

@@ -20,6 +20,7 @@ from fsdpctl.hostpool.store import Exclusion, add_exclusions, remove_exclusion
 from fsdpctl.live import layout
 from fsdpctl.node.events import BATCH_SPLIT, CHECKPOINT_SAVED, event_line
 from fsdpctl.plan.elastic import elastic_env, elastic_settings
+from fsdpctl.plan.elastic_policy import ElasticPlan
 from fsdpctl.plan.types import Overrides
 from fsdpctl.profiles.loader import parse_profile
 from fsdpctl.rundir.status import Resize
@@ -68,15 +69,53 @@ def test_the_trainer_keeps_the_global_batch_and_the_validated_windows_on_fewer_r
 
 def test_an_elastic_plan_says_its_full_size_and_changes_to_every_rank():
     settings = elastic_settings(profile(), Overrides(), 3)
-    assert settings == {"min_nodes": 2, "full_nodes": 3, "changes": 0, "recheck": False, "grow_batch": True}
+    assert settings == ElasticPlan(min_nodes=2, full_nodes=3, changes=0, recheck=False, grow_batch=True)
     shrunk = elastic_settings(profile(), Overrides(full_nodes=3, elastic_changes=1), 2)
     assert elastic_env(shrunk, "4", 16) == {"FSDPCTL_ORIGINAL_NODES": "3", "FSDPCTL_ELASTIC_ATTEMPT": "1",
                                             "FSDPCTL_ORIGINAL_WORLD_SIZE": "12", "FSDPCTL_ELASTIC_BATCH_LIMIT": "16"}
     assert "FSDPCTL_ORIGINAL_WORLD_SIZE" not in elastic_env(shrunk, "auto", None)
     assert elastic_env(shrunk, "1", None, program=True)["FSDPCTL_SAY_SAVES"] == "1"  # rank 0 says its DCP saves
-    assert elastic_settings(profile(), Overrides(min_nodes=0), 3) == {}  # --min-nodes 0: off
+    assert elastic_settings(profile(), Overrides(min_nodes=0), 3) is None  # --min-nodes 0: off
     with pytest.raises(UsageError, match="--min-nodes 4: more than the run's 3 nodes"):
         elastic_settings(profile(), Overrides(min_nodes=4), 3)
+
+
+def test_the_elastic_policy_decides_going_without_a_host_the_next_size_and_growing_back():
+    from fsdpctl.plan.elastic_policy import goes_on_short, goes_without, grows_back, min_nodes_in, next_size
+
+    plan = ElasticPlan(min_nodes=2, full_nodes=3, changes=1)
+    # without a host: only a lost one (its re-check would wait for SSH), and only down to min_nodes
+    assert goes_without(plan, lost=True, hosts_left=2)
+    assert not goes_without(plan, lost=False, hosts_left=2) and not goes_without(plan, lost=True, hosts_left=1)
+    assert not goes_without(None, lost=True, hosts_left=5)
+    assert goes_on_short(plan, 2) and not goes_on_short(plan, 1) and not goes_on_short(None, 2)
+    assert (min_nodes_in(plan), min_nodes_in(None)) == (2, 0)
+    # the next size: short keeps the full size, a change of count is counted, full again forgets it
+    assert next_size(plan, nodes_before=3, nodes=2, full_nodes=None) == {"full_nodes": 3, "elastic_changes": 2}
+    assert next_size(plan, nodes_before=2, nodes=2, full_nodes=None) == {"full_nodes": 3, "elastic_changes": 1}
+    assert next_size(plan, nodes_before=2, nodes=3, full_nodes=3) == {"full_nodes": None, "elastic_changes": 2}
+    assert next_size(plan, nodes_before=2, nodes=3, full_nodes=4) == {"full_nodes": 4, "elastic_changes": 2}
+    assert next_size(None, nodes_before=3, nodes=2, full_nodes=3) == {}
+    # growing back: short of the full size, and more hosts placeable than the attempt has
+    assert grows_back(plan, nodes=2, placeable=3)
+    assert not grows_back(plan, nodes=2, placeable=2) and not grows_back(plan, nodes=3, placeable=4)
+    assert not grows_back(None, nodes=2, placeable=3)
+
+
+def test_a_plans_elastic_part_is_typed_and_read_back_from_plan_json():
+    import json
+
+    from fsdpctl.backends import plan_run
+    from fsdpctl.plan.types import plan_from_json
+
+    plan = plan_run(profile(), run_id="el-20261130-000000-0a1b", local_run_dir="r",
+                    overrides=Overrides(full_nodes=3, elastic_changes=1))
+    assert plan.elastic == ElasticPlan(min_nodes=2, full_nodes=3, changes=1)
+    written = json.loads(json.dumps(plan.to_json()))
+    back = plan_from_json(written)
+    assert back.elastic == plan.elastic and json.loads(json.dumps(back.to_json())) == written
+    assert plan_from_json({**plan.to_json(), "elastic": {}}).elastic is None  # fsdpctl 0.3.0's "not elastic"
+    assert plan_from_json({**plan.to_json(), "elastic": None}).elastic is None
 
 
 def test_an_elastic_profile_places_a_run_short_of_an_excluded_host_down_to_min_nodes():
@@ -115,8 +154,7 @@ def fake_run(tmp_path: Path, text: str = PROFILE, *, nodes: int = 2, command=(),
     plan = SimpleNamespace(command=command, num_nodes=nodes, nproc_per_node="1", run_id="el-1", attempt=attempt,
                            run_dir="~/fsdpctl-runs/el-1", nodes=(),
                            train={"batch_size": 8, "preset": "tiny", "seq_len": 64},
-                           elastic={"min_nodes": 2, "full_nodes": 3, "changes": 0, "recheck": False,
-                                    "grow_batch": True, **elastic})
+                           elastic=ElasticPlan(**{"min_nodes": 2, "full_nodes": 3, **elastic}))
     return SimpleNamespace(plan=plan, profile=profile(text), root=tmp_path,
                            paths=SimpleNamespace(logs=logs, root=tmp_path), run_id="el-1")
 

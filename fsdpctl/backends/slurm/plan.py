@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ...errors import UsageError
+from ...plan.elastic_policy import min_nodes_in
 from ...plan.environment import STAGED_ENVIRONMENT
 from ...plan.make import torchrun_args
 from ...plan.types import ContainerPlan, LaunchPlan, Overrides, Placement, PlanContext
@@ -133,7 +134,7 @@ def slurm_placement(name: str, profile: ClusterProfile, overrides: Overrides, co
 def finish_slurm_plan(profile: ClusterProfile, overrides: Overrides, plan: LaunchPlan) -> LaunchPlan:
     """The plan with its Slurm part: every node runs the same step, its rank expanded on the node."""
     step_args = torchrun_args(plan, node_rank=NODE_RANK, nproc=plan.nproc_per_node, master_addr=HEAD_ADDR)
-    min_nodes = int(plan.elastic.get("min_nodes") or 0)
+    min_nodes = min_nodes_in(plan.elastic)
     if min_nodes:  # a later step may run on fewer nodes: torchrun waits for the step's own
         at = step_args.index("--nnodes") + 1
         step_args = (*step_args[:at], STEP_NODES, *step_args[at + 1:])
