@@ -26,6 +26,7 @@ PHASES: dict[str, str] = {
     "queued": "waited in the queue",
     "connect": "connected",
     "dropped": "dropped by its sshd or its handshake timed out, tried again",
+    "reopened": "its session slow to open, opened again",
     "stage": "payload staged",
     "probe": "preflight probe answered",
     "parity": "parity judged",

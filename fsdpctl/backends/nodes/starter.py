@@ -89,6 +89,10 @@ class NodeStarter:
             session.send(secrets)
             self._keep_alive(rank, session)
             session.read_until(OUTPUT_MARK, timeout)
+        reopened = getattr(getattr(transport, "channels", None), "retries", None)
+        if reopened:  # its session timed out opening (a loaded launcher or node) and was opened again
+            self.timeline.begin("reopened", rank, at=reopened[0])
+            self.timeline.end("reopened", rank, at=reopened[-1])
         return session
 
     def _keep_alive(self, rank: int, session: Session) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import socket
@@ -21,18 +22,19 @@ import paramiko
 
 from ...errors import HostError
 from ...profiles.schema import HostSpec, SSHSpec
-from ..transport import MarkerReader, ReadingSession, read_lines
+from ..transport import MarkerReader, ReadingSession
+from .channels import ChannelOpener, ChannelStream, ChannelTimeout, OpenTimedOut, send_all
 from .jumps import CONNECT_TRIES, JUMPS, Hop, handshake_slot, jump_chain, retry_pause
 from .known_hosts import AcceptNew, known_hosts_name, known_lines
 
 KEEPALIVE_SECONDS = 5
+LATE_CHANNEL_SECONDS = 120.0  # how long a timed-out channel's confirmation is waited for, to close it
 IDLE_POLL_SECONDS = 1.0
 """How often a connection's paramiko thread wakes when nothing arrives, once connected (paramiko's
 0.1 s: 0.45 ms of launcher CPU per connection per second, 11 % of a core for 256 idle nodes,
 measured here; 0.07 ms at 1 s). Data is read the moment it arrives either way; only a close and the
 keepalive are noticed on these wakes, and the keepalive is 5 s."""
 _SLOW_HANDSHAKE = ("no existing session", "authentication timeout")
-SEND_CHUNK = 1 << 16  # at least one packet's worth (paramiko's largest is 32 KiB)
 
 # paramiko logs a dropped connection's traceback at ERROR: with no handler, Python's last-resort one
 # prints it in the terminal, even for one the next try makes. Each failure is one SSHError instead.
@@ -119,24 +121,6 @@ def _classify(target: Target, exc: BaseException, timeout: float) -> SSHError:
                     "run `ssh -v` to the same host for details")
 
 
-class _SSHStream:
-    """One exec channel's output, line by line."""
-
-    def __init__(self, channel: paramiko.Channel):
-        self.channel = channel
-
-    def lines(self):
-        with self.channel.makefile("rb") as output:
-            yield from read_lines(output)
-
-    def chunks(self, idle_timeout: float | None = None):
-        self.channel.settimeout(idle_timeout)  # socket.timeout (an OSError) after that long without output
-        yield from iter(lambda: self.channel.recv(65536), b"")
-
-    def close(self) -> None:
-        self.channel.close()
-
-
 # AES-GCM (an AEAD cipher: no separate MAC per packet) first, when the server offers it: code and
 # payloads went 25 % faster through paramiko's per-packet Python loop than with aes128-ctr + HMAC.
 _AEAD_FIRST = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
@@ -148,14 +132,6 @@ def _transport(sock, **kwargs) -> paramiko.Transport:
     options.ciphers = (*(c for c in _AEAD_FIRST if c in options.ciphers),
                        *(c for c in options.ciphers if c not in _AEAD_FIRST))
     return transport
-
-
-def send_all(channel: paramiko.Channel, data: bytes) -> None:
-    """Send ``data`` through the channel. paramiko's own sendall copies what is left after every
-    packet (``s = s[sent:]``): quadratic, 50 MB took 9-12 s here. This copies one packet at a time."""
-    view, offset = memoryview(data), 0
-    while offset < len(view):
-        offset += channel.send(bytes(view[offset:offset + SEND_CHUNK]))
 
 
 class _SSHSession(ReadingSession):
@@ -211,6 +187,24 @@ def _slow(exc: BaseException) -> bool:
     return any(words in str(exc).lower() for words in _SLOW_HANDSHAKE)
 
 
+def open_session_once(transport: paramiko.Transport, timeout: float) -> paramiko.Channel:
+    """One try (under the connection's ChannelOpener lock): OpenTimedOut when paramiko gives up, and
+    the channel it left pending closed if its confirmation comes late (the node would keep it open,
+    counted against sshd's MaxSessions, until the connection closes)."""
+    pending = set(transport.channel_events)
+    try:
+        return transport.open_session(timeout=timeout)
+    except paramiko.SSHException as exc:
+        if "timeout opening channel" not in str(exc).lower():
+            raise
+        for chanid in set(transport.channel_events) - pending:
+            event, channel = transport.channel_events.get(chanid), transport._channels.get(chanid)  # noqa: SLF001
+            if event is not None and channel is not None:
+                threading.Thread(target=lambda e=event, c=channel: e.wait(LATE_CHANNEL_SECONDS) and c.close(),
+                                 name="fsdpctl-late-channel", daemon=True).start()
+        raise OpenTimedOut() from None
+
+
 class SSHTransport:
     """One node over SSH: one connection, reused for every command of one fsdpctl command."""
 
@@ -226,6 +220,7 @@ class SSHTransport:
         self.seen = (*seen, self.target.hostname)
         """The hosts this connection goes through to get here: a jump host never jumps through itself."""
         self.drops: list[float] = []  # when its sshd dropped it while it was set up, and it was tried again
+        self.channels = ChannelOpener()  # its retries: when a channel slow to open was opened again
 
     def _client(self, target: Target) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -372,19 +367,23 @@ class SSHTransport:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise SSHError(self.host, "ssh", "the SSH connection closed", "run the command again")
+        once, timeout = functools.partial(open_session_once, transport), timeout or self.spec.connect_timeout
         try:
-            return transport.open_session(timeout=timeout or self.spec.connect_timeout)
+            return self.channels.open(once, timeout)
+        except ChannelTimeout as slow:  # answering too slowly, each time (or the launcher too busy to read it)
+            raise SSHError(self.host, "timeout", f"could not open a channel: {slow}", "the host or this machine "
+                           "may be overloaded; look at both, or raise ssh.connect_timeout") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:  # a connection that stopped answering
             raise SSHError(self.host, "ssh", f"could not open a channel: {exc or type(exc).__name__}",
                            "the host may be down or unreachable; check it with fsdpctl doctor") from None
 
-    def stream(self, command: str) -> _SSHStream:
+    def stream(self, command: str) -> ChannelStream:
         """Start a command line and read its output (stderr merged) as it arrives."""
         channel = self._new_channel()
         channel.set_combine_stderr(True)
         channel.exec_command(command)
         channel.shutdown_write()
-        return _SSHStream(channel)
+        return ChannelStream(channel)
 
     def session(self, command: str) -> _SSHSession:
         """Start a command line to talk to: its stdin stays open until ``finish`` or ``close``."""
