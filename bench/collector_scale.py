@@ -109,6 +109,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="16,64,256")
     parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--sample-seconds", type=int, default=5,
+                        help="the GPUs' sampling interval; 256 nodes' fake nvidia-smi every 5 s (a Python process "
+                             "each, every node on this machine's 2 cores) took more than both cores")
     parser.add_argument("--trees", default="this,154eb94",
                         help="'this' and git revisions (the tree before the collector: 154eb94)")
     parser.add_argument("--exports-off", action="store_true", help="this tree without exports too")
@@ -117,8 +120,9 @@ def main() -> None:
                              "two trees' collectors, exports on in both")
     parser.add_argument("--shared-workdir", action="store_true",
                         help="every host's run directory is one folder (storage the nodes share, the launcher not)")
+    parser.add_argument("--out", help="the results file's name in bench/results (default: by the case)")
     args = parser.parse_args()
-    out_name = "collector_scale_shared_workdir.json" if args.shared_workdir else "collector_scale.json"
+    out_name = args.out or ("collector_scale_shared_workdir.json" if args.shared_workdir else "collector_scale.json")
     reason = netns_available()
     if reason:
         sys.exit(f"collector_scale: the namespace testbed {reason}")
@@ -133,7 +137,8 @@ def main() -> None:
                            check=True, capture_output=True)
     result = {"benchmark": "collector_scale", "machine": machine(), "trees": list(trees),
               "what": "the launcher's CPU while a run goes, per node per second: log, metrics rows every 0.5 s, "
-                      "8 GPUs sampled every 5 s per node; this tree with its chart index and exports on",
+                      f"8 GPUs sampled every {args.sample_seconds} s per node; this tree with its chart index and "
+                      "exports on",
               "workdir": "shared by the nodes" if args.shared_workdir else "each node its own", "sizes": {}}
     try:
         for size in [int(n) for n in args.nodes.split(",") if n]:
@@ -163,8 +168,8 @@ def main() -> None:
                 python.chmod(0o755)
                 # (the lab's 3 s connect timeout is for tests of a few hosts: 256 sessions opened on this
                 # machine's 2 cores, beside 256 sshds, take longer to open a channel, as in launch_scale)
-                base = lab.profile_yaml(names, python=str(python), name=f"c{size}",
-                                        extra="health:\n  sample_seconds: 5\nnode_timeout: 120\n").replace(
+                sampling = f"health:\n  sample_seconds: {args.sample_seconds}\nnode_timeout: 120\n"
+                base = lab.profile_yaml(names, python=str(python), name=f"c{size}", extra=sampling).replace(
                     "connect_timeout: 3\n", "connect_timeout: 10\n")
                 plain, exported = root / "plain.yaml", root / "exported.yaml"
                 plain.write_text(base)
