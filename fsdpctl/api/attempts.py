@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..profiles.schema import ClusterProfile
     from ..rundir.rundir import RunDir
     from ..rundir.state import Outcome
+    from .events import Emitter
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,43 @@ class NextAttempt:
         return Payload(node_payload(self.scripts, None), secret_values(self.plan.secrets))
 
 
+def profile_now(run: RunDir, emit: Optional[Emitter] = None) -> ClusterProfile:
+    """The run's profile (its copy, as it started) with the spares its profile file names now: a spare
+    added (or taken out) while the run goes counts for its next attempt. The file is read again each
+    time; when it is gone, no longer valid, or now another profile's, the run keeps the spares it
+    has, and ``emit`` is told why. ``emit`` also hears which spares changed."""
+    from pathlib import Path
+
+    from ..errors import FsdpctlError
+    from ..profiles.loader import load_profile_file
+    from ..rundir.paths import read_json
+    from ..rundir.rundir import INPUTS
+
+    profile = run.profile
+    source = str((read_json(run.root / INPUTS) or {}).get("profile_source") or "")
+    if not source or not Path(source).is_file():  # a profile given as an object, or an embedded one
+        return profile
+    try:
+        current = load_profile_file(Path(source)).profile
+    except FsdpctlError as exc:
+        if emit is not None:
+            emit.notice(f"{source} no longer reads ({exc.message}): run {run.run_id} keeps the spares it "
+                        f"started with", "warning")
+        return profile
+    if current.name != profile.name or current.backend != profile.backend:
+        return profile
+    running = {h.host for h in profile.hosts}
+    spares = tuple(s for s in current.spares if s.host not in running)
+    if [s.host for s in spares] == [s.host for s in profile.spares]:
+        return profile
+    if emit is not None:
+        before, now = {s.host for s in profile.spares}, {s.host for s in spares}
+        changes = [f"{h} added" for h in sorted(now - before)] + [f"{h} taken out" for h in sorted(before - now)]
+        emit.notice(f"profile {profile.name}: spares now {', '.join(s.host for s in spares) or 'none'} "
+                    f"({', '.join(changes) or 'reordered'}; read from {source})", "info")
+    return dataclasses.replace(profile, spares=spares)
+
+
 def hosts_placed_now(run: RunDir, inputs: Optional[dict[str, Any]] = None) -> HostChoice:
     """The run's hosts as a launch of its profile would place them now: remembered exclusions and its
     ``--exclude`` applied, short of hosts down to an elastic run's ``min_nodes`` (UsageError below it).
@@ -49,7 +87,7 @@ def hosts_placed_now(run: RunDir, inputs: Optional[dict[str, Any]] = None) -> Ho
     from ..rundir.rundir import INPUTS
 
     inputs = inputs if inputs is not None else read_json(run.root / INPUTS) or {}
-    return place_hosts(run.profile, tuple(inputs.get("exclude") or ()), min_nodes_in(run.plan.elastic))
+    return place_hosts(profile_now(run), tuple(inputs.get("exclude") or ()), min_nodes_in(run.plan.elastic))
 
 
 def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],

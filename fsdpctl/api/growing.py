@@ -110,10 +110,11 @@ class GrowWatch:
         then finds it back)."""
         from ..errors import UsageError
         from ..hostpool.store import read_exclusions
+        from .attempts import profile_now
         from .events import Emitter
         from .hosts import restore_host
 
-        profile = self.run.profile
+        profile = profile_now(self.run)
         names = {h.host for h in (*profile.hosts, *profile.spares)}
         for host in [h for h in read_exclusions(profile.name) if h in names]:
             try:

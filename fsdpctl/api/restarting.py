@@ -42,7 +42,7 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     from ..rundir.attempts import begin_attempt
     from ..rundir.paths import read_json
     from ..rundir.rundir import INPUTS
-    from .attempts import plan_next_attempt
+    from .attempts import plan_next_attempt, profile_now
     from .restart_causes import hardware_faults
 
     number = attempt.plan.attempt
@@ -54,7 +54,7 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
             emit.notice(f"run {run.run_id} ends: a node failed its re-check before attempt {number} (above); "
                         f"nothing of it was started", "error")
         return started
-    profile = run.profile
+    profile = profile_now(run, emit)  # with a spare added to the profile file while the run went
     before = excluded_hosts(profile, tuple((read_json(run.root / INPUTS) or {}).get("exclude") or ()))
     suspects = nodes_to_blame(run.record.nodes, hardware_faults(run))
     lost = {n.host for n in run.record.nodes if n.state is NodeState.LOST}

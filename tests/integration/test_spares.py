@@ -1,5 +1,6 @@
 """Spare hosts on the namespace testbed: a node whose link goes down mid-run is replaced by the
-first spare that passes its checks, and the run finishes with an uninterrupted run's losses.
+first spare that passes its checks (one added to the profile while the run went counts), and the
+run finishes with an uninterrupted run's losses.
 
 Hosts n1 and n2 run; n3 (another torch: it fails the checks) and n4 (its card named eth1) are the
 spares; the launcher runs in its own namespace, outside the profile. The bundled workload saves a
@@ -57,11 +58,13 @@ class Cut:
         subprocess.run([*self.argv, "up"], check=True, timeout=10)
 
 
-def launch_and_cut(lab, tmp_path: Path, profile: Path, victim: str, *extra: str):
+def launch_and_cut(lab, tmp_path: Path, profile: Path, victim: str, *extra: str, before_cut=None):
     launcher = start(lab, tmp_path, "launch", "-p", str(profile), "--max-restarts", "1", "--node-timeout",
                      NODE_TIMEOUT, *WORKLOAD, *extra)
     run_dir = run_dir_of(tmp_path)
     wait_for_line(run_dir / "logs" / "merged.log", r"step=15 loss=")
+    if before_cut is not None:
+        before_cut()
     with Cut(lab, victim):
         code, out, err = launcher.finish(timeout=240)
     return code, err, run_dir
@@ -69,13 +72,16 @@ def launch_and_cut(lab, tmp_path: Path, profile: Path, victim: str, *extra: str)
 
 def test_a_node_that_loses_its_link_is_replaced_by_the_first_good_spare_and_the_run_finishes(lab, tmp_path,
                                                                                             straight):
-    """The node lost is n1, which holds the rendezvous: the spare takes its place there too."""
+    """The node lost is n1, which holds the rendezvous: the spare takes its place there too. The run
+    starts with n3 its only spare; n4 is added to the profile file while it goes."""
     n1, n2, n3, n4 = (lab.hosts[n].address for n in ("n1", "n2", "n3", "n4"))
-    profile = spares_profile(lab, tmp_path)
-    code, err, run_dir = launch_and_cut(lab, tmp_path, profile, "n1")
+    profile = spares_profile(lab, tmp_path, spares=("n3",))
+    whole = spares_profile(lab, tmp_path, name="whole").read_text().replace("name: whole", "name: spared")
+    code, err, run_dir = launch_and_cut(lab, tmp_path, profile, "n1", before_cut=lambda: profile.write_text(whole))
     replacing = [line for line in err.splitlines() if "spare" in line or "replaces" in line or "attempt 2" in line]
     print("\n--- the launcher, on the replacement ---\n" + "\n".join(replacing))
     assert code == 0, err[-3000:]
+    assert f"profile spared: spares now {n3}, {n4} ({n4} added; read from {profile})" in err
     assert f"spare {n3} failed its check and is excluded until restored: torch 2.99.0+fake" in err
     assert f"spare host(s) checked: {n4} passes" in err
     assert f"{n4} replaces {n1} for attempt 2: lost: nothing heard from it since" in err

@@ -289,3 +289,21 @@ def test_a_program_grows_at_the_row_the_start_up_hook_writes_after_its_dcp_save(
     collector.beat(list)
     assert watch.due() == 0.0 and watch.fire(0.0).failure.detail == (
         "stopped at a checkpoint to grow back to 3 of 3 nodes")
+
+
+def test_a_short_elastic_run_grows_back_onto_a_spare_added_to_its_profile_file(tmp_path):
+    """Short of its lost n2, the run finds no host to grow onto until a spare appears in its profile
+    file; then the watch's placement has all three nodes, the spare in n2's place."""
+    import json
+
+    from fsdpctl.api.growing import hosts_now
+
+    source = tmp_path / "el.yaml"
+    source.write_text(PROFILE)
+    run = fake_run(tmp_path, nodes=2)
+    (tmp_path / "inputs.json").write_text(json.dumps({"profile_source": str(source)}))
+    add_exclusions("el", [Exclusion("n2", "lost", "el-1", "now")])
+    assert hosts_now(run) is None
+    source.write_text(PROFILE + "spares: [n4]\n")
+    grown = hosts_now(run)
+    assert grown is not None and grown.hosts == ("n1", "n4", "n3") and grown.full == 3

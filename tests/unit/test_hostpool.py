@@ -189,3 +189,43 @@ def test_a_host_excluded_by_hand_is_remembered_until_restored_and_never_leaves_a
         hosts(path, exclude="n4")
     with pytest.raises(UsageError, match="--exclude n9: not a host of profile sp"):
         hosts(path, exclude="n9")
+
+
+def test_a_spare_added_to_the_profile_file_while_a_run_goes_counts_for_its_next_attempt(tmp_path):
+    """The run holds a copy of its profile; its next attempt takes the spares the file names now,
+    never one of the hosts the run started on, and keeps its own when the file no longer reads."""
+    import json
+    from types import SimpleNamespace
+
+    from fsdpctl.api.attempts import profile_now
+
+    source = tmp_path / "sp.yaml"
+    source.write_text(PROFILE)
+    (tmp_path / "inputs.json").write_text(json.dumps({"profile_source": str(source)}))
+    run = SimpleNamespace(root=tmp_path, profile=profile(), run_id="sp-1")
+    said = []
+    emit = SimpleNamespace(notice=lambda text, level="info": said.append((level, text)))
+    assert profile_now(run, emit) is run.profile and not said  # nothing changed: the copy itself
+
+    source.write_text(PROFILE.replace("spares: [n3,", "spares: [n5, n3,"))
+    now = profile_now(run, emit)
+    assert [s.host for s in now.spares] == ["n5", "n3", "n4"] and now.hosts == run.profile.hosts
+    assert said == [("info", f"profile sp: spares now n5, n3, n4 (n5 added; read from {source})")]
+    assert choose_hosts(now, {"n1": "lost"}).hosts == ("n5", "n2")
+    # the file's hosts changed too: they are not the run's, and a host the run is on is never its spare
+    source.write_text(PROFILE.replace("hosts: [n1, n2]", "hosts: [n6, n2]").replace("spares: [n3,", "spares: [n1, n3,"))
+    assert [s.host for s in profile_now(run, emit).spares] == ["n3", "n4"] and len(said) == 1
+
+    source.write_text(PROFILE.replace("spares: [n3, {host: n4, interface: eth1}]", "spares: []"))
+    assert [s.host for s in profile_now(run, emit).spares] == []
+    assert said[-1] == ("info", f"profile sp: spares now none (n3 taken out, n4 taken out; read from {source})")
+
+    source.write_text(PROFILE.replace("hosts: [n1, n2]", "hosts: n1"))
+    assert profile_now(run, emit) is run.profile
+    level, text = said[-1]
+    assert level == "warning" and text.startswith(f"{source} no longer reads (") and "sp-1 keeps the spares" in text
+    source.write_text(PROFILE.replace("name: sp", "name: other"))  # now another profile's file: not this run's
+    assert profile_now(run, emit) is run.profile
+    source.unlink()
+    count = len(said)
+    assert profile_now(run, emit) is run.profile and len(said) == count
