@@ -153,6 +153,26 @@ def choose(active, spares, blamed, allocation, passes):
     return nodes, replacements, left, failed
 
 
+def recorded_changes(run_dir, planned):
+    """(how often the node count changed, the newest step's node count) from the steps the job's
+    earlier starts recorded (a requeue starts the batch script again with the plan's count,
+    ``planned``); (planned, None) on the job's first start."""
+    counts = []
+    try:
+        with open(os.path.join(run_dir, EVENTS_FILE), encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a crash
+                if isinstance(event, dict) and event.get("event") == "step" and event.get("hosts"):
+                    counts.append(len(event["hosts"]))
+    except OSError:
+        pass
+    changed = sum(1 for i in range(1, len(counts)) if counts[i] != counts[i - 1])
+    return planned + changed, (counts[-1] if counts else None)
+
+
 def shrink(active, blamed, replacements, allocation, min_nodes):
     """When too few spares pass: the nodes an elastic job goes on with (the active ones not blamed,
     the spares that passed in their places), in Slurm's order; None when they are fewer than
@@ -172,8 +192,10 @@ class Steps:
         self.srun_flags, self.min_nodes, self.count = list(srun_flags), min_nodes, nodes
         self.job = os.environ.get("SLURM_JOB_ID", "")
         self.start = int(os.environ.get("SLURM_RESTART_COUNT") or 0) + 1
-        self.changes = int(os.environ.get(ELASTIC_ATTEMPT) or 0)
-        """How often the node count changed (the plan's count, then one more for each shrink)."""
+        self.changes, self.last_count = recorded_changes(run_dir, int(os.environ.get(ELASTIC_ATTEMPT) or 0))
+        """How often the node count changed (the plan's count, then one more for each change between two
+        steps, those of the job's earlier starts included), and the newest step's node count before
+        this start (None: its first)."""
 
     def record(self, event, **fields):
         line = json.dumps({"event": event, "job": self.job, "slurm_start": self.start, "at": _now(),
@@ -209,7 +231,9 @@ class Steps:
         return env
 
     def run_step(self, number, hosts):
-        self.count = len(hosts)
+        if self.last_count is not None and self.last_count != len(hosts):
+            self.changes += 1  # a requeued job back on its whole allocation after a shrink: the count changed
+        self.count = self.last_count = len(hosts)
         env = self.step_env(number, node_address(hosts[0]))
         self.record("step", step=number, hosts=hosts)
         argv = ["srun", "--kill-on-bad-exit=1", f"--nodes={self.count}", f"--ntasks={self.count}",
@@ -278,7 +302,6 @@ class Steps:
         replaced = {r["host"] for r in replacements}
         out = [h for h in active if h in blamed and h not in replaced]
         why = "; ".join(blamed[h] for h in out)
-        self.changes += 1
         self.record("shrunk", step=number, hosts=nodes, out=out, why=why, nodes=len(nodes), before=len(active),
                     full=self.nodes, from_step=newest_checkpoint(self.run_dir), replacements=replacements,
                     min_nodes=self.min_nodes)

@@ -241,3 +241,31 @@ def test_a_lost_node_with_no_spare_shrinks_an_elastic_job_down_to_min_nodes_and_
     resize = spare_changes(tmp_path, metrics_text(tmp_path))["resize"]
     assert resize.describe() == ("runs on 1 of 2 nodes: n2 out (failed the re-check: Unable to contact slurmd on "
                                  "n2); global batch 8 kept: batch 4 x accumulation 2 per rank")
+
+
+def test_a_requeued_elastic_job_counts_the_node_changes_of_its_earlier_start(tmp_path, monkeypatch):
+    """The batch script starts again with the plan's count (0); the earlier start shrank 2 -> 1, and
+    this one runs on its whole allocation again: two changes, each said to the ranks."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN.replace("SPLIT_ROW", split_row(2, 2, 8, 4, 1).strip()))
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FSDPCTL_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("FSDPCTL_ELASTIC_ATTEMPT", "0")
+    monkeypatch.setenv("PROGRAM_ERROR", "")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    earlier = [{"event": "step", "step": 1, "hosts": ["n1", "n2"], "slurm_start": 1},
+               {"event": "failed", "step": 1, "slurm_start": 1}, "{cut short",
+               {"event": "shrunk", "step": 2, "hosts": ["n1"], "slurm_start": 1},
+               {"event": "step", "step": 2, "hosts": ["n1"], "slurm_start": 1}]
+    (tmp_path / "slurm-steps.jsonl").write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n"
+                                                        for e in earlier))
+    assert slurm_steps.recorded_changes(str(tmp_path), 0) == (1, 1)
+    assert slurm_steps.recorded_changes(str(tmp_path / "none"), 3) == (3, None)
+    steps = slurm_steps.Steps(str(tmp_path), 2, sys.executable, 0, ["true"], min_nodes=1)
+    assert steps.run(["n1", "n3"]) == 0
+    assert (tmp_path / "steps.txt").read_text().splitlines() == ["n1,n3 2"]
+    assert [(e["event"], e["slurm_start"]) for e in read_events(tmp_path)][-2:] == [("step", 2), ("succeeded", 2)]
