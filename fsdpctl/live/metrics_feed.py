@@ -65,6 +65,9 @@ class MetricsFeed:
         self.pending_since: dict[int, float] = {}
         self.behind = -1
         """The newest step of the rank furthest behind (its rows of later steps may still come)."""
+        self.at_behind = 0
+        """How many ranks seen are at ``behind``: it moves when the last of them moves on (counted
+        again then, once a step, not once a row: 256 ranks made it 65,536 looks a step)."""
         self.seen: OrderedDict[int, None] = OrderedDict()
         self.straggler_said = False
         """The newest row carries the workload's own verdict (the bundled workload's rows do)."""
@@ -136,15 +139,24 @@ class MetricsFeed:
         ``PENDING_STEPS`` bounds what waits for a rank that stopped writing."""
         step, rank = row["step"], row["rank"]
         had = self.rank_newest.get(rank, -1)  # -1: not yet in this attempt
-        self.rank_newest[rank] = max(step, had)
-        if rank not in self.ranks_seen or had <= self.behind:  # it may have been the one furthest behind
+        self.rank_newest[rank] = newest = max(step, had)
+        if rank not in self.ranks_seen:
             self.ranks_seen.add(rank)
-            self.behind = min(self.rank_newest.get(r, -1) for r in self.ranks_seen)
+            self._count_behind()
+        elif had == self.behind and newest > had:  # one of those furthest behind moved on
+            self.at_behind -= 1
+            if self.at_behind <= 0:
+                self._count_behind()
         if step not in self.pending:
             self.pending_since[step] = time.monotonic()
         self.pending.setdefault(step, {})[rank] = row
         if not self.hold:
             self.release()
+
+    def _count_behind(self) -> None:
+        newest = [self.rank_newest.get(r, -1) for r in self.ranks_seen]
+        self.behind = min(newest, default=-1)
+        self.at_behind = newest.count(self.behind)
 
     def release(self) -> None:
         """The program's own per-rank rows whose step is whole (or given up on) go out, in step order.
@@ -190,7 +202,8 @@ class MetricsFeed:
             self.on_attempt(from_step)
         self.pending = {step: rows for step, rows in self.pending.items() if step <= from_step}
         self.pending_since = {step: since for step, since in self.pending_since.items() if step in self.pending}
-        self.rank_newest, self.behind = {}, -1  # the ranks write their steps again from there
+        self.rank_newest = {}  # the ranks write their steps again from there
+        self._count_behind()
         self.train = deque((r for r in self.train if r["step"] <= from_step), maxlen=HISTORY)
         self.val = deque((r for r in self.val if r["step"] <= from_step), maxlen=HISTORY)
         # The next attempt may run on other hosts (a spare in a lost one's place): the ranks' windows
@@ -215,7 +228,7 @@ class MetricsFeed:
         self.pending_since = dict.fromkeys(self.pending, time.monotonic())  # the wait begins again
         self.ranks_seen = {int(r) for r in state["ranks_seen"]}
         self.rank_newest = {int(r): int(s) for r, s in state["rank_newest"]}
-        self.behind = min((self.rank_newest.get(r, -1) for r in self.ranks_seen), default=-1)
+        self._count_behind()
         self.seen = OrderedDict((int(key), None) for key in state["seen"])
         self.hook.restore(state["hook"])
         self.skipped, self.rows = int(state["skipped"]), int(state["rows"])

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fsdpctl.backends import plan_run, render_scripts
 from fsdpctl.live import layout
@@ -161,3 +163,21 @@ def test_a_programs_rows_without_nodes_are_placed_by_the_ranks_each_node_said_it
     snap = live(run).snapshot()
     assert [(r.rank, r.node_rank, r.host) for r in snap.ranks] == [(0, 0, "10.9.0.1"), (1, 1, "10.9.0.2")]
     assert [n.step for n in snap.nodes] == [5, 5]
+
+
+@given(st.lists(st.one_of(st.tuples(st.integers(0, 5), st.integers(0, 12)), st.just("attempt")), max_size=80))
+@settings(max_examples=200, deadline=None)
+def test_the_rank_furthest_behind_is_kept_as_the_rows_and_attempts_come(events):
+    """The feed counts again only when the last rank at the lowest step moves on; whatever the order
+    of the rows (and of a later attempt's start), it holds what counting every time gives."""
+    feed = MetricsFeed(world_size=None)
+    feed.hold = True  # rows stay pending: only the bookkeeping is under test
+    for event in events:
+        if event == "attempt":
+            feed._attempt_began(0)
+            continue
+        rank, step = event
+        feed._rank_row({"step": step, "rank": rank, "loss": 1.0})
+        expected = min(feed.rank_newest.get(r, -1) for r in feed.ranks_seen)
+        assert feed.behind == expected
+        assert feed.at_behind == [feed.rank_newest.get(r, -1) for r in feed.ranks_seen].count(expected)
