@@ -38,7 +38,7 @@ class ElasticPlan:
 
 
 def elastic_from_json(data: Optional[dict[str, Any]]) -> Optional[ElasticPlan]:
-    """A plan.json's ``elastic`` back (``{}``, written by fsdpctl 0.3.0 and before, and None: not elastic)."""
+    """A plan.json's ``elastic`` back (``{}``, as fsdpctl 0.2 wrote it, and None: not elastic)."""
     return ElasticPlan(**data) if data else None
 
 

@@ -114,7 +114,7 @@ def test_a_plans_elastic_part_is_typed_and_read_back_from_plan_json():
     written = json.loads(json.dumps(plan.to_json()))
     back = plan_from_json(written)
     assert back.elastic == plan.elastic and json.loads(json.dumps(back.to_json())) == written
-    assert plan_from_json({**plan.to_json(), "elastic": {}}).elastic is None  # fsdpctl 0.3.0's "not elastic"
+    assert plan_from_json({**plan.to_json(), "elastic": {}}).elastic is None  # fsdpctl 0.2's "not elastic"
     assert plan_from_json({**plan.to_json(), "elastic": None}).elastic is None
 
 
