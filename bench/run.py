@@ -90,7 +90,7 @@ def _views_at_scale(add, out: list) -> None:
         reg = board["registry"]
         add("`fsdpctl runs --json`, 1,000 runs, seconds", reg.get("cli_runs_json_median_s_this_tree"), 0.3, "{:.2f}",
             note=f" (the tree before: {reg.get('cli_runs_json_median_s_tree_before', '-')})")
-    scale = load("collector_scale").get("sizes", {})
+    scale = {**load("collector_scale").get("sizes", {}), **load("collector_scale_256").get("sizes", {})}
     for size, cases in scale.items():
         mine = cases.get("this (collector + exports)")
         plain = cases.get("this (collector, no exports)")
