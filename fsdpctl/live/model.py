@@ -213,7 +213,7 @@ class LiveRun:
                 steps[node if node is not None else owners.get(entry.get("rank"), (None,))[0]] = step
         out = []
         hosts = {n.node_rank: n.host for n in plan.nodes}  # none where a scheduler places the nodes
-        for rank in layout.node_ranks(plan):
+        for rank in _node_ranks_now(plan, recorded):
             mine, kept = said.get(rank) or {}, recorded.get(rank)
             state = mine.get("state") or (str(kept.state) if kept else "unknown")
             ranks = mine.get("ranks") or (kept.ranks if kept else None) or self.ranks_said.get(rank)
@@ -238,7 +238,7 @@ class LiveRun:
         """Global rank -> (node rank, host), from the ranks each node said it holds (a program of the
         user's writes its rows without them)."""
         owners: dict[int, tuple[int, str]] = {}
-        for node_rank in layout.node_ranks(self.run.plan):
+        for node_rank in _node_ranks_now(self.run.plan, recorded):
             mine, kept = said.get(node_rank) or {}, recorded.get(node_rank)
             text = mine.get("ranks") or (kept.ranks if kept else None) or self.ranks_said.get(node_rank)
             host = mine.get("host") or self.hosts_seen.get(node_rank) or (kept.host if kept else f"node{node_rank}")
@@ -325,3 +325,10 @@ def snapshots(live: LiveRun, interval: float = 2.0, *, until_over: bool = True, 
             snapshot = live.snapshot()
             last = time.monotonic()
             yield snapshot
+
+
+def _node_ranks_now(plan: Any, recorded: dict[int, Any]) -> list[int]:
+    """The nodes the run has now: those its record names (a Slurm job's newest step may run on fewer
+    nodes than the plan's after an elastic shrink: the node it lost keeps an old log, not a place
+    here), else the plan's."""
+    return sorted(recorded) or layout.node_ranks(plan)

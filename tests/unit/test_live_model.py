@@ -181,3 +181,15 @@ def test_the_rank_furthest_behind_is_kept_as_the_rows_and_attempts_come(events):
         expected = min(feed.rank_newest.get(r, -1) for r in feed.ranks_seen)
         assert feed.behind == expected
         assert feed.at_behind == [feed.rank_newest.get(r, -1) for r in feed.ranks_seen].count(expected)
+
+
+def test_the_view_shows_the_nodes_the_record_names_now_not_a_lost_nodes_old_log(tmp_path):
+    """A Slurm job whose newest step runs on fewer nodes after an elastic shrink: its record names the
+    nodes it has now (node 0); node 1's log and GPU samples stay behind, and the view leaves it out."""
+    run = new_run(tmp_path)
+    write(run.paths.logs / "merged.log", "[10.9.0.1 r0] fsdpctl: global rank 0 on node 0 (torchrun group rank 0)\n"
+          "[10.9.0.2 r1] fsdpctl: global rank 1 on node 1 (torchrun group rank 1)\n")
+    write(layout.collected(run.root, 1, "gpu/node1.jsonl"), gpu_sample(1, time.time() - 60))
+    assert [n.node_rank for n in live(run).snapshot().nodes] == [0, 1]
+    run.change(nodes=(NodeStatus(node_rank=0, host=HOSTS[0], state=NodeState.RUNNING),))
+    assert [(n.node_rank, n.host) for n in live(run).snapshot().nodes] == [(0, "10.9.0.1")]
