@@ -204,14 +204,12 @@ echo 'SPLIT_ROW' >> "$FSDPCTL_RUN_DIR/metrics.jsonl"
 """
 
 
-@pytest.mark.parametrize("min_nodes,program_error", [(1, ""), (2, ""), (1, "1")],
-                         ids=["shrinks", "below-min-nodes", "program-error"])
-def test_a_lost_node_with_no_spare_shrinks_an_elastic_job_down_to_min_nodes_and_below_it_ends_the_job(
-        tmp_path, monkeypatch, min_nodes, program_error):
-    """The helper's loop with stand-in ``srun`` and ``scontrol`` on PATH (no cluster here)."""
+def stand_in_slurm(tmp_path, monkeypatch, split: str, program_error: str = "") -> None:
+    """``srun`` (FAKE_SRUN, its rank 0 writing ``split``) and ``scontrol`` on PATH, and the batch
+    script's environment: the run directory, the plan's elastic count (0)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text(FAKE_SRUN.replace("SPLIT_ROW", split_row(1, 2, 8, 4, 2).strip()))
+    (bin_dir / "srun").write_text(FAKE_SRUN.replace("SPLIT_ROW", split.strip()))
     (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
@@ -219,6 +217,14 @@ def test_a_lost_node_with_no_spare_shrinks_an_elastic_job_down_to_min_nodes_and_
     monkeypatch.setenv("FSDPCTL_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("FSDPCTL_ELASTIC_ATTEMPT", "0")  # the batch script's export of the plan's count
     monkeypatch.setenv("PROGRAM_ERROR", program_error)
+
+
+@pytest.mark.parametrize("min_nodes,program_error", [(1, ""), (2, ""), (1, "1")],
+                         ids=["shrinks", "below-min-nodes", "program-error"])
+def test_a_lost_node_with_no_spare_shrinks_an_elastic_job_down_to_min_nodes_and_below_it_ends_the_job(
+        tmp_path, monkeypatch, min_nodes, program_error):
+    """The helper's loop with stand-in ``srun`` and ``scontrol`` on PATH (no cluster here)."""
+    stand_in_slurm(tmp_path, monkeypatch, split_row(1, 2, 8, 4, 2), program_error)
     steps = slurm_steps.Steps(str(tmp_path), 2, sys.executable, 0, ["true"], min_nodes=min_nodes)
     code = steps.run(["n1", "n2"])
     events = read_events(tmp_path)
@@ -246,16 +252,7 @@ def test_a_lost_node_with_no_spare_shrinks_an_elastic_job_down_to_min_nodes_and_
 def test_a_requeued_elastic_job_counts_the_node_changes_of_its_earlier_start(tmp_path, monkeypatch):
     """The batch script starts again with the plan's count (0); the earlier start shrank 2 -> 1, and
     this one runs on its whole allocation again: two changes, each said to the ranks."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(FAKE_SRUN.replace("SPLIT_ROW", split_row(2, 2, 8, 4, 1).strip()))
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FSDPCTL_RUN_DIR", str(tmp_path))
-    monkeypatch.setenv("FSDPCTL_ELASTIC_ATTEMPT", "0")
-    monkeypatch.setenv("PROGRAM_ERROR", "")
+    stand_in_slurm(tmp_path, monkeypatch, split_row(2, 2, 8, 4, 1))
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     earlier = [{"event": "step", "step": 1, "hosts": ["n1", "n2"], "slurm_start": 1},
                {"event": "failed", "step": 1, "slurm_start": 1}, "{cut short",
