@@ -40,11 +40,13 @@ class NextAttempt:
         return Payload(node_payload(self.scripts, None), secret_values(self.plan.secrets))
 
 
-def profile_now(run: RunDir, emit: Optional[Emitter] = None) -> ClusterProfile:
+def profile_now(run: RunDir, emit: Optional[Emitter] = None, inputs: Optional[dict[str, Any]] = None
+                ) -> ClusterProfile:
     """The run's profile (its copy, as it started) with the spares its profile file names now: a spare
     added (or taken out) while the run goes counts for its next attempt. The file is read again each
     time; when it is gone, no longer valid, or now another profile's, the run keeps the spares it
-    has, and ``emit`` is told why. ``emit`` also hears which spares changed."""
+    has, and ``emit`` is told why. ``emit`` also hears which spares changed. ``inputs``: the run's
+    inputs.json, when already read."""
     from pathlib import Path
 
     from ..errors import FsdpctlError
@@ -53,7 +55,8 @@ def profile_now(run: RunDir, emit: Optional[Emitter] = None) -> ClusterProfile:
     from ..rundir.rundir import INPUTS
 
     profile = run.profile
-    source = str((read_json(run.root / INPUTS) or {}).get("profile_source") or "")
+    inputs = inputs if inputs is not None else read_json(run.root / INPUTS) or {}
+    source = str(inputs.get("profile_source") or "")
     if not source or not Path(source).is_file():  # a profile given as an object, or an embedded one
         return profile
     try:
@@ -87,7 +90,8 @@ def hosts_placed_now(run: RunDir, inputs: Optional[dict[str, Any]] = None) -> Ho
     from ..rundir.rundir import INPUTS
 
     inputs = inputs if inputs is not None else read_json(run.root / INPUTS) or {}
-    return place_hosts(profile_now(run), tuple(inputs.get("exclude") or ()), min_nodes_in(run.plan.elastic))
+    return place_hosts(profile_now(run, inputs=inputs), tuple(inputs.get("exclude") or ()),
+                       min_nodes_in(run.plan.elastic))
 
 
 def plan_next_attempt(backend: Backend, run: RunDir, *, train: dict[str, Any],
