@@ -61,6 +61,10 @@ POLL_SECONDS = 2.0
 # While a node's log stream is open it says when the node ends; polls (an SSH command each, with the
 # login shell's rc files, on nodes busy starting torch) are then only a safety net.
 SAFETY_POLL_SECONDS = 10.0
+STOP_SECONDS = 8.0
+"""How long, beyond its grace period, a follower from outside waits for a stop it sent to be done."""
+MIN_POLL_SILENCE = 20.0
+"""The shortest silence (no log bytes, no poll answered) a follower from outside takes a node lost after."""
 
 
 class Listener(Protocol):
@@ -105,6 +109,12 @@ class Feed(Protocol):
 
     def close(self) -> None:
         """Release what the feed holds."""
+
+
+def silent_for(silent: float, bound: str) -> Lost:
+    """A node lost to silence: since when, and the bound it passed."""
+    since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
+    return Lost(f"nothing heard from it since {since} ({silent:.0f} s; {bound})")
 
 
 def _guarded(sup: Listener, run: NodeRun, body) -> None:
@@ -199,14 +209,9 @@ class AgentFeed:
         return None  # the agent's stream carries the node's end; a stream without one was reported lost
 
     def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
-        lost: list[tuple[NodeRun, Answer]] = []
-        for run in self.runs:
-            silent = time.monotonic() - run.last_heard
-            if run.state == NodeState.RUNNING and silent > self.node_timeout:
-                since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
-                lost.append((run, Lost(f"nothing heard from it since {since} ({silent:.0f} s; the node "
-                                       f"timeout is {self.node_timeout:g} s)")))
-        return lost
+        bound = f"the node timeout is {self.node_timeout:g} s"
+        return [(run, silent_for(time.monotonic() - run.last_heard, bound)) for run in self.runs
+                if run.state == NodeState.RUNNING and time.monotonic() - run.last_heard > self.node_timeout]
 
     def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False,
              save: bool = False) -> None:
@@ -227,27 +232,41 @@ class AgentFeed:
 class TailFeed:
     """A run followed from outside: its nodes' logs with ``tail -F``, their exit files polled; with
     ``side`` (a collecting follower's: the command that sends a node's side files, None for a node
-    with none), the node's metrics and GPU samples too."""
+    with none), the node's metrics and GPU samples too. With ``node_timeout`` (a follower that acts
+    for a detached run), a node heard from by neither its log, its side files nor a poll for that
+    long (``MIN_POLL_SILENCE`` at least) is lost, as a foreground run's node is: a poll to a cut link
+    waits minutes to fail."""
 
     quiet_seconds = 0.0  # tail -F ends with the node's wrapper: whatever comes after that comes at once
 
     def __init__(self, side: Callable[[NodeRun], str | None] | None = None,
-                 start_at: Callable[[NodeRun], int] | None = None) -> None:
+                 start_at: Callable[[NodeRun], int] | None = None, node_timeout: float | None = None) -> None:
         self.runs: list[NodeRun] = []
         self.side = side
         self.start_at = start_at  # each node's log from this byte on (default: its start)
         self.side_streams: list[Stream] = []
+        # A poll is a command of its own (a login shell on a node busy starting torch may take seconds
+        # to answer), not an agent's heartbeat on an open session: it gets a floor.
+        self.silence = max(node_timeout, MIN_POLL_SILENCE) if node_timeout else None
+        self.answered: dict[int, float] = {}  # when each node last answered a poll
+        self.stoppers: list[tuple[threading.Thread, float]] = []  # stops under way, and until when to wait for them
+        # a node followed by its stream is polled once this quiet; a quiet one often enough to be
+        # found silent only when it is
+        self.poll_every = min(SAFETY_POLL_SECONDS, self.silence / 4) if self.silence else SAFETY_POLL_SECONDS
 
     def start(self, sup: Listener) -> None:
         self.runs = list(sup.runs)
+        began = time.monotonic()
         for run in self.runs:
+            self.answered[run.rank] = began
             threading.Thread(target=_guarded, args=(sup, run, lambda run=run: self._follow(sup, run)),
                              daemon=True).start()
             command = self.side(run) if self.side is not None else None
             if command is not None:
                 threading.Thread(target=self._side_files, args=(sup, run, command), daemon=True).start()
-        # Polls are SSH round trips: a thread of their own, so printing never waits behind one.
-        threading.Thread(target=self._poller, args=(sup,), daemon=True).start()
+            # Polls are SSH round trips: a thread per node, so printing never waits behind one, nor
+            # does one node's poll behind another's to a cut link.
+            threading.Thread(target=self._poller, args=(sup, run), daemon=True).start()
 
     def _follow(self, sup: Listener, run: NodeRun) -> None:
         try:
@@ -277,14 +296,18 @@ class TailFeed:
         finally:
             sup.put(run, SideEnded())
 
-    def _poller(self, sup: Listener) -> None:
-        last = {run.rank: time.monotonic() for run in self.runs}
-        while not sup.finished.wait(POLL_SECONDS):
-            for run in self.runs:
-                due = not run.streaming or time.monotonic() - last[run.rank] >= SAFETY_POLL_SECONDS
-                if run.state == NodeState.RUNNING and due and not sup.finished.is_set():
-                    last[run.rank] = time.monotonic()
-                    sup.put(run, self.ask(sup, run))
+    def _poller(self, sup: Listener, run: NodeRun) -> None:
+        while not sup.finished.wait(min(POLL_SECONDS, self.poll_every)) and run.state == NodeState.RUNNING:
+            if run.streaming and time.monotonic() - self._heard(run) < self.poll_every:
+                continue
+            answer = self.ask(sup, run)
+            if not isinstance(answer, Lost):
+                self.answered[run.rank] = time.monotonic()
+            if not sup.finished.is_set():
+                sup.put(run, answer)
+
+    def _heard(self, run: NodeRun) -> float:
+        return max(run.last_heard, self.answered.get(run.rank, 0.0))
 
     def ask(self, sup: Listener, run: NodeRun) -> Answer:
         """The node's own word on its script (Lost when it does not answer)."""
@@ -299,14 +322,23 @@ class TailFeed:
         sup.put(run, self.ask(sup, run))  # its log ended: it has probably just exited
 
     def check(self, sup: Listener) -> list[tuple[NodeRun, Answer]]:
-        return []
+        if not self.silence:
+            return []
+        bound = f"its polls go unanswered after {self.silence:g} s"
+        return [(run, silent_for(time.monotonic() - self._heard(run), bound)) for run in self.runs
+                if run.state == NodeState.RUNNING and time.monotonic() - self._heard(run) > self.silence]
 
     def stop(self, sup: Listener, runs: Sequence[NodeRun], hurry: bool, peer_failed: bool = False,
              save: bool = False) -> None:
         save = save and not (hurry or peer_failed)
         grace = 0.0 if hurry else sup.grace if save else PEER_FAILED_GRACE_SECONDS
-        stop_run(sup.run_id, [r.transport for r in runs], grace, sup.container_runtime,
-                 sup.stop_signal if save else None, sup.run_dir)
+        # Beside the following, not in its way: a stop sent over a cut link waits minutes for SSH to
+        # give up, while the nodes' ends (and the cut node's silence) come in through the polls.
+        stopper = threading.Thread(target=stop_run, args=(sup.run_id, [r.transport for r in runs], grace,
+                                                          sup.container_runtime, sup.stop_signal if save else None,
+                                                          sup.run_dir), daemon=True, name="fsdpctl-stop")
+        stopper.start()
+        self.stoppers.append((stopper, time.monotonic() + grace + STOP_SECONDS))
 
     def close(self) -> None:
         for stream in self.side_streams:
@@ -314,6 +346,8 @@ class TailFeed:
                 stream.close()
             except (HostError, OSError):
                 pass
+        for stopper, until in self.stoppers:  # a reachable node's stop ends well within this
+            stopper.join(max(0.0, until - time.monotonic()))
 
 
 def _after_mark(stream: Stream) -> Iterator[bytes]:

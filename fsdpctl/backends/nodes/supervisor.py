@@ -56,6 +56,7 @@ class Supervisor:
 
     def __init__(self, plan: LaunchPlan, runs: list[NodeRun], log_dir: Path, sink: LineSink, feed: Feed,
                  grace: float = GRACE_SECONDS, write_local: bool = True, stop_on_interrupt: bool = True,
+                 fail_fast: bool = True,
                  mask: Callable[[str], str] | None = None, watch: HangWatch | None = None, signals: bool = False,
                  leave: threading.Event | None = None, collector: Collector | None = None,
                  timeline: Timeline | None = None, save_timeline: Callable[[Timeline], None] | None = None,
@@ -73,6 +74,7 @@ class Supervisor:
         self.mask = mask  # the run's secrets, masked in every line shown or kept (None: there are none)
         self.write_local = write_local  # False for a second follower: the launching process writes them
         self.stop_on_interrupt = stop_on_interrupt  # a signal to `logs -f` ends the following, not the run
+        self.fail_fast = fail_fast  # False: `logs -f` of a launcher's run, whose own link may be at fault
         self.lines: queue.Queue = queue.Queue()
         self.room = threading.Semaphore(ROOM_CHUNKS)
         self.last_data = time.monotonic()
@@ -375,7 +377,7 @@ class Supervisor:
 
     def _stop_others(self, hurry: bool) -> None:
         self.store_wait = None
-        others = [r for r in self.runs if r.state == NodeState.RUNNING]
+        others = [r for r in self.runs if r.state == NodeState.RUNNING] if self.fail_fast else []
         for other in others:
             other.stopped = True
         if others:
