@@ -2,8 +2,11 @@
 leaves on this machine (``detached.spawn_follower``). It follows the run to its end as its collector
 (the logs, the nodes' metrics and GPU samples brought here, how each node stands said every second,
 the exports), acts on a hang as anyone following an ownerless run does, records how the run ended,
-and leaves. The run does not depend on it: killed, it only stops the copies here (a viewer then says
-the data stops). What it saw happen goes to ``live/follower.log``.
+and leaves. While the run's restarts last it starts the next attempt after a failure as a launcher
+that follows its run does: on healthy hosts, a spare in a lost node's place, an elastic run shrunk or
+grown back (each attempt detached too). The run does not depend on it: killed, it only stops the
+copies here (a viewer then says the data stops) and the restarts. What it saw happen goes to
+``live/follower.log``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,17 @@ class FollowerLog:
         self.path = path
 
     def __call__(self, event: Any) -> None:
-        from .events import Notice, RunEnded
+        from .events import AttemptStarting, Notice, PreflightStarted, RunEnded, RunStarted
 
         if isinstance(event, Notice):
             self.write(event.text)
+        elif isinstance(event, AttemptStarting):
+            where = f" from step {event.from_step}" if event.from_step is not None else ""
+            self.write(f"attempt {event.attempt} of {event.last_attempt}{where} after {event.after}")
+        elif isinstance(event, PreflightStarted):
+            self.write(f"{'re-check: ' if event.recheck else ''}preflight of {event.nodes} node(s)")
+        elif isinstance(event, RunStarted):
+            self.write(f"run {event.run_id} attempt {event.attempt} {event.how}")
         elif isinstance(event, RunEnded):
             self.write(f"run {event.run_id} {event.outcome.state} (exit {event.outcome.exit_code})")
 
@@ -42,10 +52,11 @@ class FollowerLog:
 def follow_in_background(root: Path) -> int:
     """Follow the run in ``root`` to its end as its collector; the exit status of this process."""
     from ..backends import backend_for_run
-    from ..live.layout import live_dir
+    from ..live.layout import live_dir, owner_lock
     from ..rundir.rundir import load_run
     from .events import Emitter
     from .following import follow_from_outside
+    from .restarting import follow_with_restarts
 
     run = load_run(root)
     log = FollowerLog(live_dir(root) / LOG)
@@ -55,12 +66,23 @@ def follow_in_background(root: Path) -> int:
     try:
         if notifier is not None:
             notifier.attempt_started(run, "detached; followed in the background")
-        follow_from_outside(backend, run, notifier or emit, signals=False, collect=True)
+        if restarts_here(backend, run):
+            with owner_lock(run.root):  # the run's owner now: viewers follow its next attempts, and leave it be
+                follow_with_restarts(backend, run, backend.attach(run, collect=True), notifier or emit,
+                                     signals=False, detached=True)
+        else:
+            follow_from_outside(backend, run, notifier or emit, signals=False, collect=True)
     finally:
         backend.close()
         if notifier is not None:
             notifier.close()
     return 0
+
+
+def restarts_here(backend, run) -> bool:
+    """This follower starts the run again after a failure: it may restart (``max_restarts``) or
+    change size (``elastic``), and no scheduler does that in its place (Slurm requeues its job)."""
+    return not backend.queued and bool(run.plan.max_restarts or run.plan.elastic is not None)
 
 
 def _notifier(run, log: FollowerLog):

@@ -71,11 +71,13 @@ def make_environment(backend: Backend, plan: LaunchPlan, emit: Emitter) -> None:
 
 def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emitter, *,
                   open_run: Callable[[], RunDir], detached: bool, preflight: bool = True,
-                  recheck: bool = False, checked: Optional[Preflight] = None) -> Optional[tuple[RunDir, Follower]]:
+                  recheck: bool = False, checked: Optional[Preflight] = None,
+                  spawn: bool = True) -> Optional[tuple[RunDir, Follower]]:
     """Check the nodes (unless ``preflight`` is off, or ``checked`` is what a check of this plan
     found), make the run directory ready (``open_run``: a new run's, or the next attempt's), start
     the attempt and say so; the run and its owner's follower (a detached attempt gets a follower
-    process of its own, ``background``). None when a re-check failed: nothing was started."""
+    process of its own, ``background``, unless ``spawn`` is off: that process starts it). None when
+    a re-check failed: nothing was started."""
     if checked is None and preflight:
         checked = check(backend, plan, payload, emit, recheck=recheck)
     elif checked is None and plan.environment is not None:
@@ -94,7 +96,7 @@ def start_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Em
     timed = forget(run.plan.run_id, run.plan.attempt)
     if timed is not None:  # the launcher's part; whoever collects the run adds what the nodes' lines show
         run.add_timeline(timed, run.plan.attempt)
-    if detached:  # nobody here follows it: a process of its own collects it and records its end
+    if detached and spawn:  # nobody here follows it: a process of its own collects it and records its end
         from .detached import spawn_follower
 
         spawn_follower(run)
@@ -147,7 +149,33 @@ def _told(on_hang: Callable[[float], HangVerdict], run_id: str, emit: Emitter) -
 def follow_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals: bool,
                         leave: Optional[threading.Event] = None, collect: bool = False) -> Outcome:
     """Follow a run this process did not start: a detached or scheduled run has no owner, so whoever
-    follows it acts on a hang; someone else's foreground run is only reported on. ``collect``: be the
-    run's collector unless another process is (a detached run's follower, ``Run.wait``)."""
+    follows it acts on a hang; someone else's foreground run, or a detached one its follower restarts
+    (``owned_elsewhere``), is only reported on. ``collect``: be the run's collector unless another
+    process is (a detached run's follower, ``Run.wait``)."""
+    from ..live.layout import owned_elsewhere
+
     return follow(backend, run, backend.attach(run, collect=collect), emit, signals=signals,
-                  act=run.record.detached, leave=leave)
+                  act=run.record.detached and not owned_elsewhere(run.root), leave=leave)
+
+
+def follow_attempts_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals: bool,
+                                 leave: threading.Event, collect: bool = False) -> tuple[RunDir, Outcome]:
+    """``follow_from_outside``, on through the next attempts that a detached run's follower starts
+    while it owns the run (``owner_lock``): the run as it now is and how it ended (its owner's
+    record, once it has one)."""
+
+    from ..live.layout import owned_elsewhere
+    from ..rundir.rundir import load_run
+
+    while True:
+        outcome = follow_from_outside(backend, run, emit, signals=signals, leave=leave, collect=collect)
+        if outcome.left or outcome.interrupted_by is not None or not owned_elsewhere(run.root):
+            return run, outcome
+        attempt = run.plan.attempt
+        now = load_run(run.root)
+        while now.plan.attempt == attempt and owned_elsewhere(run.root) and not leave.wait(0.5):
+            now = load_run(run.root)
+        if now.plan.attempt == attempt:  # the owner let the run end here (or this one stopped waiting)
+            return now, now.record.outcome() if now.record.state.is_over else outcome
+        emit.notice(f"run {run.run_id}: attempt {now.plan.attempt}, started by the run's follower in the background")
+        run = now

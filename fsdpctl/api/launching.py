@@ -57,7 +57,8 @@ def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
     nothing starts), then one torchrun per node. ``detach=False`` follows the run to its end as the
     CLI does (failing fast, restarting up to ``max_restarts`` times, fetching ``fetch`` paths back)
     and returns the Run once it has ended; ``detach=True`` returns at once and the run outlives this
-    process. Lines and progress reach ``on_event``.
+    process (a follower in the background restarts it, shrinks it or grows it back as the launcher
+    would). Lines and progress reach ``on_event``.
 
     ``code``: the folder copied for your program (default: the current one); ``env``: variables for
     every rank (a mapping, or ``NAME=VALUE`` strings); ``secrets``: names of variables whose values
@@ -71,9 +72,6 @@ def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
     opts = resolve_options(options, command, {
         "code": code, "env": env, "secrets": secrets, "requirements": requirements, "job": job,
         "nproc_per_node": nproc_per_node, "hang_timeout": hang_timeout, "max_restarts": max_restarts, **values})
-    if opts.max_restarts and detach:
-        raise UsageError("--max-restarts: restarts are made by the launcher that follows the run",
-                         "drop --detach (or --max-restarts)")
     if fetch and detach:
         raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
     began = wall_clock()
@@ -84,12 +82,6 @@ def launch(profile: Optional[ProfileLike] = None, command: Optional[Command] = N
     if fetch and detach:
         raise UsageError("--fetch: a detached launch does not wait for the end", "fetch later: fsdpctl fetch RUN PATH")
     emit = Emitter(on_event)
-    if detach and prepared.plan.max_restarts:
-        emit.notice(f"note: the profile's max_restarts ({prepared.plan.max_restarts}) does not apply to a detached "
-                    f"run: restarts are made by the launcher that follows it", "warning")
-    if detach and prepared.plan.elastic is not None:
-        emit.notice("note: elastic (min_nodes) does not apply to a detached run: the launcher that follows a run "
-                    "shrinks and grows it", "warning")
     return start_prepared(prepared, emit, preflight=preflight, detach=detach, fetch=fetch, signals=handle_signals)
 
 

@@ -30,11 +30,12 @@ if TYPE_CHECKING:
     from .attempts import NextAttempt
 
 
-def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, emit: Emitter
-                           ) -> Optional[tuple[RunDir, Follower]]:
+def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, emit: Emitter, *,
+                           detached: bool = False) -> Optional[tuple[RunDir, Follower]]:
     """Re-check and start ``attempt`` of the failed ``run``: on a backend that ``takes_spares``, with
     each node to blame (and each host that fails the re-check) replaced by a spare. None when it
-    cannot start (said as a notice): a re-check failed and no spare was left to replace the host."""
+    cannot start (said as a notice): a re-check failed and no spare was left to replace the host.
+    ``detached``: the attempt outlives this process as the run's first did (its follower starts it)."""
     from ..hostpool.blame import nodes_to_blame, unfit_hosts
     from ..hostpool.choice import choose_hosts
     from ..hostpool.placing import excluded_hosts
@@ -47,7 +48,8 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
 
     number = attempt.plan.attempt
     if not backend.takes_spares:
-        started = start_attempt(backend, attempt.plan, attempt.payload(), emit, detached=False, recheck=True,
+        started = start_attempt(backend, attempt.plan, attempt.payload(), emit, detached=detached, spawn=False,
+                                recheck=True,
                                 open_run=functools.partial(begin_attempt, run, attempt.plan, attempt.scripts,
                                                            attempt.from_step))
         if started is None:
@@ -109,7 +111,7 @@ def start_on_healthy_hosts(backend: Backend, run: RunDir, attempt: NextAttempt, 
     if resize is not None:
         emit.notice(f"run {run.run_id} goes on: attempt {number} {resize.describe()} (elastic, min_nodes "
                     f"{min_nodes_in(elastic)})", "warning")
-    return start_attempt(backend, plan, payload, emit, detached=False, checked=checked,
+    return start_attempt(backend, plan, payload, emit, detached=detached, spawn=False, checked=checked,
                          open_run=lambda: _begun(begin_attempt(run, plan, scripts, attempt.from_step), replacements,
                                                  resize))
 
@@ -145,10 +147,11 @@ def run_attempt(backend: Backend, plan: LaunchPlan, payload: Payload, emit: Emit
 
 
 def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,
-                         fetch: tuple[str, ...] = ()) -> tuple[RunDir, Outcome]:
+                         fetch: tuple[str, ...] = (), detached: bool = False) -> tuple[RunDir, Outcome]:
     """Follow a foreground run this process started to its end; after a failure, re-check the nodes
-    and start the next attempt while the run's restarts last; then fetch. The run as it now is (its
-    last attempt) and how it ended."""
+    and start the next attempt while the run's restarts last (shrinking or growing an elastic run);
+    then fetch. The run as it now is (its last attempt) and how it ended. ``detached``: this is a
+    detached run's follower (``background``), and each attempt it starts is detached too."""
     from .attempts import plan_restart
     from .growing import GrowWatch, short_of_nodes
 
@@ -175,7 +178,7 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
                 emit.notice(after, "warning")
             break
         emit(AttemptStarting(plan.run_id, attempt.plan.attempt, last_attempt, attempt.from_step, after or ""))
-        started = start_on_healthy_hosts(backend, run, attempt, emit)
+        started = start_on_healthy_hosts(backend, run, attempt, emit, detached=detached)
         if started is None:
             break
         run, follower = started

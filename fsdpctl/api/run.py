@@ -228,7 +228,7 @@ class Run:
         ``timeout`` seconds (the run goes on). ``handle_signals``: take SIGINT/SIGTERM/SIGHUP over
         while waiting (as the CLI does); otherwise a KeyboardInterrupt stops waiting, not the run."""
         from .events import Emitter
-        from .following import follow_from_outside
+        from .following import follow_attempts_from_outside
 
         record = self._dir.record
         if record.state.is_over:
@@ -239,9 +239,9 @@ class Run:
             timer.daemon = True
             timer.start()
         try:
-            # Waiting follows the run: it collects it too, unless another process does (its follower).
-            outcome = follow_from_outside(self.backend, self._dir, Emitter(on_event), signals=handle_signals,
-                                          leave=leave, collect=True)
+            # Waiting follows the run (its next attempts too): it collects it, unless another process does.
+            self._dir, outcome = follow_attempts_from_outside(self.backend, self._dir, Emitter(on_event),
+                                                              signals=handle_signals, leave=leave, collect=True)
         finally:
             if timer is not None:
                 timer.cancel()

@@ -22,11 +22,13 @@ def launch(
     node_timeout: Optional[int] = typer.Option(None, "--node-timeout", min=3, help="Seconds the launcher and a "
                                                "node may hear nothing from each other before the node is lost and "
                                                "stops its own ranks (default: the profile's node_timeout, 30). A "
-                                               "--detach run outlives its launcher and is not bound by it."),
+                                               "--detach run outlives its launcher; its follower in the "
+                                               "background takes a node silent this long as lost."),
     max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, max=100, help="When a rank or node "
                                                "fails (or the run hangs), tear down, re-check the nodes and start "
                                                "again from the newest complete checkpoint, up to N times (default: "
-                                               "the profile's max_restarts, 0). Not with --detach."),
+                                               "the profile's max_restarts, 0). A --detach run's follower in the "
+                                               "background restarts it."),
     exclude: Optional[list[str]] = typer.Option(None, "--exclude", autocompletion=host_completion,
                                                 help="Leave this host of the profile out of "
                                                 "this launch; a spare takes its place. HOST:3 leaves out one GPU "

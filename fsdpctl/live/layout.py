@@ -6,7 +6,8 @@ files where the nodes write them: ``metrics.jsonl``, ``summary.json``, ``gpu/nod
 other run's collector keeps a copy of each node's under ``live/node<R>/`` with the same relative
 names. Beside them: ``live/follower.json``, what the collecting follower last said (when, how each
 node stood), ``live/collect.json``, how far each copy goes, and ``live/collector.lock``, held by the
-one process collecting (a viewer that can take it knows nobody is).
+one process collecting (a viewer that can take it knows nobody is). ``live/owner.lock`` is held by a
+detached run's follower while it restarts the run: its owner, as a launcher is a foreground run's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SUMMARY = "summary.json"
 FOLLOWER = "follower.json"
 STATE = "collect.json"
 LOCK = "collector.lock"
+OWNER_LOCK = "owner.lock"
 
 
 def gpu_samples_name(node_rank: int) -> str:
@@ -183,4 +185,37 @@ def collector_alive(root: Path) -> Optional[bool]:
         return True
     finally:
         os.close(fd)  # closing lets a shared lock go
+    return False
+
+
+@contextlib.contextmanager
+def owner_lock(root: Path) -> Iterator[None]:
+    """Held, this process's pid inside, while it owns a detached run (its follower restarting it):
+    whoever else follows the run neither acts on it nor records its end, and follows its next
+    attempts. The kernel lets it go when the process dies."""
+    folder = live_dir(root)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def owned_elsewhere(root: Path) -> bool:
+    """Another process (a detached run's follower) owns the run now (``owner_lock``)."""
+    try:
+        fd = os.open(live_dir(root) / OWNER_LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip()
+        return holder != str(os.getpid())
+    finally:
+        os.close(fd)
     return False

@@ -348,7 +348,8 @@ class ClusterProfile:
     node_timeout: int = 30
     """Seconds a foreground run's launcher and each node may hear nothing from each other: the
     launcher then declares the node lost and stops the others, and the node stops its own ranks (a
-    killed launcher or a cut link leaves nothing running). Detached runs are not bound by it."""
+    killed launcher or a cut link leaves nothing running). A detached run's nodes are not bound by it;
+    the follower it leaves takes a node it has not heard from for this long (20 s at least) as lost."""
     hang_timeout: Optional[int] = None
     """Seconds without progress (no new line from any rank; for the bundled workload, no new
     ``step=`` line once it printed one) after which the run counts as hung: every rank's stack and

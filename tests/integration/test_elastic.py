@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,6 @@ def shared_state(home, monkeypatch):
 
 
 def new_run(home: Path, before: set[str]) -> Path:
-    import time
-
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         found = {p.parent for p in (home / "runs").glob("*/run.json")} - {home / "runs" / b for b in before}
@@ -189,4 +188,58 @@ def test_your_own_script_that_follows_the_recipe_restarts_whole_after_its_error_
     worst = max(abs(losses[s] - straight[s]) / straight[s] for s in losses)
     print(f"final loss {losses[30]:.6f} vs uninterrupted {straight[30]:.6f}; worst step {100 * worst:.3f} %")
     assert worst < 0.005
+    assert not processes_of(run_dir.name)
+
+
+def record_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def wait_for_record(run_dir: Path, check, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = record_of(run_dir)
+        if check(record):
+            return record
+        time.sleep(0.5)
+    follower = run_dir / "live" / "follower.log"
+    raise AssertionError(f"run.json never got there: {record_of(run_dir)}\n--- follower.log ---\n"
+                         f"{follower.read_text() if follower.exists() else '(none)'}")
+
+
+def test_a_detached_run_is_shrunk_by_its_follower_after_a_lost_node_as_the_launcher_would(lab, home):
+    """The launcher returns at once; the follower it leaves behind sees n4 lost, re-checks the other
+    two and starts attempt 2 on them, detached too."""
+    n1, n2, n4 = (lab.hosts[n].address for n in ("n1", "n2", "n4"))
+    profile = elastic_profile(lab, home)
+    run(lab, home, "hosts", "-p", str(profile), "--restore", n4)  # the last test left it excluded
+    started = run(lab, home, "launch", "-p", str(profile), "--detach", "--node-timeout", NODE_TIMEOUT, *SCRIPT)
+    assert started.returncode == 0, started.stderr[-3000:]
+    assert "does not apply to a detached run" not in started.stderr
+    run_dir = home / "runs" / started.stdout.strip()
+    wait_for_line(run_dir / "logs" / "merged.log", r"\] step=16 loss=")
+    viewer = start(lab, home, "logs", "-f", run_dir.name)  # follows the attempts the follower starts, acts on none
+    with Cut(lab, "n4", "eth1"):  # until attempt 2 runs: n4 back sooner would be no loss at all
+        wait_for_record(run_dir, lambda r: r["attempt"] == 2 and r["state"] == "running", timeout=150)
+    record = wait_for_record(run_dir, lambda r: r["state"] not in ("running", "starting"), timeout=150)
+    said = (run_dir / "live" / "follower.log").read_text()
+    print(f"\n--- follower.log ---\n{said}")
+    code, out, err = viewer.finish(timeout=60)
+    assert code == 0, err[-3000:]
+    assert f"run {run_dir.name}: attempt 2, started by the run's follower in the background" in err, err[-3000:]
+    assert "] step=30 loss=" in out + err
+    assert record["state"] == "succeeded" and record["detached"] and record["attempt"] == 2, record
+    assert [n["host"] for n in record["nodes"]] == [n1, n2] and record["num_nodes"] == 2
+    assert record["attempts"][0]["restart"]["cause"] == "lost", record["attempts"][0]
+    assert f"goes on: attempt 2 runs on 2 of 3 nodes: {n4} out (lost: " in said, said
+    assert "attempt 2 of 3" in said and "re-check: preflight of 2 node(s)" in said
+    assert said.rstrip().endswith("succeeded (exit 0)")
+    merged = (run_dir / "logs" / "merged.log").read_text()
+    assert re.search(r"world 2 of 3 \(node count changed 1 times\): 8 x 3 samples per rank, from step_00000[12]0",
+                     merged), merged[:2000]
+    assert max(script_losses(merged)) == 30
+    # n4's ranks, cut off from a run that went on without them, end once their peers are gone
+    wait = time.monotonic() + 120
+    while processes_of(run_dir.name) and time.monotonic() < wait:
+        time.sleep(1)
     assert not processes_of(run_dir.name)

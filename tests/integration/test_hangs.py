@@ -124,8 +124,8 @@ def test_a_segfaulting_rank_shows_its_python_stack_and_rank(lab, tmp_path):
 def test_logs_follow_of_a_detached_run_reports_and_ends_a_hang_the_same_way(lab, tmp_path):
     project = write_project(tmp_path / "project")
     started = run(lab, tmp_path, "launch", "-p", str(hang_profile(lab, tmp_path, sys.executable)), "--detach",
-                  "--hang-timeout", "10", "--code", str(project), "--env", "STEPS=1000", "--env", "HANG_RANK=1",
-                  "--", "train.py")
+                  "--hang-timeout", str(HANG_TIMEOUT), "--code", str(project), "--env", "STEPS=1000", "--env",
+                  "HANG_RANK=1", "--", "train.py")
     assert started.returncode == 0, started.stderr[-2000:]
     run_id = started.stdout.strip()
     followed = run(lab, tmp_path, "logs", "-f", run_id, timeout=120)

@@ -112,6 +112,9 @@ def test_a_detached_run_outlives_its_launcher_and_stop_still_ends_it(lab, tmp_pa
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-2000:]
         run_id = result.stdout.strip()
+        up = time.monotonic() + 90  # its ranks started (a loaded machine takes a while)
+        while len(processes_of(run_id)) < 4 and time.monotonic() < up:
+            time.sleep(0.5)
         time.sleep(3 + 5)  # past the node timeout: a detached run is not bound by it
         assert len(processes_of(run_id)) >= 4, "the detached run did not outlive its launcher"
         received(out, 2, timeout=120)  # started, and its first step (a loaded machine takes a while to step)

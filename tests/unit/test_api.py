@@ -26,7 +26,7 @@ def test_the_public_names_are_the_apis_and_all_resolve():
     (lambda: fsdpctl.launch("local", steps="many"), fsdpctl.UsageError, "--steps"),
     (lambda: fsdpctl.launch("local", learning_rat=1e-3), fsdpctl.UsageError, "--learning-rat: unknown setting"),
     (lambda: fsdpctl.launch("local", hang_timeout=3), fsdpctl.UsageError, "--hang-timeout 3: too short"),
-    (lambda: fsdpctl.launch("local", detach=True, max_restarts=1), fsdpctl.UsageError, "--max-restarts"),
+    (lambda: fsdpctl.launch("local", detach=True, fetch=["outputs"]), fsdpctl.UsageError, "--fetch"),
     (lambda: fsdpctl.launch("local", ["train.py"], steps=3), fsdpctl.UsageError, "a setting of the bundled workload"),
     (lambda: fsdpctl.launch("local", nodes=2), fsdpctl.UsageError, "settings of a scheduler, and local takes none"),
     (lambda: fsdpctl.launch("local", options=fsdpctl.JobOptions(), steps=3), fsdpctl.UsageError, "both given"),

@@ -95,8 +95,8 @@ def test_hang_options_are_checked_and_land_in_the_plan():
 
 def test_resume_and_restart_flags_are_refused_where_they_cannot_apply(tmp_path):
     env = {"FSDPCTL_RUNS_DIR": str(tmp_path)}
-    detached = run_cli("launch", "-p", "local", "--detach", "--max-restarts", "1", env=env)
-    assert detached.returncode == 2 and "--max-restarts: restarts are made by the launcher" in detached.stderr
+    fetched = run_cli("launch", "-p", "local", "--detach", "--fetch", "outputs", env=env)
+    assert fetched.returncode == 2 and "--fetch: a detached launch does not wait for the end" in fetched.stderr
     changed = run_cli("launch", "--resume", "local-20261121-120000-abcd", "--fsdp", "1", env=env)
     assert changed.returncode == 2 and "--fsdp: --resume continues the run with its own plan" in changed.stderr
     command = run_cli("launch", "--resume", "local-20261121-120000-abcd", "--", "train.py", env=env)
@@ -105,7 +105,7 @@ def test_resume_and_restart_flags_are_refused_where_they_cannot_apply(tmp_path):
     assert unknown.returncode == 2 and "error: run nosuchrun: not found" in unknown.stderr
     plan = json.loads(run_cli("launch", "-p", "local", "--dry-run", "--json", "--max-restarts", "3").stdout)["plan"]
     assert plan["max_restarts"] == 3 and plan["attempt"] == 1 and plan["env"]["FSDPCTL_ATTEMPT"] == "1"
-    for result in (detached, changed, command, unknown):
+    for result in (fetched, changed, command, unknown):
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 2
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 from ...live.collector import Collector, listen, with_export_notes
 from ...live.exports import LiveExports
-from ...live.layout import collector_lock
+from ...live.layout import collector_lock, owned_elsewhere
 from ...node.mask import Masker
 from ...plan.types import NodeSpec
 from ...rundir.record import epoch, now
@@ -75,9 +75,13 @@ class NodesFollower:
         watched = owner and all(r.session is not None for r in self.started)
         node_runs = self.started if watched else recorded_node_runs(run, self.connect)
         # A collecting follower goes on from where the copies here end (an earlier one may have begun them).
+        # Who acts for the run (its owner; anyone for a detached run nobody owns) finds a silent node lost
+        # and ends the others when one fails, as a launcher does; anyone else only reports.
+        acting = owner or (run.record.detached and not owned_elsewhere(run.root))
         feed = AgentFeed(plan.node_timeout) if watched else TailFeed(
             self._side_command(collector),
-            (lambda node: _size(run.paths.logs / f"node{node.rank}.log")) if collector is not None else None)
+            (lambda node: _size(run.paths.logs / f"node{node.rank}.log")) if collector is not None else None,
+            node_timeout=float(plan.node_timeout) if acting else None)
         # The values are in this environment (they were read from it at launch; a follower in another
         # shell may have them too); the nodes mask their logs themselves as well.
         masker = Masker([os.environ.get(name, "") for name in plan.secrets])
@@ -88,7 +92,8 @@ class NodesFollower:
         self.fetch, self.node_runs = fetch, node_runs
         result = Supervisor(plan, node_runs, run.paths.logs, sink, feed, grace=plan.stop_grace,
                             write_local=owner or collector is not None,
-                            stop_on_interrupt=owner, mask=masker.text if masker else None, watch=watch, signals=signals,
+                            stop_on_interrupt=owner, fail_fast=acting, mask=masker.text if masker else None,
+                            watch=watch, signals=signals,
                             leave=None if owner else leave, collector=collector,
                             on_end=fetch.node_ended if fetch is not None else None,
                             **self._timeline(collector)).run()
@@ -162,10 +167,12 @@ class NodesFollower:
             failure = in_shutdown(failure, plan.run_dir, plan.attempt, read)
         state, record = result.settled.state, run.record
         exit_code = result.exit_code
+        # a detached run nobody owns is settled by whoever follows it; one its follower restarts, by that follower
+        ownerless = record.detached and not owned_elsewhere(run.root)
         if record.stopped_at and state in (RunState.SUCCEEDED, RunState.FAILED, RunState.UNKNOWN):
             # `fsdpctl stop` asked for it: its ranks saved and left (0), or were killed; not a success
             state, exit_code = RunState.STOPPED, exit_code or 128 + getattr(signal, f"SIG{plan.stop_signal}")
-        if result.hung and not owner and not record.detached:
+        if result.hung and not owner and not ownerless:
             # The launcher that owns it does the same; this follower only reports.
             return Outcome(exit_code=result.exit_code, state=RunState.FAILED, first_failure=failure)
         lost = any(r.state == NodeState.LOST or r.streaming for r in node_runs)  # a stream cut short
@@ -177,7 +184,7 @@ class NodesFollower:
             if lost:  # what a cut stream's node logged since, if it answers now (a lost node is not asked)
                 notes = complete_logs(run, self.connect,
                                       frozenset(r.rank for r in node_runs if r.state == NodeState.LOST))
-        elif record.detached and run.record.state is RunState.RUNNING:
+        elif ownerless and run.record.state is RunState.RUNNING:
             # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
             # records how it ended; its collector's copies of the logs are whole when no stream was cut.
             whole = {"logs_complete": not lost} if self.collecting else {}
