@@ -52,7 +52,7 @@ class FollowerLog:
 def follow_in_background(root: Path) -> int:
     """Follow the run in ``root`` to its end as its collector; the exit status of this process."""
     from ..backends import backend_for_run
-    from ..live.layout import live_dir, owner_lock
+    from ..live.layout import live_dir
     from ..rundir.rundir import load_run
     from .events import Emitter
     from .following import follow_from_outside
@@ -66,10 +66,9 @@ def follow_in_background(root: Path) -> int:
     try:
         if notifier is not None:
             notifier.attempt_started(run, "detached; followed in the background")
-        if restarts_here(backend, run):
-            with owner_lock(run.root):  # the run's owner now: viewers follow its next attempts, and leave it be
-                follow_with_restarts(backend, run, backend.attach(run, collect=True), notifier or emit,
-                                     signals=False, detached=True)
+        if restarts_here(backend, run):  # the run's owner now (owner_lock): viewers follow it and leave it be
+            follow_with_restarts(backend, run, backend.attach(run, collect=True), notifier or emit, signals=False,
+                                 detached=True)
         else:
             follow_from_outside(backend, run, notifier or emit, signals=False, collect=True)
     finally:

@@ -158,24 +158,80 @@ def follow_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals
                   act=run.record.detached and not owned_elsewhere(run.root), leave=leave)
 
 
+OWNER_AHEAD_SECONDS = 5.0
+"""How long run.json may say an attempt ended (or the next began) while a viewer still follows it:
+the viewer then leaves it (its own link to a cut node would hold it for minutes)."""
+
+
 def follow_attempts_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals: bool,
                                  leave: threading.Event, collect: bool = False) -> tuple[RunDir, Outcome]:
-    """``follow_from_outside``, on through the next attempts that a detached run's follower starts
-    while it owns the run (``owner_lock``): the run as it now is and how it ended (its owner's
-    record, once it has one)."""
-
+    """``follow_from_outside``, on through the next attempts that the run's owner (its launcher, or a
+    detached run's follower) starts while it holds ``owner_lock``: the run as it now is and how it
+    ended (its owner's record, once it has one)."""
     from ..live.layout import owned_elsewhere
     from ..rundir.rundir import load_run
 
     while True:
-        outcome = follow_from_outside(backend, run, emit, signals=signals, leave=leave, collect=collect)
-        if outcome.left or outcome.interrupted_by is not None or not owned_elsewhere(run.root):
+        attempt, done, gone = run.plan.attempt, threading.Event(), threading.Event()
+        detached = run.record.detached  # (the next attempt's record says so only once it has started)
+        watcher = threading.Thread(target=_watch_record, args=(run, attempt, leave, done, gone), daemon=True,
+                                   name="fsdpctl-attempt-watch")
+        watcher.start()
+        try:
+            outcome = follow_from_outside(backend, run, Emitter(_AttemptView(emit, gone, leave)), signals=signals,
+                                          leave=gone, collect=collect)
+        finally:
+            done.set()
+        if leave.is_set() or outcome.interrupted_by is not None:
             return run, outcome
-        attempt = run.plan.attempt
         now = load_run(run.root)
         while now.plan.attempt == attempt and owned_elsewhere(run.root) and not leave.wait(0.5):
             now = load_run(run.root)
-        if now.plan.attempt == attempt:  # the owner let the run end here (or this one stopped waiting)
-            return now, now.record.outcome() if now.record.state.is_over else outcome
-        emit.notice(f"run {run.run_id}: attempt {now.plan.attempt}, started by the run's follower in the background")
+        if now.plan.attempt == attempt:  # the run ended here (or this one stopped waiting)
+            if not now.record.state.is_over:
+                return now, outcome
+            if outcome.left and not leave.is_set():  # its end, as the process that recorded it saw it
+                emit(RunEnded(run.run_id, now.record.outcome(), str(run.root)))
+            return now, now.record.outcome()
+        by = "the run's follower in the background" if detached else "its launcher"
+        emit.notice(f"run {run.run_id}: attempt {now.plan.attempt}, started by {by}")
         run = now
+
+
+def _watch_record(run: RunDir, attempt: int, leave: threading.Event, done: threading.Event,
+                  gone: threading.Event) -> None:
+    """Set ``gone`` once ``leave`` is, or once run.json has said for ``OWNER_AHEAD_SECONDS`` that
+    ``attempt`` is over (another process recorded its end, or began the next)."""
+    import time
+
+    since = None
+    while not done.wait(0.5):
+        if leave.is_set():
+            break
+        record = run.record
+        if record.attempt == attempt and not record.state.is_over:
+            since = None
+            continue
+        since = since if since is not None else time.monotonic()
+        if time.monotonic() - since >= OWNER_AHEAD_SECONDS:
+            break
+    gone.set()
+
+
+class _AttemptView:
+    """The events of following one attempt, without the "stopped following" of a viewer that left an
+    attempt whose end another process recorded (it follows on, or says that end instead)."""
+
+    def __init__(self, emit: Emitter, gone: threading.Event, leave: threading.Event):
+        self.emit, self.gone, self.leave = emit, gone, leave
+
+    def __call__(self, event) -> None:
+        ahead = self.gone.is_set() and not self.leave.is_set()  # left for the record's word, not by choice
+        if not (isinstance(event, RunEnded) and event.outcome.left and ahead):
+            self.emit(event)
+
+    def lines(self, batch) -> None:
+        self.emit.lines(batch)
+
+    def flush(self) -> None:
+        self.emit.flush()

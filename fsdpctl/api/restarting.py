@@ -151,7 +151,19 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
     """Follow a foreground run this process started to its end; after a failure, re-check the nodes
     and start the next attempt while the run's restarts last (shrinking or growing an elastic run);
     then fetch. The run as it now is (its last attempt) and how it ended. ``detached``: this is a
-    detached run's follower (``background``), and each attempt it starts is detached too."""
+    detached run's follower (``background``), and each attempt it starts is detached too. While the
+    run may start again, this process owns it (``owner_lock``): viewers follow it into its next attempts."""
+    import contextlib
+
+    from ..live.layout import owner_lock
+
+    restarts = bool(run.plan.max_restarts or run.plan.elastic is not None)
+    with owner_lock(run.root) if restarts else contextlib.nullcontext():
+        return _follow_with_restarts(backend, run, follower, emit, signals=signals, fetch=fetch, detached=detached)
+
+
+def _follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,
+                          fetch: tuple[str, ...], detached: bool) -> tuple[RunDir, Outcome]:
     from .attempts import plan_restart
     from .growing import GrowWatch, short_of_nodes
 

@@ -6,8 +6,8 @@ files where the nodes write them: ``metrics.jsonl``, ``summary.json``, ``gpu/nod
 other run's collector keeps a copy of each node's under ``live/node<R>/`` with the same relative
 names. Beside them: ``live/follower.json``, what the collecting follower last said (when, how each
 node stood), ``live/collect.json``, how far each copy goes, and ``live/collector.lock``, held by the
-one process collecting (a viewer that can take it knows nobody is). ``live/owner.lock`` is held by a
-detached run's follower while it restarts the run: its owner, as a launcher is a foreground run's.
+one process collecting (a viewer that can take it knows nobody is). ``live/owner.lock`` is held by the
+process that may start the run's next attempt: its launcher, or a detached run's follower.
 """
 
 from __future__ import annotations
@@ -190,9 +190,10 @@ def collector_alive(root: Path) -> Optional[bool]:
 
 @contextlib.contextmanager
 def owner_lock(root: Path) -> Iterator[None]:
-    """Held, this process's pid inside, while it owns a detached run (its follower restarting it):
-    whoever else follows the run neither acts on it nor records its end, and follows its next
-    attempts. The kernel lets it go when the process dies."""
+    """Held, this process's pid inside, while it may start the run's next attempt (a launcher, or a
+    detached run's follower, restarting it): whoever else follows the run follows its next attempts,
+    and for a detached run neither acts on it nor records its end. The kernel lets it go when the
+    process dies."""
     folder = live_dir(root)
     folder.mkdir(mode=0o700, exist_ok=True)
     fd = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
@@ -206,7 +207,7 @@ def owner_lock(root: Path) -> Iterator[None]:
 
 
 def owned_elsewhere(root: Path) -> bool:
-    """Another process (a detached run's follower) owns the run now (``owner_lock``)."""
+    """Another process (a launcher, a detached run's follower) owns the run now (``owner_lock``)."""
     try:
         fd = os.open(live_dir(root) / OWNER_LOCK, os.O_RDONLY)
     except OSError:

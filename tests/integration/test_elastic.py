@@ -88,11 +88,15 @@ def test_a_lost_node_with_no_spare_left_and_the_run_finishes_on_the_two_left(lab
     launcher = start(lab, home, "launch", "-p", str(profile), "--node-timeout", NODE_TIMEOUT, *WORKLOAD)
     run_dir = new_run(home, before)
     wait_for_line(run_dir / "logs" / "merged.log", r"step=12 loss=")
+    viewer = start(lab, home, "logs", "-f", run_dir.name)  # from another shell: follows on into attempt 2
     with Cut(lab, "n4", "eth1"):
         code, out, err = launcher.finish(timeout=240)
     print("\n--- the launcher, on the shrink ---\n" + "\n".join(
         line for line in err.splitlines() if "attempt 2" in line or "goes on" in line or "elastic" in line))
     assert code == 0, err[-3000:]
+    seen, seen_out, seen_err = viewer.finish(timeout=90)
+    assert seen == 0 and f"run {run_dir.name}: attempt 2, started by its launcher" in seen_err, seen_err[-3000:]
+    assert "succeeded; last step 30" in seen_err
     assert f"{n4}: lost: nothing heard from it since" in err and "attempt 2 goes on without it (elastic)" in err
     assert f"goes on: attempt 2 runs on 2 of 3 nodes: {n4} out (lost: nothing heard from it since" in err, err[-3000:]
     assert "global batch 24 kept: batch 6 x accumulation 2 per rank (elastic, min_nodes 2)" in err
