@@ -81,7 +81,9 @@ def follow_in_background(root: Path) -> int:
 def restarts_here(backend, run) -> bool:
     """This follower starts the run again after a failure: it may restart (``max_restarts``) or
     change size (``elastic``), and no scheduler does that in its place (Slurm requeues its job)."""
-    return not backend.queued and bool(run.plan.max_restarts or run.plan.elastic is not None)
+    from .restarting import may_start_again
+
+    return not backend.queued and may_start_again(run.plan)
 
 
 def _notifier(run, log: FollowerLog):

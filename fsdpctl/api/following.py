@@ -152,10 +152,10 @@ def follow_from_outside(backend: Backend, run: RunDir, emit: Emitter, *, signals
     follows it acts on a hang; someone else's foreground run, or a detached one its follower restarts
     (``owned_elsewhere``), is only reported on. ``collect``: be the run's collector unless another
     process is (a detached run's follower, ``Run.wait``)."""
-    from ..live.layout import owned_elsewhere
+    from ..live.layout import ownerless
 
     return follow(backend, run, backend.attach(run, collect=collect), emit, signals=signals,
-                  act=run.record.detached and not owned_elsewhere(run.root), leave=leave)
+                  act=ownerless(run.root, run.record.detached), leave=leave)
 
 
 OWNER_AHEAD_SECONDS = 5.0
@@ -184,9 +184,9 @@ def follow_attempts_from_outside(backend: Backend, run: RunDir, emit: Emitter, *
             done.set()
         if leave.is_set() or outcome.interrupted_by is not None:
             return run, outcome
+        while run.record.attempt == attempt and owned_elsewhere(run.root) and not leave.wait(0.5):
+            pass
         now = load_run(run.root)
-        while now.plan.attempt == attempt and owned_elsewhere(run.root) and not leave.wait(0.5):
-            now = load_run(run.root)
         if now.plan.attempt == attempt:  # the run ended here (or this one stopped waiting)
             if not now.record.state.is_over:
                 return now, outcome

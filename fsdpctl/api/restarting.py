@@ -157,9 +157,14 @@ def follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit
 
     from ..live.layout import owner_lock
 
-    restarts = bool(run.plan.max_restarts or run.plan.elastic is not None)
-    with owner_lock(run.root) if restarts else contextlib.nullcontext():
+    with owner_lock(run.root) if may_start_again(run.plan) else contextlib.nullcontext():
         return _follow_with_restarts(backend, run, follower, emit, signals=signals, fetch=fetch, detached=detached)
+
+
+def may_start_again(plan: LaunchPlan) -> bool:
+    """The run may have a next attempt after a failure: restarts (``max_restarts``) or a change of
+    size (``elastic``)."""
+    return bool(plan.max_restarts or plan.elastic is not None)
 
 
 def _follow_with_restarts(backend: Backend, run: RunDir, follower: Follower, emit: Emitter, *, signals: bool,

@@ -220,3 +220,9 @@ def owned_elsewhere(root: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def ownerless(root: Path, detached: bool) -> bool:
+    """A detached run that no other process owns: whoever follows it acts for it (ends it on a hang,
+    stops its other nodes when one fails, records its end)."""
+    return detached and not owned_elsewhere(root)

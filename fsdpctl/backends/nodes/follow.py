@@ -20,7 +20,7 @@ from typing import Optional
 
 from ...live.collector import Collector, listen, with_export_notes
 from ...live.exports import LiveExports
-from ...live.layout import collector_lock, owned_elsewhere
+from ...live.layout import collector_lock, ownerless
 from ...node.mask import Masker
 from ...plan.types import NodeSpec
 from ...rundir.record import epoch, now
@@ -50,6 +50,8 @@ class NodesFollower:
         self.collect = collect or self.owner
         self.fetch: Optional[EndFetch] = None  # the owner's copies of the nodes' files, begun as each ended
         self.node_runs: list[NodeRun] = []
+        self.acting = self.owner
+        """It acts for the run: its owner, or any follower of a detached run nobody owns (``_follow``)."""
         self.collecting = False
         """This follower is the run's collector (its owner always is; a detached run's follower too):
         it keeps the logs here and the copies of the nodes' side files, unless another process
@@ -77,7 +79,7 @@ class NodesFollower:
         # A collecting follower goes on from where the copies here end (an earlier one may have begun them).
         # Who acts for the run (its owner; anyone for a detached run nobody owns) finds a silent node lost
         # and ends the others when one fails, as a launcher does; anyone else only reports.
-        acting = owner or (run.record.detached and not owned_elsewhere(run.root))
+        acting = self.acting = owner or ownerless(run.root, run.record.detached)
         feed = AgentFeed(plan.node_timeout) if watched else TailFeed(
             self._side_command(collector),
             (lambda node: _size(run.paths.logs / f"node{node.rank}.log")) if collector is not None else None,
@@ -167,12 +169,10 @@ class NodesFollower:
             failure = in_shutdown(failure, plan.run_dir, plan.attempt, read)
         state, record = result.settled.state, run.record
         exit_code = result.exit_code
-        # a detached run nobody owns is settled by whoever follows it; one its follower restarts, by that follower
-        ownerless = record.detached and not owned_elsewhere(run.root)
         if record.stopped_at and state in (RunState.SUCCEEDED, RunState.FAILED, RunState.UNKNOWN):
             # `fsdpctl stop` asked for it: its ranks saved and left (0), or were killed; not a success
             state, exit_code = RunState.STOPPED, exit_code or 128 + getattr(signal, f"SIG{plan.stop_signal}")
-        if result.hung and not owner and not ownerless:
+        if result.hung and not self.acting:
             # The launcher that owns it does the same; this follower only reports.
             return Outcome(exit_code=result.exit_code, state=RunState.FAILED, first_failure=failure)
         lost = any(r.state == NodeState.LOST or r.streaming for r in node_runs)  # a stream cut short
@@ -184,9 +184,10 @@ class NodesFollower:
             if lost:  # what a cut stream's node logged since, if it answers now (a lost node is not asked)
                 notes = complete_logs(run, self.connect,
                                       frozenset(r.rank for r in node_runs if r.state == NodeState.LOST))
-        elif ownerless and run.record.state is RunState.RUNNING:
-            # Only a follower of a detached run that nobody else has settled (stop writes "stopped")
-            # records how it ended; its collector's copies of the logs are whole when no stream was cut.
+        elif self.acting and run.record.state is RunState.RUNNING:
+            # Only a follower of a detached run that nobody owns, and nobody else has settled (stop
+            # writes "stopped"), records how it ended; its collector's copies of the logs are whole
+            # when no stream was cut.
             whole = {"logs_complete": not lost} if self.collecting else {}
             run.change(state=state, nodes=node_records(node_runs), **recorded, **whole)
         message = None
