@@ -4,12 +4,15 @@ the nodes left, and from the checkpoint where a short run grows back to its firs
   shrink: `fsdpctl launch` on N hosts with `elastic: {min_nodes: N-1}` and `--max-restarts 1`; once step
           6 is logged (the newest checkpoint being step 5's), the last host's link goes down; timed from
           the cut to the first `step=` line of attempt 2 on the N-1 hosts left
-  grow:   the same run started with the last host excluded (it starts short, on N-1 hosts); at step 3
+  grow:   the same run started with the last host excluded (it starts short, on N-1 hosts); at step 1
           the host is restored (`hosts --restore`); timed from the workload's "checkpoint step=5
-          saved" line to the first `step=` line of attempt 2 on all N hosts
+          saved" line (step 10's where its re-check outran step 5) to the first `step=` line of
+          attempt 2 on all N hosts
   baselines: the same run (the same global batch) started fresh by hand on N-1 hosts and on N hosts:
           its node scripts started in each host's namespace at once, no SSH; timed to the first `step=`
 Goals: shrink - node timeout <= 1.2 x the fresh start on N-1; grow <= 1.2 x the fresh start on N.
+Also said: how long after rank 0 printed attempt 2's first step (its metrics row's time) the launcher
+showed the line (the by-hand start shows torchrun's output at once).
 Interleaved; each is split where its time goes, from the launcher's own lines (the growth: stop -> the
 "stopped at the checkpoint" line, decide -> "attempt 2 of", check + start -> "attempt 2 started", to the
 first step). The shrink:
@@ -72,6 +75,15 @@ def main() -> None:
         grow_phases: dict[str, list[float]] = {name: [] for name in GROW_PHASES}
         cut = ["ip", "-n", lab.hosts[victim].namespace, "link", "set", "eth0"]
         victim_address = lab.hosts[victim].address
+        # How long after the rank printed its first step the launcher showed it (the step's row, on the node)
+        shown_late: dict[str, list[float]] = {"shrink": [], "grow": []}
+        clock_offset = time.time() - time.perf_counter()
+
+        def line_lag(run_dir: Path, step: int, shown: float) -> float:
+            rows = [json.loads(line) for line in (root / "work" / "runs" / run_dir.name / "metrics.jsonl")
+                    .read_text().splitlines() if line.startswith("{")]
+            printed = max(r["time"] for r in rows if r.get("kind") == "train" and r.get("step") == step)
+            return shown + clock_offset - printed
 
         def launched(state: Path, *extra: str) -> tuple[subprocess.Popen, Lines, Path]:
             before = set((root / "runs").glob("*")) if (root / "runs").exists() else set()
@@ -103,6 +115,7 @@ def main() -> None:
             for name, seconds in zip(PHASES, (failed - down, decided - failed, started - decided, first - started),
                                      strict=True):
                 phases[name].append(seconds)
+            shown_late["shrink"].append(line_lag(run_dir, 6, first))
             return first - down
 
         def grown() -> float:
@@ -112,21 +125,24 @@ def main() -> None:
                                       env={**env, "FSDPCTL_STATE_DIR": str(state)}, capture_output=True, text=True)
             if excluded.returncode:
                 raise SystemExit(f"hosts --exclude failed: {excluded.stderr}")
-            process, lines, run_dir = launched(state)
-            lines.wait_for(r"step=3 loss=")
+            process, lines, run_dir = launched(state)  # its first step logged
             restored = subprocess.run(lab.in_client([*fsdpctl, "hosts", "-p", str(profile), "--restore",
                                                      victim_address]),
                                       env={**env, "FSDPCTL_STATE_DIR": str(state)}, capture_output=True, text=True)
             if restored.returncode:
                 raise SystemExit(f"hosts --restore failed: {restored.stderr}")
-            saved = lines.wait_for(r"checkpoint step=5 saved")
-            stopped = lines.wait_for(r"stopped at the checkpoint of step 5 to grow back", saved)
-            decided = lines.wait_for(r"^fsdpctl: attempt 2 of \d+ from step 5 ", saved)
+            # the first checkpoint after the host's re-check (step 5, or 10 where the steps outran it)
+            stopped, grew_at = lines.wait_for_match(r"stopped at the checkpoint of step (\d+) to grow back")
+            step = grew_at.group(1)
+            with lines.lock:
+                saved = max(at for at, line in lines.seen if at <= stopped and f"checkpoint step={step} saved" in line)
+            decided = lines.wait_for(rf"^fsdpctl: attempt 2 of \d+ from step {step} ", saved)
             started = lines.wait_for(rf"^fsdpctl: run \S+ attempt 2 started on {args.nodes} node", saved)
-            first = lines.wait_for(r"step=6 loss=", started)
+            first = lines.wait_for(rf"step={int(step) + 1} loss=", started)
             for name, seconds in zip(GROW_PHASES, (stopped - saved, decided - stopped, started - decided,
                                                    first - started), strict=True):
                 grow_phases[name].append(seconds)
+            shown_late["grow"].append(line_lag(run_dir, int(step) + 1, first))
             if process.wait(timeout=300) != 0:
                 raise SystemExit(f"the growing run failed (exit {process.returncode})")
             return first - saved
@@ -151,11 +167,14 @@ def main() -> None:
                         "start on all of them", "node_timeout_s": NODE_TIMEOUT,
                 "shrink_beyond_node_timeout_over_fresh": shrink_ratio, "grow_over_fresh": grow_ratio,
                 "shrink_phases_median_s": where, "shrink_phases_s": phases,
-                "grow_phases_median_s": grow_where, "grow_phases_s": grow_phases})
+                "grow_phases_median_s": grow_where, "grow_phases_s": grow_phases,
+                "first_step_shown_after_its_print_s": shown_late})
         for name, seconds in where.items():
             print(f"  shrink: {name:20s} {seconds:6.2f} s")
         for name, seconds in grow_where.items():
             print(f"  grow:   {name:20s} {seconds:6.2f} s")
+        for name, lags in shown_late.items():
+            print(f"  {name}: the first step shown {statistics.median(lags[1:]):.2f} s after rank 0 printed it")
         print(f"  shrink: (recovery - node timeout) / fresh start on {len(left)} = {shrink_ratio:.2f} (goal <= 1.2)")
         print(f"  grow: checkpoint -> first step / fresh start on {args.nodes} = {grow_ratio:.2f} (goal <= 1.2)")
     finally:

@@ -56,12 +56,16 @@ class Lines:
 
     def wait_for(self, pattern: str, after: float = 0.0, timeout: float = 300) -> float:
         """When the first line at or after ``after`` matching ``pattern`` (a regular expression) came."""
+        return self.wait_for_match(pattern, after, timeout)[0]
+
+    def wait_for_match(self, pattern: str, after: float = 0.0, timeout: float = 300) -> tuple[float, re.Match]:
+        """``wait_for``, with the match (to read what the line said)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
                 for at, line in self.seen:
-                    if at >= after and re.search(pattern, line):
-                        return at
+                    if at >= after and (found := re.search(pattern, line)):
+                        return at, found
             time.sleep(0.01)
         raise SystemExit(f"{pattern!r} never came; last lines: {[line for _, line in self.seen[-20:]]}")
 
