@@ -8,6 +8,13 @@ whichever is first, in the order the groups opened (a group still open holds bac
 it, for at most the window). A rank that says the text again opens a new group; a rank that says
 something else has a group of its own, shown as it was. The clock is the caller's: seconds while
 following a run, lines read while reading its files back.
+
+While a run is followed, a rank whose last ``ALONE_BEFORE_AT_ONCE`` lines no other rank said alike
+has its lines shown as they come, as Ray's log deduplication shows a line's first instance at once:
+rank 0's step lines, which no other rank prints, are not half a second behind the run. Should other
+ranks say such a line after all, they are shown on a line of their own once the window has passed,
+and the rank's lines wait again until it has said that many alone. A rank's own lines keep their
+order: one of its lines still waiting holds the next back.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ WINDOW_S = 0.5
 MAX_OPEN = 4096
 """At most this many lines wait at once (the memory a flood of lines may hold here); past it the
 oldest is shown without waiting longer."""
+ALONE_BEFORE_AT_ONCE = 3
+"""How many lines in a row a rank must have said alone before its lines are shown as they come."""
 LINES_WINDOW = 2048
 """How many lines read back a line waits for the other ranks' same line (``logs``)."""
 
@@ -32,11 +41,26 @@ LINES_WINDOW = 2048
 class Folded:
     """A line as shown: the first rank's ``line``, and every global rank that said its text."""
 
-    __slots__ = ("line", "ranks", "opened", "many_hosts")
+    __slots__ = ("line", "ranks", "opened", "many_hosts", "at_once", "joined")
 
     def __init__(self, line: LogLine, ranks: set[int], opened: float = 0.0):
         self.line, self.ranks, self.opened = line, ranks, opened
         self.many_hosts = False
+        self.at_once = False
+        """Its first line was shown as it came (``LineFolder``'s lines shown at once)."""
+        self.joined: Optional[Folded] = None
+        """Of a group whose first line was shown as it came: the other ranks that said it, still to show."""
+
+    def join(self, line: LogLine) -> None:
+        """Another rank said the same."""
+        self.ranks.add(line.rank)
+        if line.host != self.line.host:
+            self.many_hosts = True
+        if not self.at_once:
+            return
+        if self.joined is None:
+            self.joined = Folded(line, set(), self.opened)
+        self.joined.join(line)
 
 
 def rank_ranges(ranks: list[int]) -> str:
@@ -70,12 +94,18 @@ class LineFolder:
     """Folds the lines of ranks as they come (``add``), giving back what is ready to show."""
 
     def __init__(self, world: Optional[int] = None, window: float = WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, at_once: Optional[bool] = None):
         self.world, self.window, self.clock = world, window, clock
         self.timed = clock is time.monotonic
         """Whether the window is seconds (a run followed); else lines (``by_lines``)."""
+        self.at_once = self.timed if at_once is None else at_once
+        """Whether the lines of a rank that keeps saying lines alone are shown as they come (a run followed)."""
+        self._waiting_lines: dict[int, int] = {}  # by rank: its lines in the groups still waiting
         self._queue: deque[Folded] = deque()
         self._by_text: dict[str, Folded] = {}
+        self._at_once: deque[Folded] = deque()  # shown as they came, open for other ranks to join
+        self._joined_at_once = 0  # of those, how many other ranks joined (their line is still to show)
+        self._alone: dict[int, int] = {}  # by rank: its groups in a row that closed with it alone
 
     @classmethod
     def by_lines(cls, world: Optional[int]) -> LineFolder:
@@ -91,13 +121,27 @@ class LineFolder:
             return [*self.ready(now), Folded(line, set(), now)]
         group = self._by_text.get(line.text)
         if group is not None and now - group.opened <= self.window and line.rank not in group.ranks:
-            group.ranks.add(line.rank)
-            if line.host != group.line.host:
-                group.many_hosts = True
-        else:
-            group = self._by_text[line.text] = Folded(line, {line.rank}, now)
-            self._queue.append(group)
+            if group.at_once and group.joined is None:
+                self._joined_at_once += 1
+            group.join(line)
+            if not group.at_once:
+                self._waiting_lines[line.rank] = self._waiting_lines.get(line.rank, 0) + 1
+            return self.ready(now)
+        group = self._by_text[line.text] = Folded(line, {line.rank}, now)
+        if self._shown_at_once(group):
+            group.at_once = True
+            self._at_once.append(group)
+            return [*self.ready(now), group]
+        self._queue.append(group)
+        self._waiting_lines[line.rank] = self._waiting_lines.get(line.rank, 0) + 1
         return self.ready(now)
+
+    def _shown_at_once(self, group: Folded) -> bool:
+        """Whether ``group``'s line is shown as it came: its rank said its last lines alone, and none
+        of its lines waits before this one."""
+        rank = group.line.rank
+        return (self.at_once and self._alone.get(rank, 0) >= ALONE_BEFORE_AT_ONCE
+                and not self._waiting_lines.get(rank))
 
     def add_all(self, lines: list[LogLine]) -> list[Folded]:
         """``add`` each of a batch of lines, the batch taken as one moment (a run followed)."""
@@ -109,7 +153,7 @@ class LineFolder:
 
     def ready(self, now: Optional[float] = None) -> list[Folded]:
         """The groups at the front that are complete or whose window has passed (and, past
-        ``MAX_OPEN`` waiting, the oldest)."""
+        ``MAX_OPEN`` waiting, the oldest); of a line shown at once, the ranks that joined it."""
         now = self.clock() if now is None else now
         out = []
         queue, world = self._queue, self.world
@@ -118,19 +162,46 @@ class LineFolder:
             if len(queue) <= MAX_OPEN and now - group.opened <= self.window and (
                     world is None or len(group.ranks) < world):
                 break
-            out.append(self._close())
+            out.append(self._close(queue))
+        while self._at_once and (len(self._at_once) > MAX_OPEN or now - self._at_once[0].opened > self.window):
+            out += self._rest_of(self._close(self._at_once))
         return out
 
     def waiting(self) -> bool:
-        """Whether a line waits for other ranks' same line."""
-        return bool(self._queue)
+        """Whether a line waits for other ranks' same line (or other ranks joined one shown at once)."""
+        return bool(self._queue) or self._joined_at_once > 0
 
     def drain(self) -> list[Folded]:
         """Every group still open, in order (the run ended, or its files were read to the end)."""
-        return [self._close() for _ in range(len(self._queue))]
+        out = [self._close(self._queue) for _ in range(len(self._queue))]
+        for _ in range(len(self._at_once)):
+            out += self._rest_of(self._close(self._at_once))
+        return out
 
-    def _close(self) -> Folded:
-        group = self._queue.popleft()
+    def _close(self, queue: deque[Folded]) -> Folded:
+        group = queue.popleft()
         if self._by_text.get(group.line.text) is group:
             del self._by_text[group.line.text]
+        if not group.at_once:
+            for rank in group.ranks:
+                left = self._waiting_lines.pop(rank, 1) - 1
+                if left:
+                    self._waiting_lines[rank] = left
+        if self.at_once:
+            self._learn(group)
         return group
+
+    def _learn(self, group: Folded) -> None:
+        """Count a line its rank said alone; every rank of a line several said starts again from none."""
+        if len(group.ranks) == 1:
+            self._alone[group.line.rank] = self._alone.get(group.line.rank, 0) + 1
+            return
+        for rank in group.ranks:
+            self._alone[rank] = 0
+
+    def _rest_of(self, group: Folded) -> list[Folded]:
+        """Of a group whose first line was shown at once: the ranks that joined it, if any."""
+        if group.joined is None:
+            return []
+        self._joined_at_once -= 1
+        return [group.joined]

@@ -88,3 +88,38 @@ def test_the_printer_shows_a_folded_line_once_and_every_line_with_no_dedup(capsy
     printer.lines(batch)
     printer.finish()
     assert len(capsys.readouterr().out.splitlines()) == 7
+
+
+def test_the_lines_of_a_rank_that_keeps_saying_lines_alone_are_shown_as_they_come_until_others_join():
+    clock = Clock()
+    folder = LineFolder(world=4, clock=clock, at_once=True)
+    for step in range(1, 4):  # rank 0's step lines, each alone: they wait out the window
+        assert folder.add(said(0, f"step={step} loss=7.{step}")) == []
+        clock.now += 0.6
+        assert [f.line.text for f in folder.ready()] == [f"step={step} loss=7.{step}"]
+    assert [f.line.text for f in folder.add(said(0, "checkpoint saved"))] == ["checkpoint saved"]  # at once
+    assert folder.add(said(1, "a warning")) == []  # rank 1 has said nothing alone yet: it waits
+    # ranks 1 and 5 say what rank 0's line said: they come on a line of their own once the window is over
+    clock.now += 0.1
+    assert folder.add(said(1, "checkpoint saved")) == [] and folder.add(said(5, "checkpoint saved")) == []
+    clock.now += 0.6
+    ready = folder.ready()
+    assert [(f.line.text, sorted(f.ranks), label(f, 4)) for f in ready] == [
+        ("a warning", [1], "n0 r1"), ("checkpoint saved", [1, 5], "r1,5")]
+    assert not folder.waiting()
+    assert folder.add(said(0, "step=4 loss=7.4")) == []  # rank 0 said a line with others: it waits again
+
+
+def test_a_line_shown_at_once_never_overtakes_a_line_of_its_rank_still_waiting():
+    clock = Clock()
+    folder = LineFolder(world=4, clock=clock, at_once=True)
+    for step in range(3):
+        folder.add(said(0, f"step={step}"))
+        clock.now += 0.6
+        folder.ready()
+    assert folder.add(said(1, "saving a checkpoint")) == []
+    assert folder.add(said(0, "saving a checkpoint")) == []  # joins rank 1's line, still waiting
+    assert folder.add(said(0, "step=3")) == []  # behind rank 0's own line that waits
+    clock.now += 0.6
+    assert [(f.line.text, sorted(f.ranks)) for f in folder.ready()] == [("saving a checkpoint", [0, 1]),
+                                                                        ("step=3", [0])]
