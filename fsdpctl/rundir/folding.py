@@ -128,20 +128,30 @@ class LineFolder:
                 self._waiting_lines[line.rank] = self._waiting_lines.get(line.rank, 0) + 1
             return self.ready(now)
         group = self._by_text[line.text] = Folded(line, {line.rank}, now)
-        if self._shown_at_once(group):
+        before = self._before_at_once(line.rank)
+        if before is not None:
             group.at_once = True
             self._at_once.append(group)
-            return [*self.ready(now), group]
+            return [*self.ready(now), *before, group]
         self._queue.append(group)
         self._waiting_lines[line.rank] = self._waiting_lines.get(line.rank, 0) + 1
         return self.ready(now)
 
-    def _shown_at_once(self, group: Folded) -> bool:
-        """Whether ``group``'s line is shown as it came: its rank said its last lines alone, and none
-        of its lines waits before this one."""
-        rank = group.line.rank
-        return (self.at_once and self._alone.get(rank, 0) >= ALONE_BEFORE_AT_ONCE
-                and not self._waiting_lines.get(rank))
+    def _before_at_once(self, rank: int) -> Optional[list[Folded]]:
+        """None when ``rank``'s new line waits; else it is shown as it came, after the lines of that
+        rank still waiting, each alone so far, which are shown now (else a rank saying a line more
+        often than the window would have each line wait behind the one before, for ever). A line of
+        that rank that others joined keeps the new one waiting behind it."""
+        if not self.at_once or self._alone.get(rank, 0) < ALONE_BEFORE_AT_ONCE:
+            return None
+        if not self._waiting_lines.get(rank):
+            return []
+        mine = [group for group in self._queue if rank in group.ranks]
+        if any(len(group.ranks) > 1 for group in mine):
+            return None
+        for group in mine:
+            self._queue.remove(group)
+        return [self._closed(group) for group in mine]
 
     def add_all(self, lines: list[LogLine]) -> list[Folded]:
         """``add`` each of a batch of lines, the batch taken as one moment (a run followed)."""
@@ -179,7 +189,10 @@ class LineFolder:
         return out
 
     def _close(self, queue: deque[Folded]) -> Folded:
-        group = queue.popleft()
+        return self._closed(queue.popleft())
+
+    def _closed(self, group: Folded) -> Folded:
+        """``group``, taken out of its queue: forgotten, and learnt from."""
         if self._by_text.get(group.line.text) is group:
             del self._by_text[group.line.text]
         if not group.at_once:

@@ -123,3 +123,16 @@ def test_a_line_shown_at_once_never_overtakes_a_line_of_its_rank_still_waiting()
     clock.now += 0.6
     assert [(f.line.text, sorted(f.ranks)) for f in folder.ready()] == [("saving a checkpoint", [0, 1]),
                                                                         ("step=3", [0])]
+
+
+def test_a_rank_saying_lines_more_often_than_the_window_gets_them_shown_as_they_come_in_order():
+    clock = Clock()
+    folder = LineFolder(world=2, clock=clock, at_once=True)
+    shown_when: dict[str, float] = {}
+    for step in range(8):  # a line every 0.45 s: each came while the one before still waited
+        clock.now = step * 0.45
+        for group in folder.add(said(0, f"tick {step}")):
+            shown_when[group.line.text] = clock.now
+    assert list(shown_when) == [f"tick {step}" for step in range(8)]  # rank 0's order, whatever waited
+    late = {text: round(at - int(text.split()[1]) * 0.45, 2) for text, at in shown_when.items()}
+    assert late["tick 6"] == late["tick 7"] == 0.0, late  # past the start, at once
