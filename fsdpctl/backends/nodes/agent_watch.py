@@ -15,6 +15,13 @@ WRITE_BYTES = 64 << 10
 SIDE_WITH_LOG_SECONDS = 0.1
 """The side files are read with the log's new lines at most this often (a log that never stops
 does not have them read at every turn)."""
+QUIET_POLL_SECONDS = 0.2
+"""How long the watch waits when nothing happens (a write to the run directory wakes it sooner)."""
+WAKE_PAUSE_SECONDS = 0.01
+"""The pause after a write woke the watch: a run directory written to without a break (other nodes'
+logs in a shared one) wakes it 100 times a second at most."""
+IN_MODIFY, IN_MOVED_TO, IN_CREATE = 0x2, 0x80, 0x100
+"""inotify's events: a file written, moved in, created (``<linux/inotify.h>``)."""
 
 try:  # on the node this file follows the agent's source, which defines these
     from .agent import (
@@ -69,6 +76,7 @@ class Watch:
         self.ending = None  # why this agent is ending the run itself
         self.ended_at = None
         self.launcher_gone = False
+        self.wakeup = None  # readable when the run directory is written to (run_dir_wakeup)
 
     def say(self, text):
         self.control.append(("%s\n" % text).encode())
@@ -154,10 +162,20 @@ class Watch:
             if self.current:
                 return  # the pipe is full: select says when it takes more
 
-    def listen(self, wait):
+    def listen(self, wait, files=True):
+        """Wait up to ``wait`` for the launcher's words, room to write, or (``files``) a write to the
+        run directory: a line logged after a quiet spell, or the node's exit, goes out at once."""
         want_write = [1] if self.pending() and not self.launcher_gone else []
-        readable, writable, _ = select.select([self.inp.fd], want_write, [], wait)
-        if readable:
+        wakeup = [self.wakeup] if files and self.wakeup is not None else []
+        readable, writable, _ = select.select([self.inp.fd, *wakeup], want_write, [], wait)
+        if wakeup and wakeup[0] in readable:
+            try:
+                while os.read(wakeup[0], 65536):  # the events say only that something changed
+                    pass
+            except OSError:  # drained (EAGAIN)
+                pass
+            time.sleep(WAKE_PAUSE_SECONDS)
+        if self.inp.fd in readable:
             data = self.inp.read(4096)
             if not data:
                 self.launcher_gone = True  # it died, or its connection closed: nobody will stop the run
@@ -175,6 +193,14 @@ class Watch:
     def run(self):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # sshd hangs up on a launcher that died: we stay to clean up
         os.set_blocking(1, False)  # never block on a launcher that stopped reading
+        self.wakeup = run_dir_wakeup()
+        try:
+            return self._watch()
+        finally:
+            if self.wakeup is not None:
+                os.close(self.wakeup)
+
+    def _watch(self):
         exit_file = "node%d.exit" % self.rank
         code = None
         while True:
@@ -196,7 +222,27 @@ class Watch:
                 self.end("nothing heard from the launcher for %.0f s" % self.timeout, ORPHAN_GRACE_SECONDS)
             if self.ended_at is not None and code is None and now - self.ended_at > 15.0:
                 return 1  # the run is ended; its wrapper left no exit file (it was killed too)
-            self.listen(0.0 if held_back and not self.pending() else 0.2)
+            # Held back (the launcher reads slower than the node logs): the log's writes do not wake it.
+            self.listen(0.0 if held_back and not self.pending() else QUIET_POLL_SECONDS, files=not held_back)
+
+
+def run_dir_wakeup():
+    """A descriptor readable once a file of the run directory (the current one) is written, created
+    or moved in: Linux's inotify, called through the C library (the agent uses the standard library
+    only). None where there is none: the watch then polls every ``QUIET_POLL_SECONDS``."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    except (ImportError, OSError, AttributeError):
+        return None
+    if fd < 0:
+        return None
+    if libc.inotify_add_watch(fd, b".", IN_MODIFY | IN_CREATE | IN_MOVED_TO) < 0:
+        os.close(fd)
+        return None
+    return fd
 
 
 def side_files(specs):
