@@ -76,7 +76,8 @@ class Watch:
         self.ending = None  # why this agent is ending the run itself
         self.ended_at = None
         self.launcher_gone = False
-        self.wakeup = None  # readable when the run directory is written to (run_dir_wakeup)
+        self.wakeup = None  # a RunDirWakeup: readable when the node's log is written or its end appears
+        self.log_followed = False  # the wakeup watches the log's writes (once the log exists)
 
     def say(self, text):
         self.control.append(("%s\n" % text).encode())
@@ -166,7 +167,7 @@ class Watch:
         """Wait up to ``wait`` for the launcher's words, room to write, or (``files``) a write to the
         run directory: a line logged after a quiet spell, or the node's exit, goes out at once."""
         want_write = [1] if self.pending() and not self.launcher_gone else []
-        wakeup = [self.wakeup] if files and self.wakeup is not None else []
+        wakeup = [self.wakeup.fd] if files and self.wakeup is not None else []
         readable, writable, _ = select.select([self.inp.fd, *wakeup], want_write, [], wait)
         if wakeup and wakeup[0] in readable:
             try:
@@ -198,12 +199,14 @@ class Watch:
             return self._watch()
         finally:
             if self.wakeup is not None:
-                os.close(self.wakeup)
+                self.wakeup.close()
 
     def _watch(self):
         exit_file = "node%d.exit" % self.rank
         code = None
         while True:
+            if self.wakeup is not None and not self.log_followed:
+                self.log_followed = self.wakeup.follow("node%d.log" % self.rank)
             if code is None and os.path.exists(exit_file):
                 with open(exit_file) as handle:  # written after the log's last byte
                     code = handle.read().strip() or "255"
@@ -226,23 +229,39 @@ class Watch:
             self.listen(0.0 if held_back and not self.pending() else QUIET_POLL_SECONDS, files=not held_back)
 
 
-def run_dir_wakeup():
-    """A descriptor readable once a file of the run directory (the current one) is written, created
-    or moved in: Linux's inotify, called through the C library (the agent uses the standard library
-    only). None where there is none: the watch then polls every ``QUIET_POLL_SECONDS``."""
-    try:
+class RunDirWakeup:
+    """A descriptor (``fd``) readable once a file is created or moved into the run directory (the
+    current one: the node's exit file appears so), or a file ``follow`` names is written (the node's
+    log): Linux's inotify, called through the C library (the agent uses the standard library only).
+    Other files' writes do not wake it: nodes sharing a run directory on one machine, and the ranks'
+    own rows, would wake every agent at every line."""
+
+    def __init__(self):
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            raise OSError("inotify_init1 failed")
+        if self.libc.inotify_add_watch(self.fd, b".", IN_CREATE | IN_MOVED_TO) < 0:
+            self.close()
+            raise OSError("inotify_add_watch failed")
+
+    def follow(self, name):
+        """Also wake when ``name`` is written; False while there is no such file."""
+        return self.libc.inotify_add_watch(self.fd, name.encode(), IN_MODIFY) >= 0
+
+    def close(self):
+        os.close(self.fd)
+
+
+def run_dir_wakeup():
+    """The run directory's ``RunDirWakeup``; None where there is none (no ctypes, a C library without
+    inotify, the per-user limit of instances reached): the watch then polls every ``QUIET_POLL_SECONDS``."""
+    try:
+        return RunDirWakeup()
     except (ImportError, OSError, AttributeError):
         return None
-    if fd < 0:
-        return None
-    if libc.inotify_add_watch(fd, b".", IN_MODIFY | IN_CREATE | IN_MOVED_TO) < 0:
-        os.close(fd)
-        return None
-    return fd
 
 
 def side_files(specs):
