@@ -16,10 +16,10 @@ SIDE_WITH_LOG_SECONDS = 0.1
 """The side files are read with the log's new lines at most this often (a log that never stops
 does not have them read at every turn)."""
 QUIET_POLL_SECONDS = 0.2
-"""How long the watch waits when nothing happens (a write to the run directory wakes it sooner)."""
+"""How long the watch waits when nothing happens (its log's write or a new file wakes it sooner)."""
 WAKE_PAUSE_SECONDS = 0.01
-"""The pause after a write woke the watch: a run directory written to without a break (other nodes'
-logs in a shared one) wakes it 100 times a second at most."""
+"""The pause after a wakeup: a log written to without a break wakes the watch 100 times a second at
+most (it reads all that came at each turn)."""
 IN_MODIFY, IN_MOVED_TO, IN_CREATE = 0x2, 0x80, 0x100
 """inotify's events: a file written, moved in, created (``<linux/inotify.h>``)."""
 
@@ -164,8 +164,8 @@ class Watch:
                 return  # the pipe is full: select says when it takes more
 
     def listen(self, wait, files=True):
-        """Wait up to ``wait`` for the launcher's words, room to write, or (``files``) a write to the
-        run directory: a line logged after a quiet spell, or the node's exit, goes out at once."""
+        """Wait up to ``wait`` for the launcher's words, room to write, or (``files``) the wakeup: a
+        line logged after a quiet spell, or the node's exit file appearing, goes out at once."""
         want_write = [1] if self.pending() and not self.launcher_gone else []
         wakeup = [self.wakeup.fd] if files and self.wakeup is not None else []
         readable, writable, _ = select.select([self.inp.fd, *wakeup], want_write, [], wait)
