@@ -130,6 +130,15 @@ def test_a_node_that_does_not_see_the_workdir_is_warned_about():
     assert check.status == "warn" and "/local/w" in check.detail and "shares" in check.hint
 
 
+def test_doctors_allocation_lasts_as_long_as_its_probe_may():
+    """5 minutes, or longer when the probe may take longer (an image pulled on every node: 900 s)."""
+    from fsdpctl.backends.slurm.doctor import srun_argv
+
+    profile = parse_profile("name: s\nbackend: slurm\nslurm:\n  nodes: 2\n", "s.yaml")
+    assert "--time=5" in srun_argv(profile, 2, None, 20, "true")
+    assert "--time=16" in srun_argv(profile, 2, None, 900, "true")
+
+
 def test_sacct_lines_give_the_final_state_once_the_controller_forgot_the_job():
     from fsdpctl.backends.slurm.client import JobState, parse_sacct
 

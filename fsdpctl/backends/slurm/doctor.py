@@ -95,11 +95,13 @@ def node_probe_script(profile: ClusterProfile, python: str, nodes: int, request:
 
 def srun_argv(profile: ClusterProfile, nodes: int, partition: Optional[str], wait_seconds: int,
               script: str) -> list[str]:
-    """One task per node, labelled output, given up when the nodes are not free within ``wait_seconds``."""
+    """One task per node, labelled output, given up when the nodes are not free within ``wait_seconds``;
+    its time limit (minutes) is 5, or longer when the probe may take longer (a container's pull)."""
     spec = profile.slurm
     assert spec is not None
+    minutes = max(5, -(-wait_seconds // 60) + 1)
     argv = ["srun", "--job-name=fsdpctl-doctor", f"--nodes={nodes}", "--ntasks-per-node=1", "--label",
-            f"--immediate={wait_seconds}", "--time=5", "--kill-on-bad-exit=0"]
+            f"--immediate={wait_seconds}", f"--time={minutes}", "--kill-on-bad-exit=0"]
     for flag, value in (("partition", partition), ("account", spec.account), ("qos", spec.qos),
                         ("constraint", spec.constraint), ("gpus-per-node", spec.gpus_per_node)):
         if value is not None:
