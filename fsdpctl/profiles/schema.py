@@ -186,8 +186,8 @@ class RendezvousSpec:
     (20000-29999, so concurrent runs differ), checked free and reachable before launch."""
     timeout: int = 600
     """Seconds torchrun waits at the rendezvous for every node before it gives up (c10d's
-    ``join_timeout``, static's store timeout); the launcher says what the rendezvous waits for when
-    no rank has started after a minute."""
+    ``join_timeout``, static's store timeout); when no rank of a node has started after a minute, or
+    after half this timeout if that is sooner, the node's log says what the rendezvous waits for."""
     host: Optional[str] = None
     """Which of ``hosts`` is the master (by its ``host`` value); default: the first. Under static
     rendezvous it is node rank 0 (static's store is served by node rank 0)."""

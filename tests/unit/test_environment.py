@@ -18,7 +18,7 @@ import pytest
 from fsdpctl.backends.transport import LocalTransport
 from fsdpctl.environment import resolve as resolving
 from fsdpctl.environment.inputs import env_plan_of
-from fsdpctl.environment.nodes import make_environments
+from fsdpctl.environment.nodes import index_hosts, make_environments
 from fsdpctl.errors import HostError, ProfileError, UsageError
 from fsdpctl.plan.environment import EnvPlan, env_plan_from_json
 from fsdpctl.profiles.environment_spec import EnvironmentSpec
@@ -114,6 +114,15 @@ def plan_for(tmp_path: Path, lines: str, **fields) -> EnvPlan:
     (tmp_path / "requirements.txt").write_text(lines)
     spec = EnvironmentSpec(file="requirements.txt", index_url=f"file://{FILE_INDEX}", torch_backend="none", **fields)
     return env_plan_of(spec, tmp_path, "lab.yaml: environment").named(str(tmp_path / "node" / "envs"), sys.executable)
+
+
+def test_extra_index_urls_are_read_and_each_host_is_one_the_nodes_are_asked_to_reach(tmp_path):
+    loaded = load_profile_text("name: lab\nbackend: ssh\nhosts: [a, b]\nenvironment:\n  file: requirements.txt\n"
+                               "  extra_index_urls: [https://wheels.example.com/simple]\n", "lab.yaml")
+    assert loaded.environment.extra_index_urls == ("https://wheels.example.com/simple",)
+    plan = plan_for(tmp_path, "six\n", extra_index_urls=("https://wheels.example.com/simple",))
+    assert plan.extra_index_urls == ("https://wheels.example.com/simple",)
+    assert index_hosts(plan) == ["wheels.example.com"]  # the own index is a folder: no host to reach
 
 
 @pytest.fixture(autouse=True)

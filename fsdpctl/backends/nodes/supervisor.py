@@ -213,8 +213,8 @@ class Supervisor:
                 self._hang(silent)
 
     def _say_rendezvous(self) -> None:
-        """A minute on and a node's ranks have not started: say, on each such node, what torchrun
-        waits for at the rendezvous and when it gives up (rather than stay silent until it does)."""
+        """RENDEZVOUS_NOTICE on (half the rendezvous timeout, if sooner) and a node's ranks have not
+        started: say, on each such node, what torchrun waits for at the rendezvous and when it gives up."""
         self.rendezvous_said = True
         if self.stopping or self.failed is not None or self.moments is None:
             return
