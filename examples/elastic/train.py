@@ -1,5 +1,5 @@
 """An FSDP2 script that survives `fsdpctl launch` shrinking its run (``elastic: {min_nodes: K}``) and
-growing it back: README's "Elastic runs: your own script" recipe, whole.
+growing it back: the recipe of docs/guides/restarts-and-spares.md ("For elastic runs"), whole.
 
 What makes it elastic:
 1. The global batch is fixed (``--global-batch``), not the per-rank one: on ``WORLD_SIZE`` ranks each

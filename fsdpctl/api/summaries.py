@@ -33,7 +33,7 @@ def run_series(run: Any, fetch: bool = True, rows: bool = False) -> tuple[Series
                              "the bundled workload writes them, and so does fsdpctl's telemetry in every rank of a "
                              "program of yours that steps a torch optimizer (unless launched with --no-telemetry); "
                              "a program may also append JSON lines with a \"step\" to $FSDPCTL_RUN_DIR/metrics.jsonl "
-                             "(see README, Reports)")
+                             "(docs/guides/watching.md)")
         series = read_run_files(sources, run.run_id, next(iter(found["summary.json"]), None))
         summary_ = summarize(series, attempts=int(run.info.attempt or 1), state=str(run.info.state))
         gpus = GpuFold.of(read_files(_in_folders(found["gpu"])))

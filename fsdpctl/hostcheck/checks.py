@@ -19,6 +19,8 @@ SHM_WARN_BYTES = 1 << 30
 DISK_WARN_BYTES = 10 << 30
 CLOCK_WARN_SECONDS = 30.0
 PORT_WINDOW_SECONDS = 5.0
+FSDP2_TORCH = "2.6"
+"""The first torch whose `torch.distributed.fsdp` exports FSDP2's `fully_shard` (doctor checks the import)."""
 
 
 def port_window(nodes: int) -> float:
@@ -175,7 +177,7 @@ def judge_host(profile: ClusterProfile, facts: dict[str, Any], nproc: Optional[i
         fsdp2 = deep.get("fsdp2_import") if deep and "fsdp2_import" in deep else torch.get("fsdp2_exported")
         checks.append(Check("fsdp2", "pass" if fsdp2 else "fail",
                             "from torch.distributed.fsdp import fully_shard " + ("works" if fsdp2 else "fails"),
-                            None if fsdp2 else "FSDP2 needs torch >= 2.6; upgrade torch on this host"))
+                            None if fsdp2 else f"FSDP2 needs torch >= {FSDP2_TORCH}; upgrade torch on this host"))
     if deep and "import_error" in deep:
         checks.append(Check("torch-import", "fail", f"import torch failed: {deep['import_error']}",
                             "fix the torch installation on this host"))

@@ -1,6 +1,6 @@
 """Which node a failed attempt is to blame on, and which hosts a check found unfit (pure).
 
-The rule (README's "When a node dies: spare hosts" says it in the same words): a node is to blame
+The rule (docs/guides/restarts-and-spares.md says it to users): a node is to blame
 when it was lost (nothing heard from it for the node timeout, before any other node failed), when
 its GPU watcher said a hardware fault during the attempt (a new uncorrectable ECC error, a pending
 row remap, a hardware XID: the CUDA error the ranks then raise looks like a program's own), when

@@ -1,12 +1,12 @@
 """A run's ``metrics.jsonl`` read back into one series per figure, whoever wrote it.
 
-The schema (docs in README, "Reports"): one JSON object per line, ``step`` required, everything else
-optional: ``loss``, ``val_loss``, ``lr``, ``tokens_per_s``, ``mfu``, ``step_time_s``, ``mem_mb``, and
-``ranks``: one entry per rank for the window the row closes (``rank``, ``node``, ``host``,
-``compute_s``, ``comm_s``, ``data_s``, ``wall_s``, ``mem_mb``). The bundled workload writes all of
-it from rank 0 (``kind``: ``train`` or ``val``). A program of the user's may write rows from every
-rank into its own ``$FSDPCTL_RUN_DIR/metrics.jsonl`` with a ``rank`` field: rows of one step are
-then merged, their per-rank figures gathered into ``ranks``, the loss averaged. fsdpctl's own rank
+The schema (docs/guides/watching.md, "Your own script's figures"): one JSON object per line, ``step``
+required, everything else optional: ``loss``, ``val_loss``, ``lr``, ``tokens_per_s``, ``mfu``,
+``step_time_s``, ``mem_mb``, and ``ranks``: one entry per rank for the window the row closes (``rank``,
+``node``, ``host``, ``compute_s``, ``comm_s``, ``data_s``, ``wall_s``, ``mem_mb``). The bundled workload
+writes all of it from rank 0 (``kind``: ``train`` or ``val``). A program of the user's may write rows
+from every rank into its own ``$FSDPCTL_RUN_DIR/metrics.jsonl`` with a ``rank`` field: rows of one step
+are then merged, their per-rank figures gathered into ``ranks``, the loss averaged. fsdpctl's own rank
 telemetry (``source: hook``, a row per rank per window of ``steps``: ``fsdpctl.metrics.rank_windows``)
 is merged into windows every rank shares.
 """

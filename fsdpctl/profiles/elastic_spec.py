@@ -10,7 +10,8 @@ class ElasticSpec:
     """Runs that go on with fewer nodes when a node is to blame and no spare is left, and grow back
     when its host returns. The bundled workload keeps its global batch (more accumulation, or a larger
     per-rank batch where ``estimate`` says it fits), its data order, learning rate and step count; your
-    own program gets ``FSDPCTL_ORIGINAL_WORLD_SIZE`` and ``FSDPCTL_ELASTIC_ATTEMPT`` (README: elastic runs)."""
+    own program gets ``FSDPCTL_ORIGINAL_WORLD_SIZE`` and ``FSDPCTL_ELASTIC_ATTEMPT``
+    (docs/guides/restarts-and-spares.md, "For elastic runs")."""
 
     min_nodes: int
     """The fewest nodes a run goes on with. Below it, the run ends as without ``elastic``."""

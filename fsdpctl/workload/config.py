@@ -19,6 +19,8 @@ STOP_MARKER = ".fsdpctl-stop"
 """Left in ``$FSDPCTL_RUN_DIR`` by fsdpctl before it gives the ranks their stop signal (``fsdpctl
 stop``, a launcher's Ctrl-C or SIGTERM): a rank that then saves and exits does so with 0, the stop
 being asked for; the node agent removes it when the next attempt starts."""
+DEFAULT_STEPS = 100
+"""Optimizer steps a run takes when it sets neither ``steps`` nor ``epochs``."""
 ESTIMATE_SETTINGS = ("preset", "fsdp", "sharding", "mixed_precision", "activation_checkpointing", "cpu_offload",
                      "batch_size", "seq_len", "vocab_size", "model_vocab_size", "auto_wrap")
 """The workload settings that shape a training step's memory: what an estimate is asked with."""
@@ -58,7 +60,7 @@ class TrainConfig:
 
     # loop
     steps: Optional[int] = None
-    """Optimizer steps to run; mutually exclusive with epochs. Default: 100 when neither is set."""
+    """Optimizer steps to run; mutually exclusive with epochs. Default: 100 (DEFAULT_STEPS) when neither is set."""
     epochs: Optional[int] = None
     """Passes over the training split; mutually exclusive with steps."""
     batch_size: Optional[int] = None

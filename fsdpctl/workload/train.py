@@ -27,7 +27,7 @@ from ..node.profiling import step_ended as profile_step
 from . import checkpoint as ckpt
 from . import data
 from . import parallelize as par
-from .config import ESTIMATE_SETTINGS, ConfigError, TrainConfig, parse_args
+from .config import DEFAULT_STEPS, ESTIMATE_SETTINGS, ConfigError, TrainConfig, parse_args
 from .config_exit import PREFIX, config_exit
 from .elastic import BatchSplitError, on_this_world, split_line
 from .memory import StepMemory, estimate_step, report_line
@@ -200,7 +200,7 @@ def run(cfg: TrainConfig, device_type: str, start_time: float, stop_signals: Sto
     run_dir = Path(cfg.run_dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     corpus, tokens, train_sampler, val_sampler = prepare_data(cfg, rt)
-    total_steps = cfg.steps or (cfg.epochs * train_sampler.steps_per_epoch if cfg.epochs else 100)
+    total_steps = cfg.steps or (cfg.epochs * train_sampler.steps_per_epoch if cfg.epochs else DEFAULT_STEPS)
 
     precision = par.resolve_precision(cfg, device_type)
     # Before the model exists: on a CPU the measurement counts every byte the allocator hands out.
