@@ -139,8 +139,38 @@ def test_the_changelog_names_this_version():
 @pytest.mark.skipif(shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None,
                     reason="mkdocs is not installed (pip install -e '.[test]')")
 def test_the_site_builds_strictly(tmp_path):
-    built = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-q", "-d",
+    built = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-d",
                             str(tmp_path / "site")], cwd=REPO, capture_output=True, text=True, timeout=300,
                            env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
     assert built.returncode == 0, built.stdout + built.stderr
     assert (tmp_path / "site" / "troubleshooting" / "nccl-timeout" / "index.html").is_file()
+
+
+GUIDE_PAGES = sorted(p for p in DOCS.rglob("*.md")
+                     if str(p.relative_to(DOCS)) not in ("profiles.md", "reference/cli.md", "reference/api.md",
+                                                         "changelog.md", "performance.md", "architecture.md"))
+"""The pages a user reads to act: everything but the generated references and the developers' pages."""
+
+
+@pytest.mark.parametrize("page", [*GUIDE_PAGES, REPO / "README.md"], ids=lambda p: str(p.relative_to(REPO)))
+def test_every_users_page_reads_plainly(page):
+    """Short sentences and paragraphs, none of the idioms readers stumbled on, no test-bed leftovers
+    (README's development section names the testbed: it is the developers' front door too)."""
+    from tests.docs_prose import check_page
+
+    assert [str(f) for f in check_page(page, leftovers=page.name != "README.md")] == []
+
+
+def test_the_home_page_leads_to_every_page_of_the_site():
+    import yaml
+
+    def pages(entry) -> list[str]:
+        if isinstance(entry, str):
+            return [entry]
+        if isinstance(entry, list):
+            return [p for item in entry for p in pages(item)]
+        return [p for value in entry.values() for p in pages(value)]
+
+    nav = pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    linked = set(re.findall(r"\]\(([^)#]+)", (DOCS / "index.md").read_text()))
+    assert sorted(set(nav) - linked - {"index.md"}) == []
