@@ -234,8 +234,8 @@ class Backend(ABC):
 
     def node_environments(self, environment: Any, *, prune: bool, keep: int) -> list[dict[str, Any]]:
         """What each node holds under the environment's root (``fsdpctl env``), pruned first with ``prune``."""
-        raise UsageError(f"environment: backend {self.name} does not make environments on its nodes yet",
-                         "look at its nodes by hand")
+        raise UsageError(f"env: backend {self.name} cannot list or prune the environments on its nodes",
+                         "look under the environment's root on the nodes by hand")
 
     def check_hosts(self, hosts: Sequence[HostSpec], on_host: Callable[[HostReport], None] | None = None,
                     environment: Any = None) -> DoctorReport:

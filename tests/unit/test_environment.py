@@ -316,3 +316,16 @@ def test_the_launchers_download_cache_keeps_the_most_recently_used_within_its_bo
         os.utime(wheel, (time.time() - age * 100, time.time() - age * 100))
     prune_cache(2500)
     assert sorted(p.name for p in folder.iterdir()) == ["mid", "new"]
+
+
+def test_env_on_a_slurm_profile_says_in_one_line_that_it_cannot_list_them(tmp_path):
+    """A Slurm job makes its environment in a step of its own; listing and pruning go through SSH only."""
+    from tests.conftest import run_cli
+
+    (tmp_path / "cluster_profiles").mkdir()
+    (tmp_path / "cluster_profiles" / "s.yaml").write_text("name: s\nbackend: slurm\nslurm:\n  nodes: 2\n"
+                                                          "environment:\n  file: requirements.txt\n")
+    (tmp_path / "cluster_profiles" / "requirements.txt").write_text("six\n")
+    done = run_cli("env", "-p", "s", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "env: backend slurm cannot list or prune the environments on its nodes" in done.stderr
