@@ -21,7 +21,8 @@ def doctor(
     concurrency: int = typer.Option(1024, "--concurrency", min=1, help="Hosts probed at once (every host, up to "
                                     "1024: the rendezvous port check wants them all within its window)."),
     timeout: float = typer.Option(20.0, "--timeout", min=1.0, help="Seconds a host's probe may take once "
-                                                                  "connected (after ssh.connect_timeout)."),
+                                                                  "connected (after ssh.connect_timeout); never "
+                                                                  "less than 20 s + 0.5 s per host."),
     no_port_check: bool = typer.Option(False, "--no-port-check", help="Skip the rendezvous port check."),
     collectives: bool = typer.Option(False, "--collectives", help="Then, through the launch path, time "
                                      "all-reduce and all-gather over every node (bus bandwidth per size)."),
