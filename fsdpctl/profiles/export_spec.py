@@ -49,7 +49,7 @@ class ExportSpec:
     GPU's SM clock, utilisation, temperature, power and memory by seconds since the run began)."""
     prometheus: Optional[str] = None
     """A file (or a folder: ``fsdpctl_<run_id>.prom`` in it) for node_exporter's textfile collector,
-    replaced atomically every few seconds while the run goes: DCGM-Exporter's GPU metric names
+    replaced atomically every 15 s while the run goes: DCGM-Exporter's GPU metric names
     (``DCGM_FI_DEV_SM_CLOCK``...) with ``run``, ``host``, ``node`` and ``gpu`` labels, and fsdpctl's
     own (``fsdpctl_step``, ``fsdpctl_loss``...). Removed when the run ends."""
     wandb: Optional[WandbSpec] = None

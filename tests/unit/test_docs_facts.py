@@ -263,7 +263,11 @@ def test_every_default_a_page_states_is_the_codes():
     assert checked >= 5, f"only {checked} stated defaults found to check: is the pattern still the pages' form?"
 
 
-@pytest.mark.parametrize("page", HAND_WRITTEN, ids=lambda p: str(p.relative_to(REPO)))
+FROM_DOCSTRINGS = [DOCS / "profiles.md", DOCS / "reference" / "cli.md", DOCS / "reference" / "api.md"]
+"""Generated, but of docstrings and help texts people write: their intervals are checked too."""
+
+
+@pytest.mark.parametrize("page", HAND_WRITTEN + FROM_DOCSTRINGS, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_interval_and_version_a_page_states_is_the_codes(page):
     assert wrong_statements(page) == []
 
