@@ -23,6 +23,10 @@ IDIOMS = ("is said", "are said", "held to it", "stood still", "told apart", "tel
           "as it goes", "the one before")
 """Phrases readers did not follow: say what happens instead (``is printed``, ``is shown``...)."""
 
+GENERATED_PAGES = ("profiles.md", "reference/cli.md", "reference/api.md")
+"""docs/ pages made from the code (their tests compare them with what the code makes now)."""
+HISTORY_PAGES = ("changelog.md", "performance.md")
+"""docs/ pages about the past and about benches: their figures were true when written."""
 TESTBED_LEFTOVERS = ("+fake", "/work/", "/tmp/fsdpctl-", "bench/", "namespace testbed", "test bed", "testbed")
 """What belongs on the performance and architecture pages, or nowhere, not in a user's guide."""
 
@@ -93,20 +97,20 @@ def _plain(text: str) -> str:
     return re.sub(r"[*_]{1,2}", "", text)
 
 
+def _split(text: str) -> list[str]:
+    for short in _ABBREVIATIONS:
+        text = text.replace(short, short.replace(".", ""))
+    return [s for s in _SENTENCE_END.split(text) if s.strip()]
+
+
 def sentences(unit: Unit) -> list[str]:
     """The sentences of a paragraph or list item."""
-    plain = _plain(unit.text)
-    for short in _ABBREVIATIONS:
-        plain = plain.replace(short, short.replace(".", ""))
-    return [s for s in _SENTENCE_END.split(plain) if s.strip()]
+    return _split(_plain(unit.text))
 
 
 def raw_sentences(unit: Unit) -> list[str]:
     """The sentences of a paragraph or list item with their inline code kept (links as their text)."""
-    text = _LINK.sub(r"\1", unit.text)
-    for short in _ABBREVIATIONS:
-        text = text.replace(short, short.replace(".", ""))
-    return [s for s in _SENTENCE_END.split(text) if s.strip()]
+    return _split(_LINK.sub(r"\1", unit.text))
 
 
 def words(sentence: str) -> int:

@@ -27,13 +27,11 @@ from fsdpctl.web.serve import DEFAULT_PORT
 from fsdpctl.workload.config import DEFAULT_STEPS
 from fsdpctl.workload.model import DEFAULT_BATCH
 from tests.conftest import REPO
-from tests.docs_prose import prose_units, raw_sentences
+from tests.docs_prose import GENERATED_PAGES, HISTORY_PAGES, prose_units, raw_sentences
 
 DOCS = REPO / "docs"
-GENERATED_OR_HISTORY = {"profiles.md", "reference/cli.md", "reference/api.md", "changelog.md", "performance.md"}
-"""Pages made from the code (checked as they are made), or about the past and about benches."""
-HAND_WRITTEN = sorted(p for p in DOCS.rglob("*.md") if str(p.relative_to(DOCS)) not in GENERATED_OR_HISTORY) \
-    + [REPO / "README.md"]
+HAND_WRITTEN = sorted(p for p in DOCS.rglob("*.md")
+                      if str(p.relative_to(DOCS)) not in (*GENERATED_PAGES, *HISTORY_PAGES)) + [REPO / "README.md"]
 
 _DEFAULT = re.compile(r"(?<!by )\bdefaults?(?: is| of| to|:|=)?\s+(?P<value>`[^`]+`|(?:\d{1,3}(?:,\d{3})+|[\w.+-]+)"
                       r"(?:\s?(?:ms|s|seconds?|minutes?|min|hours?|h)\b)?)", re.I)
@@ -263,7 +261,7 @@ def test_every_default_a_page_states_is_the_codes():
     assert checked >= 5, f"only {checked} stated defaults found to check: is the pattern still the pages' form?"
 
 
-FROM_DOCSTRINGS = [DOCS / "profiles.md", DOCS / "reference" / "cli.md", DOCS / "reference" / "api.md"]
+FROM_DOCSTRINGS = [DOCS / page for page in GENERATED_PAGES]
 """Generated, but of docstrings and help texts people write: their intervals are checked too."""
 
 
